@@ -1,0 +1,1 @@
+"""Worlds: softmax bandits, token-sequence MDPs small enough to enumerate, GSM8k."""

@@ -1,0 +1,36 @@
+"""The task contract every world implements (DESIGN §2.3): prompts → responses → verifiable rewards."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from offpolicylab.policies.base import Prompts
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A batched world.
+
+    - ``vocab_size``, ``max_response_len`` (T), ``eos_id`` (or None when responses have a fixed length).
+    - ``sample_prompts(n, generator)`` → :class:`Prompts` for training; ``eval_prompts()`` → a fixed set for
+      evaluation.
+    - ``reward(prompt_index, response_ids, response_mask)`` → [B] float rewards (verifiable, deterministic given the
+      ids, except for Bernoulli bandits which take ``generator``).
+    - Toy worlds small enough to enumerate also provide ``exact_return(policy)`` and ``optimal_return()``.
+    """
+
+    vocab_size: int
+    max_response_len: int
+    eos_id: int | None
+
+    def sample_prompts(self, n: int, generator: torch.Generator) -> Prompts: ...
+
+    def eval_prompts(self) -> Prompts: ...
+
+    def reward(
+        self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,
+        generator: torch.Generator | None = None,
+    ) -> Tensor: ...

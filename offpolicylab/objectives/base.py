@@ -1,0 +1,221 @@
+"""Objective base class, validated parameters and the registry (DESIGN §2.2).
+
+An objective turns a :class:`TokenBatch` into a :class:`LossOutput`.  Subclasses implement
+:meth:`Objective.token_loss`, returning the per-token loss ℓ_it and the tokens that carried gradient; the base class
+applies the optional TIS weight, aggregates with ``agg`` and adds the standard diagnostics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from offpolicylab.diagnostics import stats
+from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
+from offpolicylab.objectives.batch import LossOutput, TokenBatch
+
+
+@dataclass(frozen=True)
+class Param:
+    """One objective parameter: default, type and valid range or choices; ``doc`` is the help text."""
+
+    default: Any
+    kind: type = float
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[Any, ...] | None = None
+    optional: bool = False
+    doc: str = ""
+
+    def valid_text(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(map(str, self.choices))
+        if self.kind is bool:
+            return "true or false"
+        lo = "-inf" if self.low is None else f"{self.low:g}"
+        hi = "inf" if self.high is None else f"{self.high:g}"
+        text = f"a {self.kind.__name__} in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        return text + (" or none" if self.optional else "")
+
+    def validate(self, name: str, value: Any) -> Any:
+        """Coerce ``value`` (possibly a CLI string) to the parameter's type and check its range."""
+        if self.optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):
+            return None
+        try:
+            value = _coerce(self.kind, value)
+        except (TypeError, ValueError):
+            raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}") from None
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}")
+        if self.kind in (int, float):
+            if isinstance(value, float) and math.isnan(value):
+                raise ValueError(f"parameter {name}=nan is invalid; valid: {self.valid_text()}")
+            too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+            too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+            if too_low or too_high:
+                raise ValueError(f"parameter {name}={value!r} is out of range; valid: {self.valid_text()}")
+        return value
+
+
+def _coerce(kind: type, value: Any) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ValueError(value)
+    if kind is float:
+        if isinstance(value, bool):
+            raise TypeError(value)
+        return float(value)
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise TypeError(value)
+        return int(value)
+    if kind is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+        values = tuple(float(v) for v in value)
+        if len(values) != 2:
+            raise ValueError(value)
+        return values
+    return kind(value)
+
+
+COMMON_PARAMS: dict[str, Param] = {
+    "agg": Param("token-mean", str, choices=AGG_MODES, doc="loss aggregation mode"),
+    "tis_cap": Param(
+        None, float, low=0.0, low_open=True, optional=True,
+        doc="truncated importance sampling: weight min(π_trainer/π_sampler, tis_cap) when sampler_logp is given",
+    ),
+}
+
+
+class Objective:
+    """Base class: validated parameters, TIS weighting, aggregation and standard metrics.
+
+    Subclasses set ``name``, ``params`` (their own :class:`Param` specs) and implement :meth:`token_loss`.
+    Stateful objectives override :meth:`update`, :meth:`state_dict` and :meth:`load_state_dict`; ``update`` is
+    called once per optimizer update, before the loss of that update is computed.
+    """
+
+    name: ClassVar[str] = ""
+    params: ClassVar[dict[str, Param]] = {}
+    stateful: ClassVar[bool] = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        specs = self.all_params()
+        unknown = sorted(set(kwargs) - set(specs))
+        if unknown:
+            raise ValueError(
+                f"objective {self.name!r} has no parameter {', '.join(unknown)}; valid: {', '.join(specs) or 'none'}"
+            )
+        self.config: dict[str, Any] = {}
+        for key, spec in specs.items():
+            value = spec.validate(key, kwargs.get(key, spec.default))
+            self.config[key] = value
+            setattr(self, key, value)
+        self.check_params()
+
+    @classmethod
+    def all_params(cls) -> dict[str, Param]:
+        return {**cls.params, **COMMON_PARAMS}
+
+    def check_params(self) -> None:
+        """Cross-parameter checks (e.g. low ≤ high); raise ``ValueError`` naming the parameters."""
+
+    # ----------------------------------------------------------------------------------------------- the loss
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """Return (per-token loss ℓ [B, T], token mask [B, T] of tokens that carry gradient, extra metrics)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement token_loss")
+
+    def __call__(self, batch: TokenBatch) -> LossOutput:
+        per_token, token_mask, extra = self.token_loss(batch)
+        token_mask = token_mask * batch.mask
+        if self.tis_cap is not None and batch.sampler_logp is not None:
+            per_token = per_token * tis_weight(batch, self.tis_cap)
+        loss = aggregate(per_token, batch.mask, self.agg)
+        metrics = standard_metrics(batch, token_mask)
+        metrics.update({key: value.detach() for key, value in extra.items()})
+        return LossOutput(loss=loss, metrics=metrics, token_mask=token_mask)
+
+    # ------------------------------------------------------------------------------------------------ state
+    def update(self, batch: TokenBatch) -> None:
+        """Advance internal state once per optimizer update (no-op for stateless objectives)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"objective {self.name!r} is stateless but got state keys {sorted(state)}")
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
+        return f"{type(self).__name__}({args})"
+
+
+def tis_weight(batch: TokenBatch, cap: float) -> Tensor:
+    """Truncated IS weight min(exp(behavior_logp − sampler_logp), C), detached (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"): corrects the sampler/trainer numeric mismatch."""
+    assert batch.sampler_logp is not None
+    return torch.exp(batch.behavior_logp - batch.sampler_logp).clamp(max=cap).detach()
+
+
+def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]:
+    """ratio_mean/max, log_ratio_abs_mean, m2, ess, kl_k1, kl_k3, mask_frac (share of valid tokens the objective
+    removed from the gradient) and entropy when given — all detached, no host sync."""
+    log_ratio = batch.log_ratio.detach()
+    mask = batch.mask
+    metrics = stats.ratio_stats(log_ratio, mask)
+    metrics["m2"] = stats.second_moment(log_ratio, mask)
+    metrics["ess"] = stats.effective_sample_size(log_ratio, mask)
+    kl = stats.kl_estimators(log_ratio, mask)
+    metrics["kl_k1"], metrics["kl_k3"] = kl["kl_k1"], kl["kl_k3"]
+    metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / mask.sum().clamp_min(1.0)
+    if batch.entropy is not None:
+        metrics["entropy"] = stats.masked_mean(batch.entropy, mask)
+    return metrics
+
+
+# ------------------------------------------------------------------------------------------------- registry
+_REGISTRY: dict[str, type[Objective]] = {}
+
+
+def register(name: str) -> Callable[[type[Objective]], type[Objective]]:
+    """Class decorator adding an objective under ``name``; a duplicate name raises (no silent overwrite)."""
+
+    def decorator(cls: type[Objective]) -> type[Objective]:
+        if name in _REGISTRY:
+            raise ValueError(f"objective {name!r} is already registered by {_REGISTRY[name].__name__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorator
+
+
+def get_objective(name: str, **params: Any) -> Objective:
+    """Build the objective registered as ``name``; unknown names or bad parameters raise ``ValueError``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(list_objectives())}")
+    return _REGISTRY[name](**params)
+
+
+def list_objectives() -> list[str]:
+    """Registered objective names, in registration order."""
+    return list(_REGISTRY)
+
+
+def objective_params(name: str) -> dict[str, Param]:
+    """The parameter specs (own + common) of a registered objective."""
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(list_objectives())}")
+    return _REGISTRY[name].all_params()

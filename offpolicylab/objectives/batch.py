@@ -1,0 +1,131 @@
+"""Token-level batch and loss-output contracts (DESIGN §2.1-2.2).
+
+Every objective in :mod:`offpolicylab.objectives` is a function of a :class:`TokenBatch`; a bandit is ``T = 1``,
+a toy-MDP response has ``T`` tokens and an LLM completion up to ``T`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import Tensor
+
+_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
+_SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
+
+
+@dataclass
+class TokenBatch:
+    """Token-level tensors of one update; all ``[B, T]`` unless said.
+
+    ``logp`` carries grad; ``behavior_logp`` is the log-prob recorded at generation (detached here);
+    ``advantages`` may be given per sequence (``[B]``) and is broadcast to ``[B, T]``; ``mask`` is 1 for tokens that
+    count.  Optional: ``rewards`` / ``group_ids`` / ``staleness`` (``[B]``), ``sampler_logp`` (sampling engine's
+    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``entropy`` (diagnostics only).
+
+    Raises ``ValueError`` naming the field when a shape, dtype or value is wrong.
+    """
+
+    logp: Tensor
+    behavior_logp: Tensor
+    advantages: Tensor
+    mask: Tensor
+    rewards: Tensor | None = None
+    group_ids: Tensor | None = None
+    sampler_logp: Tensor | None = None
+    prox_logp: Tensor | None = None
+    entropy: Tensor | None = None
+    staleness: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
+            raise ValueError(f"TokenBatch.logp must be a 2-D [B, T] tensor, got {_describe(self.logp)}")
+        shape = tuple(self.logp.shape)
+        if not torch.is_floating_point(self.logp):
+            raise ValueError(f"TokenBatch.logp must be floating point, got {self.logp.dtype}")
+        if isinstance(self.advantages, Tensor) and self.advantages.dim() == 1 and self.advantages.shape[0] == shape[0]:
+            self.advantages = self.advantages[:, None].expand(shape)
+        self.behavior_logp = _detached(self.behavior_logp)
+        for name in ("sampler_logp", "prox_logp", "entropy"):
+            if getattr(self, name) is not None:
+                setattr(self, name, _detached(getattr(self, name)))
+        self.mask = self.mask.to(self.logp.dtype) if isinstance(self.mask, Tensor) else self.mask
+        for name in _TOKEN_FIELDS:
+            _check_token_field(name, getattr(self, name), shape, required=name in ("behavior_logp", "advantages", "mask"))
+        for name in _SEQUENCE_FIELDS:
+            _check_sequence_field(name, getattr(self, name), shape[0])
+        for name in ("behavior_logp", "advantages", "sampler_logp", "prox_logp"):
+            value = getattr(self, name)
+            if value is not None and not torch.isfinite(value[self.mask > 0]).all():
+                raise ValueError(f"TokenBatch.{name} holds non-finite values on unmasked tokens")
+        if torch.any((self.mask != 0) & (self.mask != 1)):
+            raise ValueError("TokenBatch.mask must hold only 0 and 1")
+        self._zero_padding()
+
+    def _zero_padding(self) -> None:
+        """Replace padded entries by 0 with ``torch.where`` so that whatever padding holds (even inf / nan) changes
+        neither the loss nor the gradient."""
+        keep = self.mask > 0
+        for name in _TOKEN_FIELDS:
+            value = getattr(self, name)
+            if name != "mask" and value is not None:
+                setattr(self, name, torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device)))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.logp.shape[0])
+
+    @property
+    def log_ratio(self) -> Tensor:
+        """log r = logp - behavior_logp (grad flows through ``logp``), zero on padded tokens."""
+        return (self.logp - self.behavior_logp) * self.mask
+
+    def replace(self, **changes: Tensor | None) -> TokenBatch:
+        """A copy with some fields replaced (validated again)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return TokenBatch(**values)
+
+
+@dataclass
+class LossOutput:
+    """What an objective returns: a scalar ``loss`` to ``.backward()``, detached ``metrics`` with the standard names
+    of DESIGN §2.2, and ``token_mask`` [B, T], the tokens that carried gradient after the objective's own masking."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor] = field(default_factory=dict)
+    token_mask: Tensor | None = None
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return type(value).__name__
+
+
+def _detached(value: object) -> object:
+    return value.detach() if isinstance(value, Tensor) else value
+
+
+def _check_token_field(name: str, value: object, shape: tuple[int, ...], *, required: bool) -> None:
+    if value is None:
+        if required:
+            raise ValueError(f"TokenBatch.{name} is required ([B, T] = {list(shape)})")
+        return
+    if not isinstance(value, Tensor) or tuple(value.shape) != shape:
+        raise ValueError(f"TokenBatch.{name} must have shape [B, T] = {list(shape)}, got {_describe(value)}")
+    if not torch.is_floating_point(value):
+        raise ValueError(f"TokenBatch.{name} must be floating point, got {value.dtype}")
+    if name == "mask":
+        return
+
+
+
+def _check_sequence_field(name: str, value: object, batch_size: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, Tensor) or tuple(value.shape) != (batch_size,):
+        raise ValueError(f"TokenBatch.{name} must have shape [B] = [{batch_size}], got {_describe(value)}")
+    if torch.is_floating_point(value) and not torch.isfinite(value).all():
+        raise ValueError(f"TokenBatch.{name} holds non-finite values")
