@@ -4,7 +4,18 @@
 >>> obj = get_objective("grpo", eps_low=0.2, eps_high=0.28)
 """
 
-from offpolicylab.objectives import policy_gradient  # noqa: F401  (registers reinforce, grpo)
+# Importing a family module registers its objectives; the order here is the order of list_objectives().
+from offpolicylab.objectives import (  # noqa: F401
+    policy_gradient,  # reinforce, grpo
+    rec,  # rec
+    sequence_level,  # gspo, rec_gspo
+    reward_weighted,  # opmd, asymre, red_drop, red_weight
+    cispo_topr,  # cispo, topr
+    m2po,  # m2po
+    mispo,  # mispo, ac_mispo
+    p3o,  # p3o
+    mu_grpo,  # mu_grpo
+)
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.base import (
     Objective,
