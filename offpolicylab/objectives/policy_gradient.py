@@ -34,7 +34,10 @@ def ppo_clip_loss(
     unclipped = -advantages * ratio
     low = 1.0 - eps_low
     high = 1.0 + eps_high
-    clipped_ratio = ratio.clamp(min=low if math.isfinite(eps_low) else None, max=high if math.isfinite(eps_high) else None)
+    if math.isfinite(eps_low) or math.isfinite(eps_high):
+        clipped_ratio = ratio.clamp(min=low if math.isfinite(eps_low) else None, max=high if math.isfinite(eps_high) else None)
+    else:
+        clipped_ratio = ratio
     surrogate = -advantages * clipped_ratio
     loss = torch.maximum(unclipped, surrogate)
     clipped = surrogate > unclipped

@@ -1,1 +1,134 @@
-"""(being written)"""
+"""REP and RED families of seed 003: regularised and data-reshaped REINFORCE.
+
+Source: Yao, Chen et al. 2025, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv:2509.24203),
+which re-reads OPMD (Kimi k1.5) and AsymRE as regularised REINFORCE and proposes RED-Drop / RED-Weight; reference
+code: Trinity-RFT ``RECPolicyLossFn`` / ``RECGroupedAdvantage`` (``examples/rec_gsm8k``).
+The advantage is A_i = r_i − r̄ (group mean, no std), given by the caller in ``batch.advantages``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from offpolicylab.diagnostics import stats
+from offpolicylab.objectives.base import Objective, Param, register
+from offpolicylab.objectives.batch import TokenBatch
+
+
+def _require_finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"parameter {name}={value!r} is invalid; valid: a finite float")
+
+
+@register("opmd")
+class OPMD(Objective):
+    """ℓ = −A·log π_θ + β/2·(log π_θ − log π_old)²,  A = r_i − r̄
+    (online policy mirror descent, Kimi k1.5, arXiv:2501.12599; as REP in Yao et al. 2025, arXiv:2509.24203).
+
+    log π_old is ``behavior_logp``.  Default β = 0.2: the paper's code (Trinity-RFT ``regularizer="k2"``) writes the
+    term as c·Δ² with c = 0.1 ("the 1/2 absorbed into τ"), i.e. β/2 = 0.1.  Trinity's older standalone
+    ``opmd`` loss instead divides −A·log π by (1 + τ); we follow the paper's form.  Reports ``opmd_reg`` (mean
+    β/2·Δ² over valid tokens).
+    """
+
+    params = {"beta": Param(0.2, float, low=0.0, doc="weight β of the β/2·(log π − log π_old)² regulariser")}
+
+    def check_params(self) -> None:
+        _require_finite("beta", self.beta)
+
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        regulariser = 0.5 * self.beta * batch.log_ratio.square()
+        loss = -batch.advantages * batch.logp + regulariser
+        return loss, torch.ones_like(batch.mask), {"opmd_reg": stats.masked_mean(regulariser.detach(), batch.mask)}
+
+
+@register("asymre")
+class AsymRE(Objective):
+    """ℓ = −(A + β)·log π_θ, i.e. REINFORCE with baseline r̄ − β: A' = r − (r̄ − β) = A + β
+    (Asymmetric REINFORCE, Arnal et al. 2025, arXiv:2506.20520; as REP in Yao et al. 2025, arXiv:2509.24203).
+
+    β > 0 lowers the baseline, tilting updates towards positive samples.  Default β = 0.1, the paper's code
+    (Trinity-RFT ``regularizer="forward-kl"``, coefficient 0.1, which adds −β·log π).
+    """
+
+    params = {"beta": Param(0.1, float, doc="baseline shift: baseline = r̄ − β (any finite value)")}
+
+    def check_params(self) -> None:
+        _require_finite("beta", self.beta)
+
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        return -(batch.advantages + self.beta) * batch.logp, torch.ones_like(batch.mask), {}
+
+
+def red_drop_advantages(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Return (A' [B], keep [B] bool) of RED-Drop.
+
+    In each group g: positives are r_i ≥ r̄_g (ties count as positive, as in Trinity-RFT), negatives the rest.
+    If a group has more negatives than positives, only its first n_pos negatives (in batch order) are kept; then
+    r̄_g is recomputed on the kept samples and A'_i = r_i − r̄_g(kept) for kept samples, 0 for dropped ones.
+    Vectorised over groups (one-hot [B, G] sums and a cumulative count), no Python loop.
+    """
+    dtype = rewards.dtype if torch.is_floating_point(rewards) else torch.get_default_dtype()
+    rewards = rewards.to(dtype)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    one_hot = torch.nn.functional.one_hot(inverse).to(dtype)  # [B, G]
+    counts = one_hot.sum(dim=0)
+    group_mean = (one_hot.T @ rewards) / counts
+    centred = rewards - group_mean[inverse]
+    tolerance = 1e-6 * (1.0 + group_mean.abs()[inverse])  # r_i == r̄ up to rounding counts as positive
+    positive = centred >= -tolerance
+    positives_per_group = one_hot.T @ positive.to(dtype)
+    negative_rank = torch.cumsum(one_hot * (~positive).to(dtype)[:, None], dim=0).gather(1, inverse[:, None])[:, 0]
+    keep = positive | (negative_rank <= positives_per_group[inverse])
+    kept = keep.to(dtype)
+    kept_mean = (one_hot.T @ (rewards * kept)) / (one_hot.T @ kept).clamp_min(1.0)
+    advantages = torch.where(keep, rewards - kept_mean[inverse], torch.zeros((), dtype=dtype))
+    return advantages, keep
+
+
+@register("red_drop")
+class REDDrop(Objective):
+    """ℓ = −A'_i·log π_θ on kept sequences, 0 on dropped ones, A'_i = r_i − r̄_g(kept) (RED-Drop, Yao et al. 2025,
+    arXiv:2509.24203; Trinity-RFT ``RECGroupedAdvantage(drop="balance")``).
+
+    Within each group (``group_ids``), surplus negatives (r_i < r̄_g) are dropped so that negatives never outnumber
+    positives, and the baseline is recomputed on what is kept (see :func:`red_drop_advantages`).  Needs
+    ``batch.rewards`` and ``batch.group_ids``; ``batch.advantages`` is ignored (recomputed from rewards).
+    Differences from Trinity-RFT: Trinity drops a *random* subset of the negatives; we drop all but the first n_pos
+    in batch order — samples of a group are exchangeable, so the distribution is the same and the objective stays
+    deterministic.  A single-sample group gets A' = 0 (Trinity uses r̄ = 0 there).  Reports ``drop_frac`` (share
+    of sequences dropped).
+    """
+
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        missing = [name for name in ("rewards", "group_ids") if getattr(batch, name) is None]
+        if missing:
+            raise ValueError(
+                f"objective 'red_drop' needs TokenBatch.{' and TokenBatch.'.join(missing)} ([B] tensors); "
+                "got None"
+            )
+        advantages, keep = red_drop_advantages(batch.rewards, batch.group_ids)
+        advantages = advantages.to(batch.logp.dtype)[:, None]
+        token_keep = keep[:, None].expand_as(batch.mask).to(batch.mask.dtype)
+        drop_frac = 1.0 - keep.to(batch.logp.dtype).mean()
+        return -advantages * batch.logp, token_keep, {"drop_frac": drop_frac}
+
+
+@register("red_weight")
+class REDWeight(Objective):
+    """ℓ = −w·A·log π_θ,  w = exp(A/T) (RED-Weight, Yao et al. 2025, arXiv:2509.24203; Trinity-RFT
+    ``weight="advantage"``).
+
+    Unnormalised weights, as in the paper's code (Trinity-RFT: "unnormalized version"); T = 1 by default.
+    T = inf gives plain REINFORCE.  Reports ``weight_mean`` over valid tokens.
+    """
+
+    params = {"temperature": Param(1.0, float, low=0.0, low_open=True, doc="temperature T of w = exp(A/T)")}
+
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        weight = torch.exp(batch.advantages / self.temperature)
+        loss = -weight * batch.advantages * batch.logp
+        return loss, torch.ones_like(batch.mask), {"weight_mean": stats.masked_mean(weight, batch.mask)}
