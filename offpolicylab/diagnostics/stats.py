@@ -57,6 +57,8 @@ def effective_sample_size(log_ratio: Tensor, mask: Tensor) -> Tensor:
     Source: Kong (1992); P3O "Trust the Batch" (FeynRL).
     """
     log_ratio = log_ratio.detach()
+    if log_ratio.numel() == 0:
+        return log_ratio.new_ones(())
     neg_inf = torch.full((), float("-inf"), dtype=log_ratio.dtype, device=log_ratio.device)
     shifted = torch.where(mask > 0, log_ratio, neg_inf)
     top = shifted.max()

@@ -1,1 +1,144 @@
-"""(being written)"""
+"""M2PO: second-moment trust region ("Prosperity before Collapse", Zheng et al. 2025; code: Infini-AI-Lab/M2PO).
+
+Shared notation: Δ = log r = logp − behavior_logp, A = advantage, and the *trust-region tokens*
+H = {(A > 0, r > 1) or (A < 0, r < 1)} — the tokens a PPO clip could act on
+(:func:`offpolicylab.diagnostics.stats.trust_region_mask`).  M̂2 = (1/|H|) Σ_{t∈H} Δ_t².
+
+Both variants find their cut with ONE sort of the H values of Δ² and one cumulative sum; there is no
+token-at-a-time loop and no host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from offpolicylab.diagnostics import stats
+from offpolicylab.objectives.base import Objective, Param, register
+from offpolicylab.objectives.batch import TokenBatch
+
+M2PO_VARIANTS = ("mask", "cap")
+
+
+def _sorted_trust_region(delta_sq: Tensor, trust_region: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Sort all tokens once with non-H tokens first (key −1), so the H values Δ² sit ascending at the end.
+
+    Returns flat tensors: ``order`` (the sort permutation), ``sorted_values`` (float64; H values ascending, 0 in the
+    leading non-H block), ``rank`` (k = 1..|H| along the H block, ≤ 0 before it), ``prefix`` (float64 cumulative sum,
+    so ``prefix[n_outside + k − 1]`` is the sum of the k smallest H values) and ``n_outside`` (N − |H|).
+    """
+    in_tr = trust_region.reshape(-1) > 0
+    key = torch.where(in_tr, delta_sq.reshape(-1), torch.full((), -1.0, dtype=delta_sq.dtype, device=delta_sq.device))
+    sorted_key, order = torch.sort(key)
+    sorted_values = sorted_key.clamp_min(0.0).to(torch.float64)
+    n_outside = (~in_tr).sum()
+    rank = torch.arange(1, key.numel() + 1, device=key.device) - n_outside
+    return order, sorted_values, rank, torch.cumsum(sorted_values, dim=0), n_outside
+
+
+def _sum_of_smallest(prefix: Tensor, n_outside: Tensor, k: Tensor) -> Tensor:
+    """Σ of the k smallest H values (0 for k = 0) from the prefix sums of :func:`_sorted_trust_region`."""
+    if prefix.numel() == 0:
+        return prefix.new_zeros(())
+    index = (n_outside + k - 1).clamp(min=0, max=prefix.numel() - 1)
+    return torch.where(k > 0, prefix[index], prefix.new_zeros(()))
+
+
+def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
+    """Paper variant: the H tokens to mask, [B, T] bool.
+
+    Keep the k* smallest Δ² of H, k* = max{k : (1/k) Σ_{j≤k} Δ²_(j) ≤ τ} (k = 0 allowed), i.e. mask the H tokens
+    with the largest Δ² until the mean over the rest of H is ≤ τ.  The prefix mean of an ascending sequence is
+    non-decreasing in k, so the valid k form {0..k*} and k* is a count.  Ties at the cut are split by sort order.
+    """
+    order, _, rank, prefix, n_outside = _sorted_trust_region(delta_sq, trust_region)
+    fits = (rank >= 1) & (prefix <= tau * rank.to(prefix.dtype))
+    masked_sorted = torch.arange(rank.numel(), device=rank.device) >= n_outside + fits.sum()
+    masked = torch.empty_like(masked_sorted)
+    masked[order] = masked_sorted
+    return masked.reshape(delta_sq.shape)
+
+
+def m2po_cap_bound(delta_sq: Tensor, trust_region: Tensor, tau: float) -> tuple[Tensor, Tensor]:
+    """Official-code variant: (τ', active) where τ' (0-dim) solves Σ_{t∈H} min(Δ_t², τ'²) = τ·|H| and ``active``
+    says whether clipping is needed at all (M̂2 > τ).
+
+    g(c) = Σ_H min(Δ², c) is piecewise linear and increasing; with ascending values v_(1..n) and prefix sums P_k,
+    g(v_(k)) = P_k + (n − k)·v_(k).  Let k* = #{k ≥ 1 : g(v_(k)) ≤ τn}; then c = (τn − P_k*) / (n − k*) lies in
+    [v_(k*), v_(k*+1)] and τ' = √c.  When M̂2 ≤ τ, τ' = max_H |Δ| (0 when H is empty): the tightest bound that
+    clips nothing, so the logged bound stays finite.  The official ``_solve_tau_from_sorted_delta2`` returns the
+    breakpoint √v_(k*) instead of the exact root (a slightly tighter bound); we solve the equation exactly.
+    """
+    if delta_sq.numel() == 0:
+        return delta_sq.new_zeros(()), torch.zeros((), dtype=torch.bool, device=delta_sq.device)
+    _, sorted_values, rank, prefix, n_outside = _sorted_trust_region(delta_sq, trust_region)
+    n = (rank.numel() - n_outside).to(prefix.dtype)
+    target = tau * n
+    g_at_breakpoints = prefix + (n - rank.to(prefix.dtype)) * sorted_values
+    k_star = ((rank >= 1) & (g_at_breakpoints <= target)).sum()
+    solved = (target - _sum_of_smallest(prefix, n_outside, k_star)) / (n - k_star.to(prefix.dtype)).clamp_min(1.0)
+    active = prefix[-1] > target
+    cap = torch.where(active, solved, sorted_values[-1])
+    return cap.sqrt().to(delta_sq.dtype), active
+
+
+@register("m2po")
+class M2PO(Objective):
+    """M2PO (Zheng et al. 2025, "Prosperity before Collapse: How Far Can Off-Policy RL Reach with Stale Data on
+    LLMs?"), on the trust-region tokens H = {(A>0, r>1) or (A<0, r<1)} with M̂2 = mean_H Δ²:
+
+    - ``variant="mask"`` (paper): mask the H tokens with the largest Δ² until mean_{H kept} Δ² ≤ τ;
+      ℓ = −A·r on kept tokens, 0 on masked ones, averaged over *all* tokens (the masked ones stay in the
+      denominator of ``agg``).  No ratio clipping.
+    - ``variant="cap"`` (official code, ``compute_m2po_policy_loss``): solve Σ_H min(Δ², τ'²) = τ·|H| and apply
+      ℓ = max(−A·r, −A·clip(r, e^−τ', e^τ')) (clipped tokens get no gradient); no clipping when M̂2 ≤ τ.  The
+      official code's optional ``miniclip_low/high`` floor on the clip range is not set by its launch scripts and
+      is left out here.
+
+    Metrics: ``m2_tr`` (M̂2 over H), ``m2_tr_after`` (over the kept H tokens for ``mask``; mean_H min(Δ², τ'²) for
+    ``cap``), ``tr_frac`` (|H| / valid tokens), ``mask_frac`` or ``clip_frac``, and ``m2po_bound`` (τ') for ``cap``.
+    """
+
+    params = {
+        "tau": Param(0.04, float, low=0.0, low_open=True, doc="second-moment budget τ on trust-region tokens"),
+        "variant": Param("mask", str, choices=M2PO_VARIANTS, doc="mask (paper) or cap (official code)"),
+    }
+
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        log_ratio = batch.log_ratio
+        delta = log_ratio.detach()
+        trust_region = stats.trust_region_mask(delta, batch.advantages, batch.mask)
+        delta_sq = delta**2
+        metrics = {
+            "m2_tr": stats.masked_mean(delta_sq, trust_region),
+            "tr_frac": stats.fraction(trust_region > 0, batch.mask),
+        }
+        if self.variant == "mask":
+            return self._mask_loss(batch, log_ratio, delta_sq, trust_region, metrics)
+        return self._cap_loss(batch, log_ratio, delta_sq, trust_region, metrics)
+
+    def _mask_loss(
+        self, batch: TokenBatch, log_ratio: Tensor, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        masked = m2po_mask(delta_sq, trust_region, self.tau)
+        keep = ~masked
+        ratio = torch.exp(torch.where(keep, log_ratio, torch.zeros_like(log_ratio)))
+        per_token = torch.where(keep, -batch.advantages * ratio, torch.zeros_like(ratio))
+        metrics["m2_tr_after"] = stats.masked_mean(delta_sq, trust_region * keep)
+        return per_token, keep.to(batch.mask.dtype), metrics
+
+    def _cap_loss(
+        self, batch: TokenBatch, log_ratio: Tensor, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        bound, active = m2po_cap_bound(delta_sq, trust_region, self.tau)
+        delta = log_ratio.detach()
+        advantages = batch.advantages
+        clipped = ((advantages > 0) & (delta > bound)) | ((advantages < 0) & (delta < -bound))
+        clipped = clipped & (batch.mask > 0) & active
+        ratio = torch.exp(torch.where(clipped, torch.zeros_like(log_ratio), log_ratio))
+        clipped_ratio = torch.exp(delta.clamp(min=-bound, max=bound))
+        per_token = torch.where(clipped, -advantages * clipped_ratio, -advantages * ratio)
+        metrics["m2_tr_after"] = stats.masked_mean(torch.minimum(delta_sq, bound**2), trust_region)
+        metrics["clip_frac"] = stats.fraction(clipped, batch.mask)
+        metrics["m2po_bound"] = bound
+        return per_token, (~clipped).to(batch.mask.dtype), metrics
