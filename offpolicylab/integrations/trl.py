@@ -1,0 +1,103 @@
+"""A TRL ``GRPOTrainer`` whose policy loss is any offpolicylab objective (checked against trl 1.16).
+
+TRL's ``GRPOTrainer._compute_loss`` scores the completion tokens and then branches on ``loss_type``.  This subclass
+keeps TRL's generation, rewards, advantages and logging and replaces only the loss:
+
+    batch = TokenBatch(logp = per_token_logps,            # π_θ, with grad
+                       behavior_logp = old_per_token_logps, # π_old; = per_token_logps.detach() when TRL skips it
+                       advantages = advantages,             # [B] broadcast, or [B, T]
+                       mask = completion_mask · tool_mask,
+                       sampler_logp = sampling_per_token_logps (vLLM only; used by the objective's tis_cap),
+                       entropy = per-token entropy)
+    loss = objective(batch).loss [+ β · agg(KL_k3(π_θ ‖ π_ref))] / gradient_accumulation_steps
+
+TRL's own loss knobs (``loss_type``, ``epsilon``, ``delta``, ``importance_sampling_level``, ``top_entropy_quantile``,
+``off_policy_mask_threshold``, vLLM importance-sampling correction, entropy bonus) are not applied: the objective
+and its parameters (``agg`` included) define the loss.  The KL-to-reference term (``beta``) is kept, aggregated
+with the objective's ``agg``.  Metrics are logged as ``offpolicylab/<name>``.
+
+Stateful objectives (``ac_mispo``) advance ``update()`` once per optimizer step: on the first training micro-batch
+after ``state.global_step`` changed (TRL increments it once per optimizer step), on that micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from trl import GRPOTrainer
+
+from offpolicylab.objectives import LossOutput, TokenBatch, aggregate, get_objective
+
+_EXTRA_MODEL_INPUTS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+
+
+class OffPolicyLabGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer(..., objective="m2po", objective_params={"tau": 0.04})``: TRL's GRPO loop, our loss.
+
+    ``objective`` is any name of :func:`offpolicylab.objectives.list_objectives`; a bad name or parameter raises
+    ``ValueError`` before the model is loaded.  After each loss, ``last_loss_output`` holds the objective's
+    :class:`~offpolicylab.objectives.LossOutput` (before gradient-accumulation scaling).
+    """
+
+    def __init__(self, *args: Any, objective: str = "grpo", objective_params: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        self.objective = get_objective(objective, **dict(objective_params or {}))
+        self.last_loss_output: LossOutput | None = None
+        self._objective_step: int | None = None
+        super().__init__(*args, **kwargs)
+
+    def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
+        batch = self.token_batch(model, inputs)
+        training = self.model.training
+        if training and self._objective_step != self.state.global_step:
+            self.objective.update(batch)
+            self._objective_step = self.state.global_step
+        out = self.objective(batch)
+        self.last_loss_output = out
+        loss = out.loss
+        if self.beta != 0.0:
+            loss = loss + self.beta * aggregate(self._reference_kl(inputs, batch.logp), batch.mask, self.objective.agg)
+        self._log_objective_metrics(out.metrics, "train" if training else "eval")
+        return loss / self.current_gradient_accumulation_steps if training else loss
+
+    def token_batch(self, model: torch.nn.Module, inputs: dict[str, Any]) -> TokenBatch:
+        """Score the completion tokens with ``model`` and build the :class:`TokenBatch` (see module docstring)."""
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
+        extra = {key: inputs.get(key) for key in _EXTRA_MODEL_INPUTS}
+        logp, entropy, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True, **extra
+        )
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        behavior = inputs.get("old_per_token_logps")
+        sampler = inputs.get("sampling_per_token_logps") if self.objective.tis_cap is not None else None
+        return TokenBatch(
+            logp=logp,
+            behavior_logp=logp.detach() if behavior is None else behavior,
+            advantages=inputs["advantages"],
+            mask=mask.to(logp.dtype),
+            sampler_logp=sampler,
+            entropy=entropy,
+        )
+
+    @staticmethod
+    def _reference_kl(inputs: dict[str, Any], logp: Tensor) -> Tensor:
+        """k3 estimator of KL(π_θ ‖ π_ref) per token: e^(ref − logp) − (ref − logp) − 1 (as TRL's GRPO)."""
+        delta = inputs["ref_per_token_logps"] - logp
+        return torch.exp(delta) - delta - 1.0
+
+    def _log_objective_metrics(self, metrics: Mapping[str, Tensor], mode: str) -> None:
+        if not metrics:
+            return
+        names = list(metrics)
+        values = torch.stack([metrics[name].detach().float().reshape(()) for name in names])
+        values = self.accelerator.gather(values[None]).mean(dim=0).tolist()  # one host sync per micro-batch
+        for name, value in zip(names, values, strict=True):
+            self._metrics[mode][f"offpolicylab/{name}"].append(value)
