@@ -1,0 +1,73 @@
+"""Policies (DESIGN §2.3): the :class:`Policy` protocol, a tabular softmax and a small torch sequence model.
+
+>>> from envs import make_task
+>>> from offpolicylab.policies import make_policy
+>>> task = make_task("token_mdp", family="target")
+>>> policy = make_policy("tabular", task)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from offpolicylab.objectives.base import Param
+from offpolicylab.policies.autoregressive import AutoregressivePolicy
+from offpolicylab.policies.base import Policy, Prompts, Rollout
+from offpolicylab.policies.sequence_model import SequenceModelPolicy
+from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
+
+POLICY_PARAMS: dict[str, dict[str, Param]] = {
+    "tabular": {
+        "context": Param("prev_token", str, choices=CONTEXTS, doc="what a logits row is conditioned on"),
+        "init": Param("task", str, choices=("task", "uniform"),
+                      doc="task = the world's suggested initial policy (e.g. π_b of the pitfall) when it has one"),
+        "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
+    },
+    "sequence_model": {
+        "embed_dim": Param(32, int, low=1, doc="token embedding width"),
+        "hidden_size": Param(64, int, low=1, doc="GRU hidden width"),
+        "num_layers": Param(1, int, low=1, doc="GRU layers"),
+        "seed": Param(0, int, doc="initial-weight seed"),
+        "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
+    },
+}
+
+
+def list_policies() -> list[str]:
+    """Policy kinds :func:`make_policy` builds."""
+    return list(POLICY_PARAMS)
+
+
+def make_policy(kind: str, task: Any, **params: Any) -> AutoregressivePolicy:
+    """Build a policy of ``kind`` sized for ``task`` (its ``vocab_size``, ``max_response_len``, ``eos_id``,
+    ``num_prompts``; optional ``prompt_vocab_size`` and ``initial_logits()``).  Parameters may be CLI strings;
+    an unknown kind or parameter raises ``ValueError`` naming the valid ones."""
+    if kind not in POLICY_PARAMS:
+        raise ValueError(f"unknown policy kind {kind!r}; valid: {', '.join(POLICY_PARAMS)}")
+    specs = POLICY_PARAMS[kind]
+    unknown = sorted(set(params) - set(specs))
+    if unknown:
+        raise ValueError(f"policy {kind!r} has no parameter {', '.join(unknown)}; valid: {', '.join(specs)}")
+    config = {key: spec.validate(key, params.get(key, spec.default)) for key, spec in specs.items()}
+    common = {"vocab_size": task.vocab_size, "response_len": task.max_response_len, "eos_id": task.eos_id,
+              "sampler_noise_std": config["sampler_noise_std"]}
+    if kind == "tabular":
+        init = task.initial_logits() if config["init"] == "task" and hasattr(task, "initial_logits") else None
+        context = "none" if task.max_response_len == 1 and task.eos_id is None else config["context"]
+        return TabularSoftmaxPolicy(num_prompts=task.num_prompts, context=context, init_logits=init, **common)
+    return SequenceModelPolicy(prompt_vocab_size=getattr(task, "prompt_vocab_size", None),
+                               embed_dim=config["embed_dim"], hidden_size=config["hidden_size"],
+                               num_layers=config["num_layers"], seed=config["seed"], **common)
+
+
+__all__ = [
+    "POLICY_PARAMS",
+    "AutoregressivePolicy",
+    "Policy",
+    "Prompts",
+    "Rollout",
+    "SequenceModelPolicy",
+    "TabularSoftmaxPolicy",
+    "list_policies",
+    "make_policy",
+]

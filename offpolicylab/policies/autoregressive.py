@@ -1,0 +1,153 @@
+"""One sampling / scoring code path shared by the toy policies.
+
+A subclass implements only :meth:`AutoregressivePolicy.response_logits`: the next-token logits ``[B, T, V]`` of
+every response position given the prompt and the response *prefix* (teacher forcing; position ``t`` may read only
+``response_ids[:, :t]``).  Both :meth:`sample` and :meth:`score` call it on a full-width ``[B, T]`` response buffer,
+so the log-probs recorded at sampling and those recomputed at scoring come from the same arithmetic:
+
+    behavior_logp_t = log softmax(z_t / τ)[y_t],     z = response_logits(prompt, y_{<t})
+    entropy_t       = −Σ_v p_v log p_v,              p = softmax(z_t / τ)
+
+Sampling loops over positions only (``T`` calls of ``response_logits`` on the growing buffer); scoring is one call.
+After an EOS the remaining positions are padded with the EOS id and masked out (``response_mask`` = 0 there,
+EOS itself counts).
+
+Sampler noise (rollout/trainer numeric mismatch, as in the TIS / P3O settings): with ``sampler_noise_std = σ > 0``
+the sampling engine draws from ``softmax(z/τ + σ·ε)``, ε ~ N(0, 1) fresh per token, and reports that
+log-prob as ``sampler_logp``; ``behavior_logp`` stays the trainer-side log softmax(z/τ) of the sampled token.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from offpolicylab.policies.base import Prompts, Rollout
+
+
+class AutoregressivePolicy:
+    """Base of :class:`TabularSoftmaxPolicy` and :class:`SequenceModelPolicy` (the :class:`Policy` protocol)."""
+
+    vocab_size: int
+    response_len: int
+    eos_id: int | None
+    sampler_noise_std: float
+
+    def _init_common(self, vocab_size: int, response_len: int, eos_id: int | None, sampler_noise_std: float) -> None:
+        if vocab_size < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+        if response_len < 1:
+            raise ValueError(f"response_len must be >= 1, got {response_len}")
+        if eos_id is not None and not 0 <= eos_id < vocab_size:
+            raise ValueError(f"eos_id must be None or in [0, {vocab_size - 1}], got {eos_id}")
+        if not sampler_noise_std >= 0.0:
+            raise ValueError(f"sampler_noise_std must be >= 0, got {sampler_noise_std}")
+        self.vocab_size = int(vocab_size)
+        self.response_len = int(response_len)
+        self.eos_id = eos_id
+        self.sampler_noise_std = float(sampler_noise_std)
+
+    # ------------------------------------------------------------------------------------------ to implement
+    def response_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                        response_ids: Tensor) -> Tensor:
+        """Next-token logits ``[B, T, V]``; position t depends on the prompt and ``response_ids[:, :t]`` only."""
+        raise NotImplementedError
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ shared path
+    @property
+    def pad_id(self) -> int:
+        """Token written after EOS (the EOS id itself, so every response has one canonical padded form)."""
+        return 0 if self.eos_id is None else self.eos_id
+
+    def clone(self) -> AutoregressivePolicy:
+        """An independent deep copy (for schedules that keep a second, frozen policy)."""
+        return copy.deepcopy(self)
+
+    def sample(self, prompts: Prompts, group_size: int, temperature: float = 1.0,
+               generator: torch.Generator | None = None) -> Rollout:
+        """Draw ``group_size`` responses per prompt (rows of one prompt are consecutive), under ``no_grad``."""
+        _check_temperature(temperature)
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        n = len(prompts)
+        rows = torch.arange(n).repeat_interleave(group_size)
+        prompt_ids, prompt_mask = prompts.ids[rows], prompts.mask[rows]
+        prompt_index = prompts.index[rows]
+        batch, width = n * group_size, self.response_len
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        alive = torch.ones(batch, dtype=torch.bool)
+        mask = torch.zeros(batch, width)
+        behavior = torch.zeros(batch, width)
+        sampler = torch.zeros(batch, width) if self.sampler_noise_std > 0 else None
+        with torch.no_grad():
+            for t in range(width):
+                logp = torch.log_softmax(self._scaled_logits(prompt_ids, prompt_mask, prompt_index, ids, temperature)[:, t], -1)
+                engine_logp = logp
+                if sampler is not None:
+                    noise = torch.randn(logp.shape, generator=generator, dtype=logp.dtype)
+                    engine_logp = torch.log_softmax(logp + self.sampler_noise_std * noise, -1)
+                token = torch.multinomial(engine_logp.exp(), 1, generator=generator).squeeze(1)
+                token = torch.where(alive, token, torch.full_like(token, self.pad_id))
+                ids[:, t] = token
+                mask[:, t] = alive.to(mask.dtype)
+                behavior[:, t] = torch.where(alive, logp.gather(1, token[:, None]).squeeze(1), 0.0)
+                if sampler is not None:
+                    sampler[:, t] = torch.where(alive, engine_logp.gather(1, token[:, None]).squeeze(1), 0.0)
+                if self.eos_id is not None:
+                    alive = alive & (token != self.eos_id)
+        return Rollout(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids, response_mask=mask,
+            behavior_logp=behavior, group_ids=rows, prompt_index=prompt_index, sampler_logp=sampler,
+            temperature=float(temperature),
+        )
+
+    def score(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """(logp [B, T], entropy [B, T]) of ``rollout.response_ids`` at ``rollout.temperature``, with grad.
+        Padded positions hold the values of the pad token (the mask removes them)."""
+        _check_temperature(rollout.temperature)
+        logits = self._scaled_logits(rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index,
+                                     rollout.response_ids, rollout.temperature)
+        log_probs = torch.log_softmax(logits, -1)
+        logp = log_probs.gather(-1, rollout.response_ids[..., None]).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return logp, entropy
+
+    def greedy(self, prompts: Prompts) -> Rollout:
+        """The argmax response of every prompt (one per prompt; ``behavior_logp`` at temperature 1)."""
+        n = len(prompts)
+        ids = torch.full((n, self.response_len), self.pad_id, dtype=torch.long)
+        alive = torch.ones(n, dtype=torch.bool)
+        mask = torch.zeros(n, self.response_len)
+        behavior = torch.zeros(n, self.response_len)
+        with torch.no_grad():
+            for t in range(self.response_len):
+                logp = torch.log_softmax(self.response_logits(prompts.ids, prompts.mask, prompts.index, ids)[:, t], -1)
+                token = torch.where(alive, logp.argmax(-1), torch.full((n,), self.pad_id))
+                ids[:, t], mask[:, t] = token, alive.to(mask.dtype)
+                behavior[:, t] = torch.where(alive, logp.gather(1, token[:, None]).squeeze(1), 0.0)
+                if self.eos_id is not None:
+                    alive = alive & (token != self.eos_id)
+        return Rollout(prompt_ids=prompts.ids, prompt_mask=prompts.mask, response_ids=ids, response_mask=mask,
+                       behavior_logp=behavior, group_ids=torch.arange(n), prompt_index=prompts.index)
+
+    def _scaled_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, response_ids: Tensor,
+                       temperature: float) -> Tensor:
+        logits = self.response_logits(prompt_ids, prompt_mask, prompt_index, response_ids)
+        return logits if temperature == 1.0 else logits / temperature
+
+
+def _check_temperature(temperature: float) -> None:
+    if not (isinstance(temperature, (int, float)) and temperature > 0 and temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} (use greedy() for argmax)")
