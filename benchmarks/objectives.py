@@ -1,0 +1,181 @@
+"""Forward + backward time of every registered objective, as a ratio to ``grpo`` on the same batch.
+
+    python benchmarks/objectives.py                      # 256 × 1024 tokens, 1 torch thread, all objectives
+    python benchmarks/objectives.py --threads 2 --repeats 30
+    python benchmarks/objectives.py --profile m2po       # per-operator profile of one objective
+
+Method: one realistic batch (varied response lengths, group-relative advantages over groups of 8, binary rewards,
+log-ratios with a heavy tail, ``sampler_logp`` and ``entropy``) is built once.  Each round times every objective once,
+in a rotated order (interleaving spreads machine-load drift over all objectives); the TokenBatch is rebuilt from a
+fresh leaf ``logp`` before each timing, outside the timed region.  The timed region is ``update`` (stateful
+objectives only: it runs once per optimizer update) + forward + ``loss.backward()``.  The first ``--warmup`` rounds
+are dropped.  Reported: the median time over rounds and the median over rounds of the *paired* ratio
+t(objective) / t(grpo) measured in the same round.  Target (issue 2): every objective ≤ 2× grpo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
+
+TARGET_RATIO = 2.0
+REFERENCE = "grpo"
+
+
+def make_fields(batch: int, length: int, group_size: int = 8, seed: int = 0) -> dict[str, Tensor]:
+    """Fields of a realistic LLM batch: lengths uniform in [length/16, length], rewards ~ Bernoulli(0.5) with
+    GRPO advantages (r − mean_g)/(std_g + 1e-6) per group of ``group_size``, behaviour log-probs of a peaked policy,
+    log-ratios N(0, 0.05²) with 10% of tokens at N(0, 1) (stale tokens: trust-region M2 ≈ 0.07 > τ = 0.04, so
+    M2PO masks; log π_θ clamped at 0), sampler noise N(0, 0.01²)."""
+    if batch % group_size:
+        raise ValueError(f"batch={batch} must be a multiple of group_size={group_size}")
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(max(1, length // 16), length + 1, (batch,), generator=gen)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
+    rewards = (torch.rand(batch, generator=gen) < 0.5).float()
+    grouped = rewards.view(-1, group_size)
+    advantages = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).reshape(
+        -1
+    )
+    uniform = torch.rand(batch, length, generator=gen).clamp_min(1e-9)
+    behavior_logp = 0.5 * torch.log(uniform)  # −Exponential(rate 2): most tokens near log-prob 0
+    noise = 0.05 * torch.randn(batch, length, generator=gen)
+    stale = torch.rand(batch, length, generator=gen) < 0.10
+    noise = torch.where(stale, torch.randn(batch, length, generator=gen), noise)
+    return {
+        "logp": (behavior_logp + noise).clamp(max=0.0),
+        "behavior_logp": behavior_logp,
+        "advantages": advantages,
+        "mask": mask,
+        "rewards": rewards,
+        "group_ids": torch.arange(batch) // group_size,
+        "sampler_logp": behavior_logp + 0.01 * torch.randn(batch, length, generator=gen),
+        "entropy": torch.rand(batch, length, generator=gen) * 3.0,
+    }
+
+
+def fresh_batch(fields: dict[str, Tensor]) -> TokenBatch:
+    return TokenBatch(**{**fields, "logp": fields["logp"].clone().requires_grad_(True)})
+
+
+def run_step(objective, batch: TokenBatch) -> None:
+    """(update +) forward + backward: the timed region."""
+    if objective.stateful:
+        objective.update(batch)
+    objective(batch).loss.backward()
+
+
+def time_once(objective, fields: dict[str, Tensor]) -> float:
+    """Seconds for :func:`run_step` of one objective on a freshly built batch (built outside the timed region)."""
+    batch = fresh_batch(fields)
+    start = time.perf_counter()
+    run_step(objective, batch)
+    return time.perf_counter() - start
+
+
+@dataclass
+class Timing:
+    name: str
+    seconds: list[float]
+    ratios: list[float]
+
+    @property
+    def median_ms(self) -> float:
+        return 1e3 * statistics.median(self.seconds)
+
+    @property
+    def median_ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def benchmark(names: Sequence[str], fields: dict[str, Tensor], repeats: int, warmup: int) -> list[Timing]:
+    """Interleaved rounds; per-round paired ratios against ``grpo``."""
+    names = list(dict.fromkeys([REFERENCE, *names]))
+    objectives = {name: get_objective(name) for name in names}
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(warmup + repeats):
+        shift = round_index % len(names)
+        order = names[shift:] + names[:shift]
+        this_round = {name: time_once(objectives[name], fields) for name in order}
+        if round_index < warmup:
+            continue
+        for name in names:
+            seconds[name].append(this_round[name])
+            ratios[name].append(this_round[name] / this_round[REFERENCE])
+    return [Timing(name, seconds[name], ratios[name]) for name in names]
+
+
+def format_table(timings: list[Timing]) -> str:
+    rows = ["| objective | median ms | ratio vs grpo (median of paired) | ≤ 2× |", "|---|---:|---:|:---:|"]
+    for timing in timings:
+        ok = "yes" if timing.median_ratio <= TARGET_RATIO else "**NO**"
+        rows.append(f"| {timing.name} | {timing.median_ms:.1f} | {timing.median_ratio:.2f} | {ok} |")
+    return "\n".join(rows)
+
+
+def profile(name: str, fields: dict[str, Tensor], rows: int = 15, steps: int = 3) -> str:
+    """Per-operator CPU profile (self time, summed over ``steps`` passes) of forward + backward of one objective;
+    batches are built before profiling starts so only the objective's own operators show."""
+    objective = get_objective(name)
+    for _ in range(2):
+        time_once(objective, fields)
+    batches = [fresh_batch(fields) for _ in range(steps)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for batch in batches:
+            run_step(objective, batch)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=256, help="sequences (multiple of --group-size)")
+    parser.add_argument("--length", type=int, default=1024, help="tokens per sequence (T)")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=15, help="timed rounds (median over them)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--objectives", nargs="*", default=None, help="subset (default: all registered)")
+    parser.add_argument("--profile", metavar="NAME", default=None, help="profile one objective instead")
+    args = parser.parse_args(argv)
+    valid = list_objectives()
+    chosen = args.objectives or valid
+    unknown = [name for name in chosen + ([args.profile] if args.profile else []) if name not in valid]
+    if unknown:
+        print(f"unknown objective(s) {', '.join(unknown)}; valid: {', '.join(valid)}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    fields = make_fields(args.batch, args.length, args.group_size, args.seed)
+    tokens = int(fields["mask"].sum())
+    print(
+        f"batch {args.batch} × {args.length} ({tokens} valid tokens), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), {args.repeats} rounds after {args.warmup} warm-up"
+    )
+    if args.profile:
+        print(profile(args.profile, fields))
+        return 0
+    build = []
+    for _ in range(6):
+        start = time.perf_counter()
+        fresh_batch(fields)
+        build.append(time.perf_counter() - start)
+    print(f"TokenBatch construction (untimed below): {1e3 * statistics.median(build[1:]):.1f} ms")
+    timings = benchmark(chosen, fields, args.repeats, args.warmup)
+    print(format_table(timings))
+    over = [t.name for t in timings if t.median_ratio > TARGET_RATIO]
+    print("all within 2× grpo" if not over else f"over 2× grpo: {', '.join(over)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
