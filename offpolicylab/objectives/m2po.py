@@ -5,7 +5,7 @@ H = {(A > 0, r > 1) or (A < 0, r < 1)} — the tokens a PPO clip could act on
 (:func:`offpolicylab.diagnostics.stats.trust_region_mask`).  M̂2 = (1/|H|) Σ_{t∈H} Δ_t².
 
 Both variants find their cut with ONE sort of the H values of Δ² and one cumulative sum; there is no
-token-at-a-time loop and no host sync.
+token-at-a-time loop (selecting H is the one data-dependent shape).
 """
 
 from __future__ import annotations
@@ -20,28 +20,13 @@ from offpolicylab.objectives.batch import TokenBatch
 M2PO_VARIANTS = ("mask", "cap")
 
 
-def _sorted_trust_region(delta_sq: Tensor, trust_region: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Sort all tokens once with non-H tokens first (key −1), so the H values Δ² sit ascending at the end.
+def _sorted_trust_region(delta_sq: Tensor, trust_region: Tensor) -> tuple[Tensor, Tensor]:
+    """Sort the H values of Δ² once (only those: the trust region is a fraction of all tokens).
 
-    Returns flat tensors: ``order`` (the sort permutation), ``sorted_values`` (float64; H values ascending, 0 in the
-    leading non-H block), ``rank`` (k = 1..|H| along the H block, ≤ 0 before it), ``prefix`` (float64 cumulative sum,
-    so ``prefix[n_outside + k − 1]`` is the sum of the k smallest H values) and ``n_outside`` (N − |H|).
+    Returns float64 ``values`` v_(1) ≤ … ≤ v_(n) (n = |H|) and their cumulative sums ``prefix`` (P_k = Σ_{j≤k} v_(j)).
     """
-    in_tr = trust_region.reshape(-1) > 0
-    key = torch.where(in_tr, delta_sq.reshape(-1), torch.full((), -1.0, dtype=delta_sq.dtype, device=delta_sq.device))
-    sorted_key, order = torch.sort(key)
-    sorted_values = sorted_key.clamp_min(0.0).to(torch.float64)
-    n_outside = (~in_tr).sum()
-    rank = torch.arange(1, key.numel() + 1, device=key.device) - n_outside
-    return order, sorted_values, rank, torch.cumsum(sorted_values, dim=0), n_outside
-
-
-def _sum_of_smallest(prefix: Tensor, n_outside: Tensor, k: Tensor) -> Tensor:
-    """Σ of the k smallest H values (0 for k = 0) from the prefix sums of :func:`_sorted_trust_region`."""
-    if prefix.numel() == 0:
-        return prefix.new_zeros(())
-    index = (n_outside + k - 1).clamp(min=0, max=prefix.numel() - 1)
-    return torch.where(k > 0, prefix[index], prefix.new_zeros(()))
+    values = torch.sort(delta_sq.reshape(-1)[trust_region.reshape(-1) > 0]).values.to(torch.float64)
+    return values, torch.cumsum(values, dim=0)
 
 
 def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
@@ -49,14 +34,15 @@ def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
 
     Keep the k* smallest Δ² of H, k* = max{k : (1/k) Σ_{j≤k} Δ²_(j) ≤ τ} (k = 0 allowed), i.e. mask the H tokens
     with the largest Δ² until the mean over the rest of H is ≤ τ.  The prefix mean of an ascending sequence is
-    non-decreasing in k, so the valid k form {0..k*} and k* is a count.  Ties at the cut are split by sort order.
+    non-decreasing in k, so the valid k form {0..k*} and k* is a count; the mask is then the threshold
+    Δ² ≥ v_(k*+1).  Tokens tied exactly at the cut are all masked (the kept mean stays ≤ τ).
     """
-    order, _, rank, prefix, n_outside = _sorted_trust_region(delta_sq, trust_region)
-    fits = (rank >= 1) & (prefix <= tau * rank.to(prefix.dtype))
-    masked_sorted = torch.arange(rank.numel(), device=rank.device) >= n_outside + fits.sum()
-    masked = torch.empty_like(masked_sorted)
-    masked[order] = masked_sorted
-    return masked.reshape(delta_sq.shape)
+    values, prefix = _sorted_trust_region(delta_sq, trust_region)
+    ranks = torch.arange(1, values.numel() + 1, device=values.device, dtype=values.dtype)
+    k_star = (prefix <= tau * ranks).sum()
+    inf = torch.full((1,), float("inf"), dtype=values.dtype, device=values.device)
+    threshold = torch.cat([values, inf])[k_star]
+    return (trust_region > 0) & (delta_sq >= threshold.to(delta_sq.dtype))  # exact: values came from delta_sq
 
 
 def m2po_cap_bound(delta_sq: Tensor, trust_region: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -69,16 +55,17 @@ def m2po_cap_bound(delta_sq: Tensor, trust_region: Tensor, tau: float) -> tuple[
     clips nothing, so the logged bound stays finite.  The official ``_solve_tau_from_sorted_delta2`` returns the
     breakpoint √v_(k*) instead of the exact root (a slightly tighter bound); we solve the equation exactly.
     """
-    if delta_sq.numel() == 0:
+    values, prefix = _sorted_trust_region(delta_sq, trust_region)
+    if values.numel() == 0:
         return delta_sq.new_zeros(()), torch.zeros((), dtype=torch.bool, device=delta_sq.device)
-    _, sorted_values, rank, prefix, n_outside = _sorted_trust_region(delta_sq, trust_region)
-    n = (rank.numel() - n_outside).to(prefix.dtype)
+    n = float(values.numel())
+    ranks = torch.arange(1, values.numel() + 1, device=values.device, dtype=values.dtype)
     target = tau * n
-    g_at_breakpoints = prefix + (n - rank.to(prefix.dtype)) * sorted_values
-    k_star = ((rank >= 1) & (g_at_breakpoints <= target)).sum()
-    solved = (target - _sum_of_smallest(prefix, n_outside, k_star)) / (n - k_star.to(prefix.dtype)).clamp_min(1.0)
+    k_star = ((prefix + (n - ranks) * values) <= target).sum()
+    below = torch.cat([prefix.new_zeros(1), prefix])[k_star]
+    solved = (target - below) / (n - k_star.to(values.dtype)).clamp_min(1.0)
     active = prefix[-1] > target
-    cap = torch.where(active, solved, sorted_values[-1])
+    cap = torch.where(active, solved, values[-1])
     return cap.sqrt().to(delta_sq.dtype), active
 
 
