@@ -1,0 +1,289 @@
+"""``offpolicylab`` command line (DESIGN §2.5).
+
+    offpolicylab list
+    offpolicylab demo [--out DIR] [--workers N]
+    offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
+                     [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
+    offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
+    offpolicylab plot DIR [DIR ...] --out FIG_DIR
+
+Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
+whole configuration has been validated.  A run that fails while training exits with code 1 (its summary.json
+says ``failed``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, NoReturn
+
+from offpolicylab.config import TrainConfig, field_help, parse_assignments, parse_value
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+_DICT_FLAGS = {"objective_params": "param", "world_params": "world_param", "policy_params": "policy_param"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("offpolicylab").strip()
+        _fail(f"{command}: {message}" if command else message)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"offpolicylab: error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+# ============================================================================================ parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="offpolicylab", description="Off-policy / stale-data RL objectives on toy worlds.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
+
+    demo = sub.add_parser("demo", help="staleness demo on a token MDP (no download, a few minutes on 2 cores)")
+    demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
+    demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
+
+    run = sub.add_parser("run", help="train one run into a run directory")
+    defaults = field_help()
+    for f in fields(TrainConfig):
+        default, text = defaults[f.name]
+        if f.name in _DICT_FLAGS:
+            flag = "--" + _DICT_FLAGS[f.name].replace("_", "-")
+            run.add_argument(flag, dest=f.name, action="append", metavar="K=V", help=f"{text} (repeatable)")
+        else:
+            run.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.type.upper(),
+                             help=f"{text} (default: {default})")
+    run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    run.add_argument("--config", default=None, help="JSON file with a TrainConfig; flags override it")
+
+    sweep = sub.add_parser("sweep", help="run a JSON grid of runs, one run directory per cell")
+    sweep.add_argument("grid", help="grid file (JSON: base config + axes)")
+    sweep.add_argument("--out", required=True, help="output folder (one sub-folder per cell)")
+    sweep.add_argument("--workers", type=int, default=1, help="parallel processes")
+    sweep.add_argument("--engine", default="local", help="sweep engine: local (or ray when installed)")
+
+    plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
+    plot.add_argument("plot_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plot"]:  # everything after `plot` belongs to the plots module
+        return _plot(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
+    except ValueError as exc:  # bad input (including RunError): nothing claims success
+        _fail(str(exc))
+
+
+# ============================================================================================ commands
+def cmd_list(args: argparse.Namespace) -> int:
+    import envs
+    from offpolicylab.objectives import list_objectives, objective_params
+    from offpolicylab.policies import POLICY_PARAMS
+    from offpolicylab.staleness import SCHEDULE_FORMS
+
+    print("worlds:")
+    for name in envs.list_tasks():
+        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in envs.task_params(name).items()))
+    print("objectives:")
+    for name in list_objectives():
+        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in objective_params(name).items()))
+    print("schedules:\n  " + ", ".join(SCHEDULE_FORMS))
+    print("policies:")
+    for name, specs in POLICY_PARAMS.items():
+        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in specs.items()))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from offpolicylab.runs import RunDir
+    from offpolicylab.trainer import TrainingFailed, train
+
+    config = config_from_args(args)
+    try:
+        summary = train(config, args.out, resume=args.resume, progress=sys.stderr.isatty())
+    except TrainingFailed as exc:
+        print(f"offpolicylab: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(_summary_line(Path(args.out).name, summary) + f"  -> {RunDir(args.out).path}")
+    return 0
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """Start from --config (or, with --resume, the stored config.json), then apply the flags that were given."""
+    from offpolicylab.runs import RunDir
+
+    data: dict[str, Any] = {}
+    if args.resume and RunDir(args.out).config_path.exists():
+        data = RunDir(args.out).read_config()
+    elif args.config:
+        try:
+            data = json.loads(Path(args.config).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read --config {args.config} ({exc})") from None
+    elif args.world is None or args.objective is None:
+        raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
+    for f in fields(TrainConfig):
+        value = getattr(args, f.name)
+        if value is None:
+            continue
+        if f.name in _DICT_FLAGS:
+            merged = dict(data.get(f.name, {}))
+            merged.update(parse_assignments(value, "--" + _DICT_FLAGS[f.name].replace("_", "-")))
+            data[f.name] = merged
+        else:
+            data[f.name] = _scalar(f.name, f.type, value)
+    return TrainConfig.from_dict(data)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from offpolicylab.sweep import load_grid, run_sweep
+
+    rows = run_sweep(load_grid(args.grid), args.out, workers=args.workers, engine=args.engine,
+                     progress=sys.stderr.isatty())
+    _print_table(rows)
+    failed = sum(row["status"] == "failed" for row in rows)
+    print(f"{len(rows)} cells, {failed} failed -> {Path(args.out) / 'sweep_results.csv'}")
+    return EXIT_FAILED if failed else 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from offpolicylab.sweep import run_sweep
+
+    grid = demo_grid(args.updates)
+    rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty())
+    figure = demo_figure([Path(args.out) / row["cell"] for row in rows], Path(args.out) / "demo.png")
+    _print_table(rows)
+    print(f"figure: {figure}")
+    return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
+
+
+def _plot(argv: list[str]) -> int:
+    try:
+        from offpolicylab import plots
+    except ImportError as exc:
+        print(f"offpolicylab: error: plotting is unavailable ({exc})", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return int(plots.main(argv) or 0)
+
+
+# ============================================================================================ the demo
+DEMO_STALENESS = 32
+
+
+def demo_grid(updates: int | None = None) -> dict[str, Any]:
+    """grpo (ε = 0.2), grpo without trust region and m2po, each on-policy and at staleness DEMO_STALENESS, on a
+    forking token MDP (few high-entropy decision tokens decide the reward)."""
+    return {
+        "base": {
+            "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
+                                                   "num_prompts": 4},
+            "policy": "tabular", "updates": updates or 120, "prompts_per_update": 4, "group_size": 8,
+            "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
+        },
+        "axes": {
+            "objective": [
+                {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
+                {"label": "grpo_no_trust_region", "objective": "grpo",
+                 "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
+                {"label": "m2po", "objective": "m2po"},
+            ],
+            "schedule": ["stale_k:0", f"stale_k:{DEMO_STALENESS}"],
+        },
+    }
+
+
+def demo_figure(run_dirs: list[Path], path: Path) -> Path:
+    """Return (exact where available, else batch reward) per update, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn as sns
+
+    frames = []
+    for run_dir in run_dirs:
+        metrics_path = run_dir / "metrics.csv"
+        if not metrics_path.exists():
+            continue
+        frame = pd.read_csv(metrics_path)
+        column = "exact_return" if "exact_return" in frame and frame["exact_return"].notna().any() else "reward_mean"
+        frame = frame[["update", column]].dropna().rename(columns={column: "return"})
+        objective, _, schedule = run_dir.name.partition("__")
+        frame["objective"] = objective.removeprefix("objective=")
+        frame["schedule"] = schedule.removeprefix("schedule=")
+        frames.append(frame)
+    sns.set_theme(style="whitegrid")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if frames:
+        data = pd.concat(frames, ignore_index=True)
+        sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
+    ax.set_ylabel("exact return J(π)")
+    ax.set_title("token MDP: on-policy vs stale data")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ============================================================================================ helpers
+def _scalar(name: str, kind: str, text: str) -> Any:
+    value = parse_value(text) if kind in ("int", "float", "bool") else text
+    if kind == "int" and isinstance(value, float) and value.is_integer() and "." not in text:
+        value = int(value)
+    if kind == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise ValueError(f"--{name.replace('_', '-')} {text!r} is invalid; valid: an integer")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"--{name.replace('_', '-')} {text!r} is invalid; valid: a number")
+    if kind == "bool" and not isinstance(value, bool):
+        raise ValueError(f"--{name.replace('_', '-')} {text!r} is invalid; valid: true or false")
+    return float(value) if kind == "float" else value
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else str(value)
+
+
+def _summary_line(name: str, summary: dict[str, Any]) -> str:
+    parts = [f"{name}: {summary.get('status')}"]
+    for key in ("final_exact_return", "peak_exact_return", "final_reward_mean", "peak_reward_mean"):
+        if key in summary:
+            parts.append(f"{key}={summary[key]:.3f}")
+    if summary.get("collapse_update", -1) not in (-1, None, ""):
+        parts.append(f"collapse_update={summary['collapse_update']}")
+    return "  ".join(parts)
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    columns = ["cell", "status", "peak_exact_return", "final_exact_return", "peak_reward_mean", "final_reward_mean",
+               "collapse_update"]
+    columns = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
+    cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The resolved configuration of one training run; each field's ``help`` metadata is its command-line help.
+
+>>> cfg = TrainConfig(world="token_mdp", objective="m2po", schedule="stale_k:16")
+>>> cfg.to_dict()["schedule"]
+'stale_k:16'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class TrainConfig:
+    """Everything that determines a run (with ``seed``, the run is reproducible bit for bit on one machine)."""
+
+    world: str = _f("token_mdp", "world (task) name, see `offpolicylab list`")
+    world_params: dict[str, Any] = _f({}, "world options (--world-param k=v)")
+    objective: str = _f("grpo", "objective name, see `offpolicylab list`")
+    objective_params: dict[str, Any] = _f({}, "objective parameters (--param k=v)")
+    policy: str = _f("tabular", "policy kind (tabular, sequence_model, ...)")
+    policy_params: dict[str, Any] = _f({}, "policy options (--policy-param k=v)")
+    schedule: str = _f("on_policy", "staleness schedule: on_policy, stale_k:K, sync:M,N, stages:MU, epochs:E, "
+                                    "offline, offline:D, mixture:P")
+    updates: int = _f(200, "number of optimizer updates")
+    prompts_per_update: int = _f(8, "prompts per generated batch")
+    group_size: int = _f(8, "responses per prompt (GRPO group size G)")
+    temperature: float = _f(1.0, "sampling temperature (behavior_logp is recorded at this temperature)")
+    adv_std_norm: bool = _f(False, "divide group-relative advantages by the group's reward std (GRPO) instead of "
+                                   "the mean baseline alone")
+    optimizer: str = _f("adam", "optimizer: adam, adamw or sgd")
+    lr: float = _f(0.05, "learning rate")
+    grad_clip: float = _f(1.0, "max global gradient norm (inf = no clipping)")
+    seed: int = _f(0, "random seed (policy init, prompts, sampling, rewards)")
+    eval_every: int = _f(10, "evaluate greedy / sampled reward (and exact return where enumerable) every N updates")
+    eval_samples: int = _f(4, "sampled responses per evaluation prompt")
+    sample_every: int = _f(25, "write ratio/entropy samples for histograms every N updates (0 = never)")
+    checkpoint_every: int = _f(1, "write the checkpoint every N updates (toy worlds: every update is cheap)")
+    fsync: bool = _f(False, "fsync metrics and checkpoint at each checkpoint (survives OS crashes; checkpoints "
+                            "are atomic against a killed process either way)")
+    collapse_margin: float = _f(0.2, "collapse: smoothed reward falls this far below its running peak ...")
+    collapse_spike: float = _f(5.0, "... within `collapse_window` updates of a KL or grad-norm spike "
+                                    "(value > this factor × its running mean)")
+    collapse_window: int = _f(20, "updates a spike stays relevant to the collapse test")
+    stop_on_collapse: bool = _f(False, "stop the run at the first detected collapse (a non-finite loss always stops)")
+
+    def __post_init__(self) -> None:
+        self.validate_scalars()
+
+    def validate_scalars(self) -> None:
+        """Range checks of the scalar fields; raises ``ValueError`` naming the field and its valid range."""
+        positive_ints = ("updates", "prompts_per_update", "group_size", "eval_every", "eval_samples",
+                         "checkpoint_every", "collapse_window")
+        for name in positive_ints:
+            _check_int(name, getattr(self, name), 1)
+        _check_int("sample_every", self.sample_every, 0)
+        _check_int("seed", self.seed, 0)
+        for name in ("temperature", "lr"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name}={value!r} is invalid; valid: a finite number > 0")
+        if not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
+            raise ValueError(f"grad_clip={self.grad_clip!r} is invalid; valid: a number > 0 (inf = no clipping)")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+        for name in ("collapse_margin", "collapse_spike"):
+            if not (isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0):
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: a number > 0")
+        for name in ("world_params", "objective_params", "policy_params"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"{name} must be a mapping of name -> value")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Build from a mapping; unknown keys raise ``ValueError`` naming the valid ones."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
+        values = dict(data)
+        for f in fields(cls):  # coerce CLI-ish strings of scalar fields
+            if f.name in values and isinstance(values[f.name], str) and f.type in ("int", "float", "bool"):
+                values[f.name] = _coerce_field(f.name, f.type, values[f.name])
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def field_help() -> dict[str, tuple[Any, str]]:
+    """{field name: (default, help text)} — the CLI's help comes from here."""
+    out = {}
+    for f in fields(TrainConfig):
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        out[f.name] = (default, f.metadata.get("help", ""))
+    return out
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: JSON (numbers, true/false, null, lists) if it parses, then float ('inf'), else str."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        pass
+    lowered = text.strip().lower()
+    if lowered in ("none",):
+        return None
+    try:
+        return float(lowered)
+    except ValueError:
+        return text
+
+
+def parse_assignments(items: list[str] | None, what: str) -> dict[str, Any]:
+    """``["k=v", ...]`` → ``{k: parse_value(v)}``; a malformed item raises ``ValueError``."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{what} {item!r} is malformed; valid: name=value")
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid; valid: an integer >= {minimum}")
+
+
+def _coerce_field(name: str, kind: str, text: str) -> Any:
+    value = parse_value(text)
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind == "bool" and not isinstance(value, bool):
+        raise ValueError(f"{name}={text!r} is invalid; valid: true or false")
+    return value

@@ -1,0 +1,222 @@
+"""One run = one directory (DESIGN §2.4).
+
+    config.json                  the resolved TrainConfig
+    metrics.csv                  one row per update, ``update`` first, appended and flushed every update;
+                                 wall-clock columns are named ``time_*``
+    samples/update_XXXXXX.npz    token samples for histograms (log_ratio, advantage, entropy, kept; per sequence
+                                 seq_log_ratio and staleness), ``np.load(allow_pickle=False)``-loadable
+    events.jsonl                 collapse, non_finite_loss, resume, ...
+    checkpoint/state.pt          the latest checkpoint, replaced atomically (temp file, rename): a killed process
+                                 leaves the previous or the new checkpoint, never a torn one.  With
+                                 ``fsync=True`` metrics.csv and the checkpoint are also fsynced (survives an OS
+                                 crash / power loss; costs ~5-50 ms per checkpoint on a busy disk).  Loaded with
+                                 ``torch.load(weights_only=True)`` — never an arbitrary unpickle
+    summary.json                 at the end: status ∈ completed / collapsed / failed, final and peak metrics
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATUSES = ("completed", "collapsed", "failed")
+MAX_SAMPLE_TOKENS = 4096
+SUMMARY_KEYS = ("reward_mean", "exact_return", "eval_reward_greedy", "eval_reward_sampled")
+
+
+class RunError(ValueError):
+    """A run directory cannot be used as asked (exists without --resume, corrupt checkpoint, ...)."""
+
+
+class RunDir:
+    """Reads and writes the files of one run directory."""
+
+    def __init__(self, path: str | Path, fsync: bool = False) -> None:
+        self.path = Path(path)
+        self.fsync = fsync
+        self._columns: list[str] | None = None
+
+    # ---------------------------------------------------------------------------------------- paths
+    config_path = property(lambda self: self.path / "config.json")
+    metrics_path = property(lambda self: self.path / "metrics.csv")
+    events_path = property(lambda self: self.path / "events.jsonl")
+    summary_path = property(lambda self: self.path / "summary.json")
+    checkpoint_path = property(lambda self: self.path / "checkpoint" / "state.pt")
+    samples_dir = property(lambda self: self.path / "samples")
+
+    def holds_run(self) -> bool:
+        return self.config_path.exists() or self.metrics_path.exists()
+
+    # ---------------------------------------------------------------------------------------- lifecycle
+    def create(self, config: dict[str, Any]) -> None:
+        """Start a fresh run; refuses a directory that already holds one."""
+        if self.holds_run():
+            raise RunError(f"run directory {self.path} already holds a run; pass --resume to continue it "
+                           "or choose another --out")
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(self.config_path, json.dumps(config, indent=2) + "\n")
+
+    def read_config(self) -> dict[str, Any]:
+        if not self.config_path.exists():
+            raise RunError(f"{self.path} holds no run to resume (no config.json)")
+        try:
+            return json.loads(self.config_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise RunError(f"{self.config_path} is not valid JSON ({exc.msg})") from None
+
+    def read_summary(self) -> dict[str, Any] | None:
+        if not self.summary_path.exists():
+            return None
+        try:
+            return json.loads(self.summary_path.read_text())
+        except json.JSONDecodeError:
+            return None
+
+    # ---------------------------------------------------------------------------------------- metrics
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        """Append one row (the header is fixed by the first row written); flushed at once."""
+        new_file = not self.metrics_path.exists() or self.metrics_path.stat().st_size == 0
+        if self._columns is None:
+            self._columns = list(row) if new_file else self._read_header()
+        with open(self.metrics_path, "a", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=self._columns, restval="", extrasaction="ignore")
+            if new_file:
+                writer.writeheader()
+            writer.writerow({key: _format(value) for key, value in row.items()})
+            fh.flush()
+
+    def truncate_metrics(self, next_update: int) -> None:
+        """Keep only the rows with ``update < next_update`` (rows written after the checkpoint are redone)."""
+        if not self.metrics_path.exists():
+            return
+        lines = self.metrics_path.read_text().splitlines(keepends=True)
+        if not lines:
+            return
+        kept = [lines[0]] + [line for line in lines[1:] if line.strip() and int(line.split(",", 1)[0]) < next_update]
+        if len(kept) - 1 != next_update:
+            raise RunError(f"{self.metrics_path} holds {len(kept) - 1} rows before update {next_update} but the "
+                           "checkpoint needs all of them; the run cannot be resumed consistently")
+        _atomic_write_text(self.metrics_path, "".join(kept))
+        self._columns = None
+
+    def read_metrics(self) -> list[dict[str, str]]:
+        if not self.metrics_path.exists():
+            return []
+        with open(self.metrics_path, newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    def _read_header(self) -> list[str]:
+        with open(self.metrics_path, newline="") as fh:
+            return next(csv.reader(fh))
+
+    # ---------------------------------------------------------------------------------------- events, samples
+    def event(self, kind: str, update: int, **details: Any) -> None:
+        record = {"event": kind, "update": update, "time": time.time(), **details}
+        with open(self.events_path, "a") as fh:
+            fh.write(json.dumps(record, default=_json_default) + "\n")
+            fh.flush()
+
+    def read_events(self) -> list[dict[str, Any]]:
+        if not self.events_path.exists():
+            return []
+        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
+
+    def write_samples(self, update: int, arrays: dict[str, np.ndarray]) -> Path:
+        self.samples_dir.mkdir(exist_ok=True)
+        path = self.samples_dir / f"update_{update:06d}.npz"
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        _atomic_write_bytes(path, buffer.getvalue())
+        return path
+
+    # ---------------------------------------------------------------------------------------- checkpoint
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write ``state`` (tensors, dicts, lists, numbers, strings only) atomically to checkpoint/state.pt."""
+        self.checkpoint_path.parent.mkdir(exist_ok=True)
+        if self.fsync and self.metrics_path.exists():  # rows up to the checkpoint must be on disk first
+            with open(self.metrics_path, "rb+") as fh:
+                os.fsync(fh.fileno())
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        _atomic_write_bytes(self.checkpoint_path, buffer.getvalue(), self.fsync)
+
+    def load_checkpoint(self) -> dict[str, Any]:
+        """The latest checkpoint; a missing or corrupt one raises :class:`RunError`."""
+        if not self.checkpoint_path.exists():
+            raise RunError(f"{self.path} has no checkpoint to resume from ({self.checkpoint_path} is missing)")
+        try:
+            state = torch.load(self.checkpoint_path, weights_only=True, map_location="cpu")
+        except Exception as exc:  # noqa: BLE001 - any failure to read is a corrupt checkpoint
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RunError(f"corrupt checkpoint {self.checkpoint_path} ({first[:120]}); "
+                           "delete the run directory or restore the checkpoint") from None
+        if not isinstance(state, dict) or "next_update" not in state:
+            raise RunError(f"corrupt checkpoint {self.checkpoint_path} (no update counter)")
+        return state
+
+    # ---------------------------------------------------------------------------------------- summary
+    def write_summary(self, status: str, **extra: Any) -> dict[str, Any]:
+        """summary.json with ``status``, the number of updates and final / peak values of the main metrics."""
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is invalid; valid: {', '.join(STATUSES)}")
+        rows = self.read_metrics()
+        summary: dict[str, Any] = {"status": status, "updates_done": len(rows)}
+        for key in SUMMARY_KEYS:
+            values = [(int(r["update"]), float(r[key])) for r in rows if r.get(key, "") not in ("", None)]
+            finite = [(u, v) for u, v in values if math.isfinite(v)]
+            if finite:
+                summary[f"final_{key}"] = finite[-1][1]
+                peak_update, peak_value = max(finite, key=lambda uv: uv[1])
+                summary[f"peak_{key}"] = peak_value
+                summary[f"peak_{key}_update"] = peak_update
+        summary.update(extra)
+        _atomic_write_text(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
+        return summary
+
+
+# -------------------------------------------------------------------------------------------- helpers
+def _format(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return str(value)
+
+
+def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
+    """Write to a temp file in the same directory, (fsync,) then rename over ``path`` (atomic on POSIX)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if not fsync:
+        return
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    _atomic_write_bytes(path, text.encode())

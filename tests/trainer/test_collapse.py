@@ -1,0 +1,46 @@
+"""The collapse detector: a reward drop from the running peak counts only together with a KL / grad-norm spike."""
+
+from __future__ import annotations
+
+import math
+
+from offpolicylab.diagnostics.collapse import CollapseDetector
+
+
+def feed(detector: CollapseDetector, rewards: list[float], kls: list[float], grads: list[float]) -> list[int]:
+    return [u for u, (r, k, g) in enumerate(zip(rewards, kls, grads, strict=True))
+            if detector.observe(u, r, k, g) is not None]
+
+
+def test_drop_with_grad_spike_is_a_collapse_at_the_first_low_point() -> None:
+    # alpha = 1: the smoothed reward is the reward itself.  Peak 0.9, spike at update 12, drop ≥ 0.2 at 13.
+    rewards = [0.1 * min(u, 9) for u in range(12)] + [0.85, 0.6, 0.5]
+    grads = [1.0] * 12 + [50.0, 1.0, 1.0]
+    detector = CollapseDetector(margin=0.2, factor=5.0, window=5, alpha=1.0, warmup=3)
+    assert feed(detector, rewards, [0.01] * 15, grads) == [13]
+    assert detector.collapsed_at == 13
+
+
+def test_drop_without_spike_or_spike_without_drop_is_not_a_collapse() -> None:
+    rewards = [0.1 * min(u, 9) for u in range(12)] + [0.5, 0.4, 0.3]
+    no_spike = CollapseDetector(alpha=1.0, warmup=3)
+    assert feed(no_spike, rewards, [0.01] * 15, [1.0] * 15) == []
+    steady = [0.5] * 15
+    spike_only = CollapseDetector(alpha=1.0, warmup=3)
+    assert feed(spike_only, steady, [0.01] * 12 + [5.0, 0.01, 0.01], [1.0] * 15) == []
+
+
+def test_kl_spike_counts_and_old_spikes_expire() -> None:
+    rewards = [0.9] * 10 + [0.9] * 10 + [0.5]
+    kls = [0.01] * 10 + [1.0] + [0.01] * 10  # spike at update 10, drop at update 20
+    assert feed(CollapseDetector(alpha=1.0, warmup=3, window=20), rewards, kls, [1.0] * 21) == [20]
+    assert feed(CollapseDetector(alpha=1.0, warmup=3, window=5), rewards, kls, [1.0] * 21) == []
+
+
+def test_non_finite_and_state_round_trip() -> None:
+    detector = CollapseDetector()
+    assert detector.observe(0, math.nan, 0.0, 1.0) is not None
+    assert detector.observe(1, math.nan, 0.0, 1.0) is None  # only the first collapse is reported
+    clone = CollapseDetector()
+    clone.load_state_dict(detector.state_dict())
+    assert clone == detector and isinstance(clone.count, int)

@@ -1,0 +1,241 @@
+"""The training loop end to end on the real toy worlds: advantages, staleness bookkeeping, the 3-arm pitfall,
+evaluation, non-finite losses and the run directory it writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from offpolicylab import trainer
+from offpolicylab.objectives import get_objective
+from offpolicylab.objectives.batch import LossOutput
+from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
+from tests.trainer.conftest import bandit_config, column, mdp_config, read_rows
+
+
+# ------------------------------------------------------------------------------------------------ advantages
+@pytest.mark.parametrize("std_norm", [False, True])
+def test_group_advantages_match_numpy(std_norm: bool) -> None:
+    rng = np.random.default_rng(0)
+    rewards = rng.random(12).astype(np.float32)
+    groups = np.repeat(np.arange(3), 4)
+    expected = np.empty(12)
+    for g in range(3):
+        r = rewards[groups == g].astype(np.float64)
+        a = r - r.mean()
+        expected[groups == g] = a / (r.std() + 1e-6) if std_norm else a
+    got = trainer.group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups), std_norm)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_constant_group_has_zero_advantage_even_normalised() -> None:
+    got = trainer.group_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long), True)
+    assert torch.equal(got, torch.zeros(4))
+
+
+# ------------------------------------------------------------------------------------------------ the pitfall
+def _final_probs(run: Path) -> torch.Tensor:
+    state = RunDir(run).load_checkpoint()
+    return torch.softmax(state["policy"]["logits"].reshape(-1), 0)
+
+
+def test_three_arm_pitfall_end_to_end(tmp_path: Path) -> None:
+    """REC's pitfall: fixed π_b = [0.3, 0.6, 0.1] data (offline:1), r = [0, 0.8, 1].  REINFORCE (no IS) ascends
+    Σ_a n_a A_a ∇ log π(a) and ends on the 0.8 arm; the importance-weighted −A·r (GRPO with ε = inf, no trust
+    region) ascends Σ_a π(a) A_a and moves to the optimal arm."""
+    common = dict(schedule="offline:1", updates=40, lr=4.0, prompts_per_update=16, group_size=8, checkpoint_every=40)
+    trainer.train(bandit_config(objective="reinforce", **common), tmp_path / "reinforce")
+    no_is = _final_probs(tmp_path / "reinforce")
+    assert no_is[1] > 0.9
+    trainer.train(bandit_config(objective="grpo", objective_params={"eps_low": float("inf"), "eps_high": float("inf")}, **common),
+                  tmp_path / "is")
+    weighted = _final_probs(tmp_path / "is")
+    assert weighted[1] < 0.9 and int(weighted.argmax()) == 2
+    # fixed data: the same batch every update, so its reward never changes
+    assert len(set(column(tmp_path / "reinforce", "reward_mean"))) == 1
+
+
+# ------------------------------------------------------------------------------------------------ staleness
+@pytest.mark.parametrize(("schedule", "expected"), [
+    ("on_policy", [0, 0, 0, 0, 0, 0]),
+    ("stale_k:2", [0, 1, 2, 2, 2, 2]),
+    ("sync:2,1", [0, 1, 1, 2, 1, 2]),
+    ("stages:3", [0, 1, 2, 0, 1, 2]),
+    ("epochs:2", [0, 1, 0, 1, 0, 1]),
+    ("offline", [0, 1, 2, 3, 4, 5]),
+    ("offline:2", [0, 1, 2, 3, 4, 5]),
+    ("mixture:0.5", [0, 0.5, 1, 1.5, 2, 2.5]),  # half the prompts from π_0 (staleness u), half fresh
+])
+def test_each_sequence_carries_its_staleness(tmp_path: Path, schedule: str, expected: list[float]) -> None:
+    trainer.train(bandit_config(schedule=schedule), tmp_path)
+    assert column(tmp_path, "staleness_mean") == expected
+
+
+def test_stale_data_has_ratios_away_from_one(tmp_path: Path) -> None:
+    trainer.train(bandit_config(schedule="stale_k:2", lr=2.0), tmp_path)
+    deviation = column(tmp_path, "log_ratio_abs_mean")
+    assert deviation[0] == 0.0 and all(d > 0 for d in deviation[3:])
+
+
+def test_epochs_reuse_the_same_responses(tmp_path: Path) -> None:
+    trainer.train(bandit_config(schedule="epochs:2", updates=4), tmp_path)
+    rewards = column(tmp_path, "reward_mean")
+    assert rewards[0] == rewards[1] and rewards[2] == rewards[3]
+
+
+# ------------------------------------------------------------------------------------------------ run directory
+def test_run_directory_contents(tmp_path: Path) -> None:
+    summary = trainer.train(mdp_config(), tmp_path)
+    rows = read_rows(tmp_path)
+    assert [int(r["update"]) for r in rows] == list(range(8))
+    assert list(rows[0])[0] == "update"
+    assert {"loss", "grad_norm", "reward_mean", "staleness_mean", "kl_k3", "clip_frac", "exact_return",
+            "eval_reward_greedy", "eval_reward_sampled", "exact_kl_init", "time_update_s"} <= set(rows[0])
+    evaluated = [int(r["update"]) for r in rows if r["exact_return"] != ""]
+    assert evaluated == [0, 4, 7]
+    assert 0.0 <= float(rows[-1]["exact_return"]) <= summary["optimal_return"]
+    assert summary["status"] == "completed" and summary["updates_done"] == 8
+    assert summary["final_exact_return"] == float(rows[-1]["exact_return"])
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["objective_params"]["eps_low"] == 0.2  # resolved defaults are stored
+    samples = sorted((tmp_path / "samples").glob("update_*.npz"))
+    assert [p.name for p in samples] == ["update_000000.npz", "update_000004.npz"]
+    with np.load(samples[0], allow_pickle=False) as data:
+        assert set(data.files) == {"log_ratio", "advantage", "entropy", "kept", "seq_log_ratio", "staleness"}
+        assert data["log_ratio"].shape == data["kept"].shape and data["staleness"].shape == (8,)
+
+
+def test_samples_are_subsampled_to_the_cap() -> None:
+    batch_size, width = 700, 8  # 5600 valid tokens > 4096
+    batch = trainer.TokenBatch(logp=torch.randn(batch_size, width), behavior_logp=torch.randn(batch_size, width),
+                               advantages=torch.randn(batch_size), mask=torch.ones(batch_size, width),
+                               staleness=torch.zeros(batch_size))
+    arrays = trainer.histogram_samples(batch, None, seed=0, update=3)
+    assert arrays["log_ratio"].shape == (MAX_SAMPLE_TOKENS,) and arrays["seq_log_ratio"].shape == (batch_size,)
+    again = trainer.histogram_samples(batch, None, seed=0, update=3)
+    assert np.array_equal(arrays["log_ratio"], again["log_ratio"])
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path: Path) -> None:
+    trainer.train(bandit_config(updates=2), tmp_path)
+    before = (tmp_path / "metrics.csv").read_text()
+    with pytest.raises(RunError, match="already holds a run"):
+        trainer.train(bandit_config(updates=2), tmp_path)
+    assert (tmp_path / "metrics.csv").read_text() == before
+
+
+def test_bad_config_writes_nothing(tmp_path: Path) -> None:
+    for config in (bandit_config(objective="nope"), bandit_config(schedule="stale_k:-1"),
+                   bandit_config(objective="mispo", objective_params={"tok_bounds": "2,0.5"})):
+        with pytest.raises(ValueError):
+            trainer.train(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_in_process_matches_uninterrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interrupt after update 5's metrics row but before its checkpoint; resuming redoes update 5 and the metrics
+    file ends identical to an uninterrupted run (the SIGKILL version is in test_cli)."""
+    config = mdp_config(objective="ac_mispo", schedule="stale_k:2", updates=9)
+    trainer.train(config, tmp_path / "full")
+    save = RunDir.save_checkpoint
+
+    def dies_at_sixth(self: RunDir, state: dict) -> None:
+        if state["next_update"] == 6:
+            raise KeyboardInterrupt  # not an Exception: the loop writes no summary, like a kill
+        save(self, state)
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_sixth)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(config, tmp_path / "cut")
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    assert len(read_rows(tmp_path / "cut")) == 6 and not (tmp_path / "cut" / "summary.json").exists()
+    summary = trainer.train(config, tmp_path / "cut", resume=True)
+
+    def strip(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+    assert strip(read_rows(tmp_path / "cut")) == strip(read_rows(tmp_path / "full"))
+    assert summary["status"] == "completed"
+    assert [(e["event"], e["update"]) for e in RunDir(tmp_path / "cut").read_events()] == [("resume", 5)]
+
+
+def test_resume_with_other_options_is_refused(tmp_path: Path) -> None:
+    trainer.train(bandit_config(updates=3), tmp_path)
+    (tmp_path / "summary.json").unlink()
+    with pytest.raises(RunError, match="different configuration"):
+        trainer.train(bandit_config(updates=3, lr=0.1), tmp_path, resume=True)
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    trainer.train(bandit_config(updates=3, checkpoint_every=1), tmp_path)
+    (tmp_path / "summary.json").unlink()  # pretend the run was interrupted
+    (tmp_path / "checkpoint" / "state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RunError, match="corrupt checkpoint"):
+        trainer.train(bandit_config(updates=3, checkpoint_every=1), tmp_path, resume=True)
+
+
+# ------------------------------------------------------------------------------------------------ collapse
+def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = get_objective("reinforce")
+
+    class NanAfterTwo:
+        config: dict = {}
+        calls = 0
+
+        def update(self, batch: object) -> None:
+            NanAfterTwo.calls += 1
+
+        def __call__(self, batch: trainer.TokenBatch) -> LossOutput:
+            out = real(batch)
+            return out if NanAfterTwo.calls <= 2 else LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
+
+        def state_dict(self) -> dict:
+            return {}
+
+    monkeypatch.setattr(trainer, "get_objective", lambda name, **kw: NanAfterTwo())
+    summary = trainer.train(bandit_config(updates=6, checkpoint_every=1), tmp_path)
+    assert summary["status"] == "collapsed" and summary["collapse_update"] == 2
+    rows = read_rows(tmp_path)
+    assert len(rows) == 3 and rows[-1]["loss"] == "nan"
+    assert [e["event"] for e in RunDir(tmp_path).read_events()] == ["non_finite_loss", "collapse"]
+    assert RunDir(tmp_path).load_checkpoint()["next_update"] == 2  # the bad step was never taken
+
+
+def test_buffer_packing_round_trips_ragged_rollouts() -> None:
+    gen = torch.Generator().manual_seed(0)
+
+    def rollout(rows: int, pw: int, rw: int, noisy: bool) -> trainer.Rollout:
+        return trainer.Rollout(
+            prompt_ids=torch.randint(0, 5, (rows, pw), generator=gen), prompt_mask=torch.ones(rows, pw),
+            response_ids=torch.randint(0, 5, (rows, rw), generator=gen), response_mask=torch.ones(rows, rw),
+            behavior_logp=torch.randn(rows, rw, generator=gen), group_ids=torch.arange(rows),
+            prompt_index=torch.arange(rows), rewards=torch.rand(rows, generator=gen),
+            version=torch.full((rows,), 3), sampler_logp=torch.randn(rows, rw, generator=gen) if noisy else None,
+            temperature=0.7)
+
+    for noisy in (False, True):
+        buffer = {4: rollout(6, 2, 5, noisy), 9: rollout(3, 4, 2, noisy)}
+        back = trainer.unpack_buffer(trainer.pack_buffer(buffer))
+        assert list(back) == [4, 9]
+        for key, original in buffer.items():
+            for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp",
+                         "group_ids", "prompt_index", "rewards", "version", "sampler_logp"):
+                a, b = getattr(original, name), getattr(back[key], name)
+                assert (a is None and b is None) or torch.equal(a, b), name
+            assert back[key].temperature == 0.7
+    assert trainer.unpack_buffer(trainer.pack_buffer({})) == {}
+
+
+def test_exact_diagnostics_match_the_world_enumeration(tmp_path: Path) -> None:
+    parts = trainer.build(mdp_config(lr=0.5))
+    with torch.no_grad():
+        for p in parts.policy.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    got = trainer.exact_diagnostics(parts)
+    assert got["exact_return"] == pytest.approx(parts.task.exact_return(parts.policy), rel=1e-9)
+    assert got["exact_kl_init"] == pytest.approx(parts.task.exact_kl(parts.policy, parts.frozen_initial), rel=1e-9)
+    assert got["exact_kl_init"] > 0
