@@ -1,0 +1,679 @@
+"""Seaborn figures drawn from run directories (DESIGN §2.4); plots never re-run training.
+
+A run directory holds ``config.json``, ``metrics.csv`` (one row per update, ``update`` first), ``samples/*.npz``
+(token-level log-ratios, advantages, entropies and kept flags), ``events.jsonl`` and ``summary.json``.  Every figure
+function takes loaded :class:`Run` objects and returns a matplotlib ``Figure``; when the runs lack the data a figure
+needs it raises :class:`FigureSkipped` with the reason, and :func:`plot_runs` prints that reason and goes on.
+
+Colours: one fixed colour per *objective* (registry name) in every figure, from the Okabe–Ito and Paul Tol
+colour-blind-safe palettes; variants of one objective (different parameters) share the colour and differ by line
+style.  Command line: ``offpolicylab plot DIR [DIR ...] --out FIG_DIR`` (see :func:`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from scipy import stats as scipy_stats  # noqa: E402
+
+# ----------------------------------------------------------------------------------------------- colours
+#: Okabe & Ito (2008) then Paul Tol's "muted" scheme: both designed to stay distinct under colour-vision deficiency.
+COLORBLIND_COLORS: tuple[str, ...] = (
+    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#332288",
+    "#882255", "#44AA99", "#AA4499", "#999933", "#117733", "#CC6677", "#DDCC77", "#F0E442",
+)
+#: Registry order of DESIGN §2.2; position i gets COLORBLIND_COLORS[i] so colours never depend on which runs are shown.
+OBJECTIVE_ORDER: tuple[str, ...] = (
+    "grpo", "m2po", "reinforce", "rec", "opmd", "asymre", "red_weight", "ac_mispo", "p3o", "mu_grpo", "mispo",
+    "gspo", "rec_gspo", "red_drop", "cispo", "topr",
+)
+LINESTYLES: tuple[Any, ...] = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)))
+SIGN_COLORS = {"A > 0": "#0072B2", "A < 0": "#D55E00", "A = 0": "#999999"}
+KEPT_COLORS = {"kept": "#BBBBBB", "clipped / masked": "#444444"}
+
+
+def objective_color(objective: str) -> str:
+    """The fixed colour of an objective; unknown names get a stable colour from a hash of the name."""
+    if objective in OBJECTIVE_ORDER:
+        return COLORBLIND_COLORS[OBJECTIVE_ORDER.index(objective)]
+    return COLORBLIND_COLORS[sum(map(ord, objective)) % len(COLORBLIND_COLORS)]
+
+
+# ----------------------------------------------------------------------------------------------- loading
+class FigureSkipped(Exception):
+    """Raised by a figure function when the given runs do not hold the data it needs (message says what)."""
+
+
+@dataclass
+class Run:
+    """One loaded run directory."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    events: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    sample_files: list[Path] = field(default_factory=list)
+    #: legend label; defaults to :func:`run_label` (objective plus its non-default parameters), may be reassigned
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.label = self.label or sweep_label(self.path) or run_label(self.config)
+
+    @property
+    def objective(self) -> str:
+        return objective_name(self.config)
+
+    @property
+    def staleness(self) -> str:
+        return schedule_label(self.config)
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+    def collapse_updates(self) -> list[int]:
+        """Updates at which a ``collapse`` event was recorded."""
+        return [int(e["update"]) for e in self.events if e.get("type", e.get("event")) == "collapse" and "update" in e]
+
+
+def objective_name(config: dict[str, Any]) -> str:
+    """Registry name of the run's objective: config['objective'] as a string or a {'name': ...} mapping."""
+    obj = config.get("objective", "unknown")
+    if isinstance(obj, dict):
+        obj = obj.get("name", "unknown")
+    return str(obj)
+
+
+def objective_params_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The objective parameters recorded in the config (``objective_params``/``params`` or inside ``objective``)."""
+    obj = config.get("objective")
+    if isinstance(obj, dict):
+        inner = obj.get("params", {k: v for k, v in obj.items() if k != "name"})
+        if isinstance(inner, dict):
+            return dict(inner)
+    for key in ("objective_params", "params"):
+        if isinstance(config.get(key), dict):
+            return dict(config[key])
+    return {}
+
+
+def run_label(config: dict[str, Any]) -> str:
+    """A legend label: config['label'] when given, else ``objective(k=v, ...)`` from the recorded parameters."""
+    if config.get("label"):
+        return str(config["label"])
+    params = _non_default(objective_name(config), objective_params_of(config))
+    shown = ", ".join(f"{k}={_short(v)}" for k, v in sorted(params.items()) if v is not None)
+    return f"{objective_name(config)}({shown})" if shown else objective_name(config)
+
+
+def sweep_label(path: Path) -> str | None:
+    """The grid label of a sweep cell directory ``objective=LABEL__schedule=...`` (None for other names)."""
+    for part in path.name.split("__"):
+        if part.startswith("objective="):
+            return part[len("objective="):] or None
+    return None
+
+
+def _non_default(objective: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Drop parameters equal to the registered objective's defaults (configs may record every resolved value)."""
+    try:
+        from offpolicylab.objectives import objective_params
+
+        specs = objective_params(objective)
+    except (ImportError, ValueError):
+        return params
+    def same(key: str, value: Any) -> bool:
+        default = specs[key].default
+        if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+            return len(value) == len(default) and all(math.isclose(a, b) for a, b in zip(value, default, strict=True))
+        return value == default
+    return {k: v for k, v in params.items() if k not in specs or not same(k, v)}
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
+def schedule_label(config: dict[str, Any]) -> str:
+    """The staleness schedule as its CLI spelling (``on_policy``, ``stale_k:256``, ...)."""
+    sched = config.get("schedule", "on_policy")
+    if isinstance(sched, dict):
+        name = str(sched.get("name", "on_policy"))
+        args = [str(v) for k, v in sched.items() if k != "name"]
+        return name + (":" + ",".join(args) if args else "")
+    return str(sched)
+
+
+def staleness_sort_key(label: str) -> tuple[int, float, str]:
+    """on_policy first, then schedules ordered by their first number (stale_k:4 before stale_k:256)."""
+    if label == "on_policy":
+        return (0, 0.0, label)
+    numbers = re.findall(r"[-+]?\d*\.?\d+", label)
+    return (1, float(numbers[0]) if numbers else math.inf, label)
+
+
+def _read_json(path: Path) -> Any:
+    with path.open() as handle:
+        return json.load(handle)
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Load one run directory; ``config.json`` and ``metrics.csv`` are required, the rest optional."""
+    path = Path(run_dir)
+    config_path, metrics_path = path / "config.json", path / "metrics.csv"
+    if not config_path.is_file() or not metrics_path.is_file():
+        raise ValueError(f"{path} is not a run directory: it needs config.json and metrics.csv")
+    metrics = pd.read_csv(metrics_path)
+    if "update" not in metrics.columns:
+        raise ValueError(f"{metrics_path} has no 'update' column; columns are {list(metrics.columns)}")
+    events: list[dict[str, Any]] = []
+    events_path = path / "events.jsonl"
+    if events_path.is_file():
+        events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
+    summary_path = path / "summary.json"
+    summary = _read_json(summary_path) if summary_path.is_file() else None
+    samples = sorted((path / "samples").glob("*.npz")) if (path / "samples").is_dir() else []
+    return Run(path, _read_json(config_path), metrics, events, summary, samples)
+
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Each path that is a run directory, or every run directory below it (a sweep's output folder)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if (path / "config.json").is_file() and (path / "metrics.csv").is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(p.parent for p in path.rglob("metrics.csv") if (p.parent / "config.json").is_file()))
+        else:
+            raise ValueError(f"{path} does not exist; give run directories or folders that contain them")
+    return found
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Load every run directory found under ``paths`` (see :func:`find_run_dirs`)."""
+    dirs = find_run_dirs(paths)
+    if not dirs:
+        raise ValueError("no run directories (config.json + metrics.csv) found under the given paths")
+    return [load_run(d) for d in dirs]
+
+
+def load_samples(path: str | Path) -> dict[str, np.ndarray]:
+    """Arrays of one ``samples/update_XXXXXX.npz`` file (never unpickled)."""
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}
+
+
+def sample_update(path: Path) -> int:
+    """The update number in ``update_000123.npz``."""
+    match = re.search(r"(\d+)", path.stem)
+    if match is None:
+        raise ValueError(f"sample file {path} has no update number in its name (expected update_XXXXXX.npz)")
+    return int(match.group(1))
+
+
+# ----------------------------------------------------------------------------------------------- frames
+def metrics_frame(runs: Sequence[Run], columns: Sequence[str]) -> pd.DataFrame:
+    """Long frame of the given metric columns (only runs that have at least one), with run identity columns."""
+    frames = []
+    for run in runs:
+        present = [c for c in columns if c in run.metrics.columns]
+        if not present:
+            continue
+        frame = run.metrics[["update", *present]].copy()
+        frame["objective"], frame["label"] = run.objective, run.label
+        frame["staleness"], frame["seed"], frame["run"] = run.staleness, run.seed, str(run.path)
+        frames.append(frame)
+    if not frames:
+        raise FigureSkipped(f"no run has any of the columns {list(columns)}")
+    return pd.concat(frames, ignore_index=True)
+
+
+def return_column(runs: Sequence[Run]) -> str:
+    """``exact_return`` when every run records it, else ``eval_reward_greedy``, else ``reward_mean``."""
+    for column in ("exact_return", "eval_reward_greedy", "reward_mean"):
+        if all(column in r.metrics.columns and r.metrics[column].notna().any() for r in runs):
+            return column
+    raise FigureSkipped("runs share no return column (exact_return, eval_reward_greedy or reward_mean)")
+
+
+def return_table(runs: Sequence[Run], column: str | None = None) -> pd.DataFrame:
+    """Peak (max over updates) and final (last recorded value) of the return per run, then the mean over seeds
+    for each (label, staleness) cell.  Columns: label, objective, staleness, peak, final, seeds."""
+    column = column or return_column(runs)
+    rows = []
+    for run in runs:
+        values = run.metrics[column].dropna() if column in run.metrics.columns else pd.Series(dtype=float)
+        if values.empty:
+            continue
+        rows.append({"label": run.label, "objective": run.objective, "staleness": run.staleness,
+                     "peak": float(values.max()), "final": float(values.iloc[-1])})
+    if not rows:
+        raise FigureSkipped(f"no run records {column}")
+    table = pd.DataFrame(rows).groupby(["label", "objective", "staleness"], as_index=False)
+    return table.agg(peak=("peak", "mean"), final=("final", "mean"), seeds=("peak", "size"))
+
+
+def acceptance_m2_correlation(runs: Sequence[Run]) -> dict[str, float]:
+    """Pearson r, p and Spearman ρ, p between per-update ``accept_rate`` and ``m2`` pooled over the runs."""
+    frame = metrics_frame(runs, ["accept_rate", "m2"])
+    if "accept_rate" not in frame or "m2" not in frame:
+        raise FigureSkipped("acceptance-vs-M2 needs both accept_rate and m2 columns")
+    frame = frame[["accept_rate", "m2"]].dropna()
+    if len(frame) < 3 or frame["accept_rate"].nunique() < 2 or frame["m2"].nunique() < 2:
+        raise FigureSkipped("acceptance-vs-M2 needs at least 3 updates with varying accept_rate and m2")
+    pearson = scipy_stats.pearsonr(frame["accept_rate"], frame["m2"])
+    spearman = scipy_stats.spearmanr(frame["accept_rate"], frame["m2"])
+    return {"pearson_r": float(pearson[0]), "pearson_p": float(pearson[1]),
+            "spearman_r": float(spearman[0]), "spearman_p": float(spearman[1]), "n": float(len(frame))}
+
+
+def sample_frame(runs: Sequence[Run], max_files: int | None = None) -> pd.DataFrame:
+    """Token-level frame from the runs' sample files: update, log_ratio, advantage, entropy (when present),
+    kept (when present), plus run identity.  ``max_files`` keeps that many files per run, evenly spaced."""
+    frames = []
+    for run in runs:
+        files = run.sample_files
+        if max_files is not None and len(files) > max_files:
+            files = [files[i] for i in np.linspace(0, len(files) - 1, max_files).round().astype(int)]
+        for path in files:
+            data = load_samples(path)
+            if "log_ratio" not in data or "advantage" not in data:
+                continue
+            frame = pd.DataFrame({"log_ratio": data["log_ratio"].astype(float).ravel(),
+                                  "advantage": data["advantage"].astype(float).ravel()})
+            for key in ("entropy", "kept"):
+                if key in data and data[key].size == frame.shape[0]:
+                    frame[key] = data[key].ravel()
+            frame["update"] = int(data["update"]) if "update" in data else sample_update(path)
+            frame["label"], frame["objective"], frame["staleness"] = run.label, run.objective, run.staleness
+            frames.append(frame)
+    if not frames:
+        raise FigureSkipped("no run has samples/*.npz with log_ratio and advantage arrays")
+    return pd.concat(frames, ignore_index=True)
+
+
+#: |r − 1| bin edges for entropy-by-ratio (same edges for every run so the curves compare).
+RATIO_DEVIATION_BINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, math.inf)
+
+
+def entropy_by_ratio_bin(frame: pd.DataFrame, edges: Sequence[float] = RATIO_DEVIATION_BINS) -> pd.DataFrame:
+    """Mean token entropy in each |r − 1| bin (left-closed), per label: columns label, bin, bin_low, entropy, tokens."""
+    if "entropy" not in frame:
+        raise FigureSkipped("sample files hold no entropy array")
+    deviation = np.abs(np.exp(frame["log_ratio"].to_numpy()) - 1.0)
+    index = np.digitize(deviation, np.asarray(edges[1:-1]), right=False)
+    binned = frame.assign(bin=index)
+    table = binned.groupby(["label", "bin"], as_index=False).agg(entropy=("entropy", "mean"),
+                                                                  tokens=("entropy", "size"))
+    table["bin_low"] = [edges[i] for i in table["bin"]]
+    return table
+
+
+# ----------------------------------------------------------------------------------------------- drawing
+def _style_map(labels: Iterable[str], objective_of: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """label -> {color, linestyle}: colour by objective, line style by variant index within the objective."""
+    styles: dict[str, dict[str, Any]] = {}
+    seen: dict[str, int] = {}
+    for label in sorted(set(labels)):
+        objective = objective_of[label]
+        index = seen.get(objective, 0)
+        seen[objective] = index + 1
+        styles[label] = {"color": objective_color(objective), "linestyle": LINESTYLES[index % len(LINESTYLES)]}
+    return styles
+
+
+def _styles_for(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    return _style_map(frame["label"], dict(zip(frame["label"], frame["objective"], strict=False)))
+
+
+def _setup() -> None:
+    sns.set_theme(style="whitegrid", context="notebook", font_scale=0.9)
+
+
+def _line_by_label(ax: Any, frame: pd.DataFrame, y: str, styles: dict[str, dict[str, Any]]) -> None:
+    """Mean over seeds per update (band = min..max over seeds when several)."""
+    for label, group in frame.dropna(subset=[y]).groupby("label"):
+        stats = group.groupby("update")[y].agg(["mean", "min", "max"]).reset_index()
+        style = styles[label]
+        ax.plot(stats["update"], stats["mean"], label=label, lw=1.6, **style)
+        if group["seed"].nunique() > 1:
+            ax.fill_between(stats["update"], stats["min"], stats["max"], color=style["color"], alpha=0.15, lw=0)
+
+
+def _legend(fig: Figure, axes: np.ndarray) -> None:
+    handles, labels = [], []
+    for ax in np.ravel(axes):
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    if handles:
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, fontsize="small")
+
+
+_AXIS_LABELS = {
+    "reward_mean": "mean reward (per response)",
+    "exact_return": "exact expected return",
+    "eval_reward_greedy": "greedy eval reward",
+    "clip_frac": "clipped tokens (fraction)",
+    "mask_frac": "masked tokens (fraction)",
+    "ess": "ESS (fraction of n)",
+    "kl_k1": "KL k1 estimate (nats/token)",
+    "kl_k3": "KL k3 estimate (nats/token)",
+    "nav_frac": "vetoed tokens (fraction)",
+    "accept_rate": "trajectory acceptance (fraction)",
+    "m2": "M2 = mean (log r)^2 (nats^2)",
+    "traj_bound": "trajectory bound",
+}
+
+
+def training_curves(runs: Sequence[Run], metrics: Sequence[str] = ("reward_mean", "exact_return")) -> Figure:
+    """Reward (and exact return where known) against update, one column per staleness schedule, colour per
+    objective; a collapse event is marked with an × at the update it was detected."""
+    frame = metrics_frame(runs, metrics)
+    rows = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
+    cols = sorted(frame["staleness"].unique(), key=staleness_sort_key)
+    styles = _styles_for(frame)
+    _setup()
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(3.6 * len(cols) + 1.5, 2.8 * len(rows)),
+                             squeeze=False, sharex="col", sharey="row")
+    for i, metric in enumerate(rows):
+        for j, staleness in enumerate(cols):
+            ax = axes[i, j]
+            _line_by_label(ax, frame[frame["staleness"] == staleness], metric, styles)
+            for run in runs:
+                if run.staleness != staleness or metric not in run.metrics.columns:
+                    continue
+                series = run.metrics.set_index("update")[metric].dropna()
+                for update in run.collapse_updates():
+                    before = series[series.index <= update]
+                    if not before.empty:
+                        ax.scatter([update], [before.iloc[-1]], marker="X", s=70, zorder=5, color="black",
+                                   label="collapse detected")
+            if i == 0:
+                ax.set_title(f"staleness: {staleness}")
+            if i == len(rows) - 1:
+                ax.set_xlabel("update (optimizer steps)")
+            ax.set_ylabel(_AXIS_LABELS.get(metric, metric) if j == 0 else "")
+    fig.suptitle("Training curves by staleness schedule (× = collapse)", y=1.02)
+    _legend(fig, axes)
+    fig.tight_layout()
+    return fig
+
+
+def ratio_histograms(runs: Sequence[Run], snapshots: int = 4, max_runs: int = 6) -> Figure:
+    """Histograms of log r = log π_θ − log π_b at a few updates across training, split by advantage sign
+    (one row per run, one column per snapshot); counts on a log scale."""
+    frame = sample_frame(runs, max_files=snapshots)
+    labels = list(dict.fromkeys(f"{lab} | {st}" for lab, st in zip(frame["label"], frame["staleness"], strict=True)))
+    labels = labels[:max_runs]
+    frame = frame.assign(row=frame["label"] + " | " + frame["staleness"])
+    frame = frame[frame["row"].isin(labels)]
+    width = max(frame.groupby("row")["update"].nunique())
+    frame = frame.assign(sign=np.where(frame["advantage"] > 0, "A > 0", np.where(frame["advantage"] < 0,
+                                                                                  "A < 0", "A = 0")))
+    finite = frame["log_ratio"][np.isfinite(frame["log_ratio"])]
+    span = max(float(np.quantile(np.abs(finite), 0.999)) if len(finite) else 1.0, 1e-3)
+    bins = np.linspace(-span, span, 41)
+    _setup()
+    fig, axes = plt.subplots(len(labels), width, figsize=(3.0 * width + 1.5, 2.4 * len(labels)), squeeze=False,
+                             sharex=True)
+    for i, row in enumerate(labels):
+        sub = frame[frame["row"] == row]
+        for j, update in enumerate(sorted(sub["update"].unique())):
+            ax = axes[i, j]
+            for sign, group in sub[sub["update"] == update].groupby("sign"):
+                ax.hist(np.clip(group["log_ratio"], -span, span), bins=bins, color=SIGN_COLORS[sign], alpha=0.55,
+                        label=sign, log=True)
+            ax.set_title(f"{row}\nupdate {update}", fontsize="small")
+            ax.axvline(0.0, color="grey", lw=0.8)
+            if i == len(labels) - 1:
+                ax.set_xlabel("log r (nats)")
+            if j == 0:
+                ax.set_ylabel("tokens (count, log)")
+        for j in range(sub["update"].nunique(), width):
+            axes[i, j].set_visible(False)
+    fig.suptitle("Importance-ratio histograms by advantage sign over training", y=1.01)
+    _legend(fig, axes)
+    fig.tight_layout()
+    return fig
+
+
+def entropy_vs_clipping(runs: Sequence[Run]) -> Figure:
+    """Left: mean entropy of tokens the objective clipped/masked vs tokens it kept (per run label).
+    Right: mean token entropy by |r − 1| bin (does entropy rise with ratio deviation?)."""
+    frame = sample_frame(runs)
+    if "entropy" not in frame:
+        raise FigureSkipped("sample files hold no entropy array")
+    styles = _styles_for(frame)
+    _setup()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    if "kept" in frame and frame["kept"].notna().any():
+        kept = frame.dropna(subset=["kept"]).assign(
+            group=lambda f: np.where(f["kept"].astype(bool), "kept", "clipped / masked"))
+        means = kept.groupby(["label", "group"], as_index=False)["entropy"].mean()
+        sns.barplot(data=means, y="label", x="entropy", hue="group", palette=KEPT_COLORS, ax=axes[0],
+                    hue_order=list(KEPT_COLORS))
+        axes[0].set_xlabel("mean token entropy (nats)")
+        axes[0].set_ylabel("")
+        axes[0].set_title("Entropy of kept vs clipped/masked tokens")
+        axes[0].legend(fontsize="small", frameon=True, loc="lower right")
+    else:
+        axes[0].text(0.5, 0.5, "no 'kept' flags in samples", ha="center", va="center", transform=axes[0].transAxes)
+        axes[0].set_axis_off()
+    table = entropy_by_ratio_bin(frame)
+    edges = RATIO_DEVIATION_BINS
+    names = [f"[{edges[i]:g},{edges[i + 1]:g})" for i in range(len(edges) - 1)]
+    for label, group in table.groupby("label"):
+        axes[1].plot(group["bin"], group["entropy"], marker="o", label=label, **styles[label])
+    axes[1].set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize="small")
+    axes[1].set_xlabel("|r − 1| bin")
+    axes[1].set_ylabel("mean token entropy (nats)")
+    axes[1].set_title("Entropy by ratio deviation")
+    axes[1].legend(fontsize="small", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_vs_m2(runs: Sequence[Run]) -> Figure:
+    """Per-update trajectory acceptance rate against M2 = mean (log r)², with Pearson and Spearman r and p."""
+    stats = acceptance_m2_correlation(runs)
+    frame = metrics_frame(runs, ["accept_rate", "m2"]).dropna(subset=["accept_rate", "m2"])
+    styles = _styles_for(frame)
+    _setup()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for label, group in frame.groupby("label"):
+        ax.scatter(group["m2"], group["accept_rate"], s=12, alpha=0.7, color=styles[label]["color"], label=label)
+    ax.set_xlabel(_AXIS_LABELS["m2"])
+    ax.set_ylabel(_AXIS_LABELS["accept_rate"])
+    ax.set_title(f"Acceptance vs M2 (n = {int(stats['n'])} updates)\n"
+                 f"Pearson r = {stats['pearson_r']:.2f} (p = {stats['pearson_p']:.2g}), "
+                 f"Spearman ρ = {stats['spearman_r']:.2f} (p = {stats['spearman_p']:.2g})", fontsize="medium")
+    ax.legend(fontsize="small", frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def acceptance_target(update: np.ndarray, a_start: float, a_end: float, warmup: int) -> np.ndarray:
+    """AC-MIS-PO target acceptance A*_k: linear from a_start to a_end over ``warmup`` updates, then a_end."""
+    progress = np.clip(np.asarray(update, dtype=float) / max(warmup, 1), 0.0, 1.0)
+    return a_start + (a_end - a_start) * progress
+
+
+def controller_dynamics(runs: Sequence[Run]) -> Figure:
+    """AC-MIS-PO: the trajectory bound b_k over training, and trajectory acceptance against the target A*_k."""
+    chosen = [r for r in runs if r.objective == "ac_mispo" and {"traj_bound", "accept_rate"} <= set(r.metrics)]
+    if not chosen:
+        raise FigureSkipped("no ac_mispo run with traj_bound and accept_rate columns")
+    frame = metrics_frame(chosen, ["traj_bound", "accept_rate"])
+    styles = _styles_for(frame)
+    _setup()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    _line_by_label(axes[0], frame, "traj_bound", styles)
+    axes[0].set_title("Controller bound b_k")
+    axes[0].set_ylabel("trajectory bound b_k (|log ρ|, nats)")
+    _line_by_label(axes[1], frame, "accept_rate", styles)
+    for run in chosen:
+        params = objective_params_of(run.config)
+        updates = run.metrics["update"].to_numpy()
+        target = acceptance_target(updates, float(params.get("a_start", 0.4)), float(params.get("a_end", 0.2)),
+                                   int(params.get("warmup", 200)))
+        axes[1].plot(updates, target, color="black", ls="--", lw=1.0, label="target A*_k")
+    axes[1].set_title("Trajectory acceptance vs target")
+    axes[1].set_ylabel(_AXIS_LABELS["accept_rate"])
+    for ax in axes:
+        ax.set_xlabel("update (optimizer steps)")
+    _legend(fig, axes)
+    fig.tight_layout()
+    return fig
+
+
+def _metric_panels(runs: Sequence[Run], columns: Sequence[str], title: str) -> Figure:
+    frame = metrics_frame(runs, columns)
+    present = [c for c in columns if c in frame and frame[c].notna().any()]
+    cols = sorted(frame["staleness"].unique(), key=staleness_sort_key)
+    styles = _styles_for(frame)
+    _setup()
+    fig, axes = plt.subplots(len(present), len(cols), figsize=(3.6 * len(cols) + 1.5, 2.6 * len(present)),
+                             squeeze=False, sharex="col", sharey="row")
+    for i, metric in enumerate(present):
+        for j, staleness in enumerate(cols):
+            ax = axes[i, j]
+            _line_by_label(ax, frame[frame["staleness"] == staleness], metric, styles)
+            if i == 0:
+                ax.set_title(f"staleness: {staleness}")
+            if i == len(present) - 1:
+                ax.set_xlabel("update (optimizer steps)")
+            ax.set_ylabel(_AXIS_LABELS.get(metric, metric) if j == 0 else "")
+    fig.suptitle(title, y=1.02)
+    _legend(fig, axes)
+    fig.tight_layout()
+    return fig
+
+
+def ess_and_kl(runs: Sequence[Run]) -> Figure:
+    """Effective sample size and the k1 / k3 KL(π_b ‖ π_θ) estimates over training, by staleness."""
+    return _metric_panels(runs, ["ess", "kl_k1", "kl_k3"], "ESS and KL to the behaviour policy over training")
+
+
+def clip_fraction(runs: Sequence[Run]) -> Figure:
+    """Share of tokens clipped (PPO-style) or masked by the objective over training, by staleness."""
+    return _metric_panels(runs, ["clip_frac", "mask_frac"], "Clipped / masked token fraction over training")
+
+
+def veto_fraction(runs: Sequence[Run]) -> Figure:
+    """Mu-GRPO negative-advantage veto: share of tokens vetoed per update."""
+    chosen = [r for r in runs if "nav_frac" in r.metrics.columns and r.metrics["nav_frac"].notna().any()]
+    if not chosen:
+        raise FigureSkipped("no run records nav_frac (the negative-advantage veto fraction)")
+    return _metric_panels(chosen, ["nav_frac"], "Negative-advantage veto fraction over training")
+
+
+def return_heatmap(runs: Sequence[Run]) -> Figure:
+    """Objective × staleness heatmaps of peak and final return (mean over seeds), from :func:`return_table`."""
+    column = return_column(runs)
+    table = return_table(runs, column)
+    cols = sorted(table["staleness"].unique(), key=staleness_sort_key)
+    _setup()
+    fig, axes = plt.subplots(1, 2, figsize=(2.2 * len(cols) + 6, 0.45 * table["label"].nunique() + 2.2))
+    for ax, which in zip(axes, ("peak", "final"), strict=True):
+        grid = table.pivot(index="label", columns="staleness", values=which).reindex(columns=cols)
+        sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax, cbar_kws={"label": column})
+        ax.set_title(f"{which} {column}")
+        ax.set_xlabel("staleness schedule")
+        ax.set_ylabel("objective")
+    fig.tight_layout()
+    return fig
+
+
+#: name -> figure function; :func:`plot_runs` writes ``<name>.png`` for each that applies.
+FIGURES: dict[str, Callable[[Sequence[Run]], Figure]] = {
+    "training_curves": training_curves,
+    "return_heatmap": return_heatmap,
+    "clip_fraction": clip_fraction,
+    "ess_kl": ess_and_kl,
+    "ratio_histograms": ratio_histograms,
+    "entropy_vs_clipping": entropy_vs_clipping,
+    "acceptance_vs_m2": acceptance_vs_m2,
+    "controller_dynamics": controller_dynamics,
+    "veto_fraction": veto_fraction,
+}
+
+
+def plot_runs(paths: Iterable[str | Path], out_dir: str | Path, figures: Sequence[str] | None = None,
+              dpi: int = 110, log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Write every applicable figure for the runs under ``paths`` into ``out_dir`` as PNG; returns name -> path.
+    A figure whose data the runs lack is skipped with a one-line message through ``log``."""
+    names = list(FIGURES) if figures is None else list(figures)
+    unknown = [n for n in names if n not in FIGURES]
+    if unknown:
+        raise ValueError(f"unknown figure {', '.join(unknown)}; valid: {', '.join(FIGURES)}")
+    runs = load_runs(paths)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name in names:
+        try:
+            fig = FIGURES[name](runs)
+        except FigureSkipped as reason:
+            log(f"skipped {name}: {reason}")
+            continue
+        target = out / f"{name}.png"
+        fig.savefig(target, dpi=dpi, bbox_inches="tight")
+        plt.close(fig)
+        written[name] = target
+        log(f"wrote {target}")
+    return written
+
+
+# ----------------------------------------------------------------------------------------------- command line
+def add_plot_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``offpolicylab plot``: DIR [DIR ...] --out FIG_DIR [--figures NAME ...] [--dpi N]."""
+    parser.add_argument("dirs", nargs="+", help="run directories, or folders containing run directories")
+    parser.add_argument("--out", required=True, help="folder to write the PNG figures into")
+    parser.add_argument("--figures", nargs="+", default=None, choices=list(FIGURES), help="only these figures")
+    parser.add_argument("--dpi", type=int, default=110, help="PNG resolution (dots per inch)")
+    return parser
+
+
+def run_plot_command(args: argparse.Namespace) -> int:
+    """Run ``offpolicylab plot`` from parsed arguments; bad input -> one line on stderr and exit code 2."""
+    try:
+        written = plot_runs(args.dirs, args.out, args.figures, dpi=args.dpi)
+    except ValueError as error:
+        print(f"offpolicylab plot: {error}", file=sys.stderr)
+        return 2
+    return 0 if written else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m offpolicylab.plots DIR [DIR ...] --out FIG_DIR``."""
+    parser = add_plot_arguments(argparse.ArgumentParser(prog="offpolicylab plot", description=__doc__.split("\n")[0]))
+    return run_plot_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
