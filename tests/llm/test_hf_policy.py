@@ -1,0 +1,263 @@
+"""HFPolicy on a tiny random Llama: sampling/scoring agreement, masks, LoRA-only updates, objectives, state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
+from offpolicylab.policies.base import Policy, Prompts
+
+from .tiny import build_model
+
+pytestmark = pytest.mark.llm
+
+
+def make_prompts(tokenizer, texts: list[str]) -> Prompts:
+    rows = [tokenizer(t)["input_ids"] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    return Prompts(ids, mask, torch.arange(len(rows)))
+
+
+@pytest.fixture
+def prompts(tokenizer) -> Prompts:
+    return make_prompts(tokenizer, ["What is 2+3?", "Hi", "Add 17 and 25 please."])
+
+
+def reference_logp(model, prompts: Prompts, rollout, temperature: float) -> torch.Tensor:
+    """Independent check: each row alone, *unpadded* prompt + its real response tokens, plain forward."""
+    out = torch.zeros_like(rollout.behavior_logp)
+    for row in range(len(rollout)):
+        prompt = rollout.prompt_ids[row][rollout.prompt_mask[row] > 0]
+        length = int(rollout.response_mask[row].sum())
+        response = rollout.response_ids[row, :length]
+        ids = torch.cat([prompt, response])[None]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1] / temperature
+        out[row, :length] = torch.log_softmax(logits, -1).gather(-1, response[:, None]).squeeze(-1)
+    return out
+
+
+def test_policy_protocol(make_policy):
+    assert isinstance(make_policy(), Policy)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampling_logp_equals_scoring_logp(make_policy, prompts, temperature):
+    policy = make_policy(max_new_tokens=10, sample_micro_batch=4, score_micro_batch=5)
+    _nudge_lora(policy)  # a non-zero adapter, so the check covers the LoRA path too
+    rollout = policy.sample(prompts, 3, temperature, torch.Generator().manual_seed(1))
+    assert rollout.response_ids.shape[0] == 9 and rollout.temperature == temperature
+    logp, entropy = policy.score(rollout)
+    mask = rollout.response_mask > 0
+    assert logp.requires_grad
+    assert (logp - rollout.behavior_logp)[mask].abs().max() <= 1e-4
+    independent = reference_logp(policy.model, prompts, rollout, temperature)
+    assert (logp.detach() - independent)[mask].abs().max() <= 1e-4
+    assert torch.all(entropy[mask] > 0) and not entropy.requires_grad
+
+
+def test_sampling_distribution_is_softmax_over_temperature(make_policy, tokenizer):
+    """Empirical frequencies of the first token over 4000 draws vs softmax(z / T) of a direct forward."""
+    policy = make_policy(max_new_tokens=1)
+    prompts = make_prompts(tokenizer, ["abc"])
+    with torch.no_grad():
+        logits = policy.model(input_ids=prompts.ids).logits[0, -1]
+    probs = torch.softmax(logits / 0.8, -1)
+    rollout = policy.sample(prompts, 4000, 0.8, torch.Generator().manual_seed(0))
+    freq = torch.bincount(rollout.response_ids[:, 0], minlength=probs.numel()).float() / 4000
+    assert 0.5 * (freq - probs).abs().sum() < 0.06
+    expected = torch.log(probs[rollout.response_ids[:, 0]])
+    assert torch.allclose(rollout.behavior_logp[:, 0], expected, atol=1e-5)
+
+
+def test_eos_ends_response_and_padding_is_masked(make_policy, prompts, tokenizer):
+    common = list(range(5, 103))  # nearly every token ends a response → many short responses
+    policy = make_policy(max_new_tokens=8, eos_ids=common[::3])
+    rollout = policy.sample(prompts, 8, 1.0, torch.Generator().manual_seed(3))
+    eos = torch.tensor(common[::3])
+    for ids, mask, blogp in zip(rollout.response_ids, rollout.response_mask, rollout.behavior_logp, strict=True):
+        hits = torch.isin(ids, eos).nonzero()
+        length = int(hits[0]) + 1 if len(hits) and mask[int(hits[0])] > 0 else int(mask.sum())
+        assert mask[:length].eq(1).all() and mask[length:].eq(0).all()
+        assert ids[length:].eq(tokenizer.pad_token_id).all() and blogp[length:].eq(0).all()
+    assert rollout.response_mask.sum(1).min() < 8  # some responses did end early
+    # what padding holds after EOS cannot change the scores of real tokens
+    noisy = rollout.with_(response_ids=torch.where(rollout.response_mask > 0, rollout.response_ids,
+                                                   torch.randint_like(rollout.response_ids, 5, 100)))
+    real = rollout.response_mask > 0
+    assert torch.equal(policy.score(rollout)[0][real], policy.score(noisy)[0][real])
+
+
+def test_all_rows_finishing_stops_generation(make_policy, prompts):
+    policy = make_policy(max_new_tokens=20, eos_ids=list(range(103)))  # every token is EOS
+    rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+    assert rollout.response_ids.shape[1] == 1 and rollout.response_mask.eq(1).all()
+
+
+def test_greedy_takes_argmax(make_policy, prompts):
+    policy = make_policy(max_new_tokens=4)
+    a = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0), greedy=True)
+    b = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(99), greedy=True)
+    assert torch.equal(a.response_ids, b.response_ids)
+    logp, _ = policy.score(a)
+    with torch.no_grad():
+        full = policy.score(a)[0]
+    assert torch.allclose(logp.detach(), full)
+    first = policy.model(input_ids=prompts.ids[1:2][prompts.mask[1:2] > 0][None]).logits[0, -1].argmax()
+    assert a.response_ids[2, 0] == first
+
+
+def _nudge_lora(policy, scale: float = 0.3) -> None:
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(7)
+        for p in policy.trainable_parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+
+
+def token_batch(policy, rollout, rewards: torch.Tensor) -> TokenBatch:
+    logp, entropy = policy.score(rollout)
+    groups = rollout.group_ids
+    mean = torch.zeros(int(groups.max()) + 1).index_add(0, groups, rewards) / torch.bincount(groups).float()
+    return TokenBatch(logp=logp, behavior_logp=rollout.behavior_logp, advantages=rewards - mean[groups],
+                      mask=rollout.response_mask, rewards=rewards, group_ids=groups, entropy=entropy,
+                      staleness=torch.zeros(len(rollout)))
+
+
+def test_only_lora_parameters_change_in_a_step(make_policy, prompts):
+    policy = make_policy(max_new_tokens=6)
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    rollout = policy.sample(prompts, 4, 1.0, torch.Generator().manual_seed(0))
+    rewards = torch.linspace(0, 1, len(rollout))
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
+    get_objective("grpo")(token_batch(policy, rollout, rewards)).loss.backward()
+    optimizer.step()
+    changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert any("lora_B" in n for n in changed)
+
+
+@pytest.mark.parametrize("name", list_objectives())
+def test_every_objective_runs_a_step(make_policy, prompts, name):
+    policy = make_policy(max_new_tokens=5)
+    rollout = policy.sample(prompts, 4, 1.0, torch.Generator().manual_seed(0))
+    rewards = (torch.arange(len(rollout)) % 3 == 0).float()
+    objective = get_objective(name)
+    batch = token_batch(policy, rollout, rewards)
+    if objective.stateful:
+        objective.update(batch)
+    out = objective(batch)
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in policy.trainable_parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_score_recompute_and_gradient_checkpointing_give_the_same_gradients(make_policy, prompts):
+    def grads(**kwargs):
+        policy = make_policy(max_new_tokens=6, **kwargs)
+        _nudge_lora(policy)
+        rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+        logp, _ = policy.score(rollout)
+        (logp * rollout.response_mask).sum().backward()
+        return rollout, [p.grad.clone() for p in policy.trainable_parameters()]
+
+    base_rollout, base = grads()
+    for kwargs in ({"score_recompute": True, "score_micro_batch": 2}, {"gradient_checkpointing": True}):
+        rollout, other = grads(**kwargs)
+        assert torch.equal(rollout.response_ids, base_rollout.response_ids)
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(base, other, strict=True))
+
+
+def test_adapter_disabled_is_the_base_model(make_policy, prompts, tokenizer):
+    policy = make_policy(max_new_tokens=6)
+    _nudge_lora(policy)
+    rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+    plain = build_model(len(tokenizer), seed=0)  # same seed: the weights the adapter was put on
+    expected = reference_logp(plain, prompts, rollout, 1.0)
+    mask = rollout.response_mask > 0
+    base = policy.base_policy()
+    assert base.trainable_parameters() == [] and base.state_dict() == {}
+    assert (base.score(rollout)[0].detach() - expected)[mask].abs().max() <= 1e-4
+    with policy.adapter_disabled():
+        assert (policy.score(rollout)[0].detach() - expected)[mask].abs().max() <= 1e-4
+    assert (policy.score(rollout)[0].detach() - expected)[mask].abs().max() > 1e-3  # adapter back on
+    from_base = base.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+    assert (reference_logp(plain, prompts, from_base, 1.0) - from_base.behavior_logp).abs().max() <= 1e-4
+
+
+def test_adapter_state_and_safetensors_round_trip(make_policy, prompts, tmp_path):
+    policy = make_policy(max_new_tokens=6)
+    _nudge_lora(policy)
+    state = policy.state_dict()
+    assert state and all("lora_" in k for k in state)
+    rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+    expected = policy.score(rollout)[0].detach()
+    directory = policy.save_adapter(tmp_path / "adapter")
+    assert (directory / "adapter_model.safetensors").is_file()
+
+    fresh = make_policy(max_new_tokens=6)
+    assert not torch.allclose(fresh.score(rollout)[0].detach(), expected)
+    fresh.load_adapter(directory)
+    assert torch.allclose(fresh.score(rollout)[0].detach(), expected, atol=1e-6)
+    other = make_policy(max_new_tokens=6)
+    other.load_state_dict(state)
+    assert all(torch.equal(v, other.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(ValueError, match="missing"):
+        other.load_state_dict({k: v for k, v in list(state.items())[1:]})
+    with pytest.raises(ValueError, match="adapter_model.safetensors"):
+        other.load_adapter(tmp_path / "nothing")
+
+
+def test_bad_arguments_raise(make_policy, prompts):
+    policy = make_policy()
+    with pytest.raises(ValueError, match="temperature"):
+        policy.sample(prompts, 2, 0.0, torch.Generator())
+    with pytest.raises(ValueError, match="group_size"):
+        policy.sample(prompts, 0, 1.0, torch.Generator())
+    with pytest.raises(ValueError, match="lora_r"):
+        make_policy(lora=__import__("offpolicylab.policies.hf", fromlist=["LoraSpec"]).LoraSpec(r=0))
+
+
+def test_four_bit_path_runs_on_cpu(tokenizer, prompts, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from offpolicylab.policies.hf import HFPolicy, LoraSpec
+    from offpolicylab.policies.hf_loading import load_model_and_tokenizer
+
+    # bitsandbytes' CPU 4-bit kernels need in_features >= its block size 64: hidden 64 here
+    build_model(len(tokenizer), seed=0, hidden=64).save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    model, tok = load_model_and_tokenizer(str(tmp_path / "tiny"), load_in_4bit=True)
+    assert any(type(m).__name__ == "Linear4bit" for m in model.modules())
+    policy = HFPolicy(model, tok, lora=LoraSpec(r=4, alpha=8.0), max_new_tokens=5, quantized=True)
+    rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+    logp, _ = policy.score(rollout)
+    mask = rollout.response_mask > 0
+    assert (logp - rollout.behavior_logp)[mask].abs().max() <= 1e-3
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
+    get_objective("grpo")(token_batch(policy, rollout, torch.linspace(0, 1, len(rollout)))).loss.backward()
+    optimizer.step()
+    changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+
+
+def test_offline_hub_id_fails_with_a_clear_message(monkeypatch):
+    import huggingface_hub.constants
+
+    from offpolicylab.policies.hf_loading import load_model_and_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match="pass a local model"):
+        load_model_and_tokenizer("no-such-org/no-such-model-xyz")
+    with pytest.raises(ValueError, match="no such GGUF"):
+        load_model_and_tokenizer("/nonexistent/model.gguf")
