@@ -126,6 +126,16 @@ def make_task(name: str, **params: Any) -> Any:
 
 register_envs()
 
+
+def _register_gsm8k() -> None:
+    """GSM8k with a Hugging Face causal LM (transformers is imported only when the world is built)."""
+    from envs.gsm8k import build_gsm8k_task, gsm8k_params
+
+    register_task("gsm8k", build_gsm8k_task, gsm8k_params(), doc="GSM8k with a Hugging Face causal LM (llm extra)")
+
+
+_register_gsm8k()
+
 __all__ = [
     "ENV_IDS",
     "SoftmaxBandit",

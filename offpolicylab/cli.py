@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     run.add_argument("--config", default=None, help="JSON file with a TrainConfig; flags override it")
+    run.add_argument("--model", default=None, metavar="PATH",
+                     help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
+                          "model=PATH; selects --policy hf unless another policy is given)")
 
     sweep = sub.add_parser("sweep", help="run a JSON grid of runs, one run directory per cell")
     sweep.add_argument("grid", help="grid file (JSON: base config + axes)")
@@ -147,6 +150,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             data[f.name] = merged
         else:
             data[f.name] = _scalar(f.name, f.type, value)
+    if getattr(args, "model", None):
+        data["world_params"] = {**data.get("world_params", {}), "model": args.model}
+        if args.policy is None:
+            data["policy"] = "hf"
     return TrainConfig.from_dict(data)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from offpolicylab.objectives.base import Param
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
 from offpolicylab.policies.base import Policy, Prompts, Rollout
+from offpolicylab.policies.hf import hf_policy_params, make_hf_policy
 from offpolicylab.policies.sequence_model import SequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
 
@@ -30,6 +31,7 @@ POLICY_PARAMS: dict[str, dict[str, Param]] = {
         "seed": Param(0, int, doc="initial-weight seed"),
         "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
     },
+    "hf": hf_policy_params(),  # a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)
 }
 
 
@@ -38,7 +40,7 @@ def list_policies() -> list[str]:
     return list(POLICY_PARAMS)
 
 
-def make_policy(kind: str, task: Any, **params: Any) -> AutoregressivePolicy:
+def make_policy(kind: str, task: Any, **params: Any) -> Any:
     """Build a policy of ``kind`` sized for ``task`` (its ``vocab_size``, ``max_response_len``, ``eos_id``,
     ``num_prompts``; optional ``prompt_vocab_size`` and ``initial_logits()``).  Parameters may be CLI strings;
     an unknown kind or parameter raises ``ValueError`` naming the valid ones."""
@@ -49,6 +51,8 @@ def make_policy(kind: str, task: Any, **params: Any) -> AutoregressivePolicy:
     if unknown:
         raise ValueError(f"policy {kind!r} has no parameter {', '.join(unknown)}; valid: {', '.join(specs)}")
     config = {key: spec.validate(key, params.get(key, spec.default)) for key, spec in specs.items()}
+    if kind == "hf":
+        return make_hf_policy(task, **config)
     common = {"vocab_size": task.vocab_size, "response_len": task.max_response_len, "eos_id": task.eos_id,
               "sampler_noise_std": config["sampler_noise_std"]}
     if kind == "tabular":
