@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -75,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--out", required=True, help="output folder (one sub-folder per cell)")
     sweep.add_argument("--workers", type=int, default=1, help="parallel processes")
     sweep.add_argument("--engine", default="local", help="sweep engine: local (or ray when installed)")
+    sweep.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="with --engine ray: the cluster to join (default: $RAY_ADDRESS, else a local Ray)")
 
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
@@ -160,8 +163,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from offpolicylab.sweep import load_grid, run_sweep
 
-    rows = run_sweep(load_grid(args.grid), args.out, workers=args.workers, engine=args.engine,
-                     progress=sys.stderr.isatty())
+    if args.ray_address:
+        os.environ["RAY_ADDRESS"] = args.ray_address
+    try:
+        rows = run_sweep(load_grid(args.grid), args.out, workers=args.workers, engine=args.engine,
+                         progress=sys.stderr.isatty())
+    except RuntimeError as exc:  # e.g. a Ray cluster that cannot be started or reached
+        print(f"offpolicylab: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     _print_table(rows)
     failed = sum(row["status"] == "failed" for row in rows)
     print(f"{len(rows)} cells, {failed} failed -> {Path(args.out) / 'sweep_results.csv'}")
