@@ -29,6 +29,9 @@ POLICY_PARAMS: dict[str, dict[str, Param]] = {
         "hidden_size": Param(64, int, low=1, doc="GRU hidden width"),
         "num_layers": Param(1, int, low=1, doc="GRU layers"),
         "seed": Param(0, int, doc="initial-weight seed"),
+        "logit_scale": Param(0.4, float, low=0.0, low_open=True,
+                             doc="logits = logit_scale/√features · head(features); smaller explores longer"),
+        "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
         "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
     },
     "hf": hf_policy_params(),  # a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)
@@ -61,7 +64,8 @@ def make_policy(kind: str, task: Any, **params: Any) -> Any:
         return TabularSoftmaxPolicy(num_prompts=task.num_prompts, context=context, init_logits=init, **common)
     return SequenceModelPolicy(prompt_vocab_size=getattr(task, "prompt_vocab_size", None),
                                embed_dim=config["embed_dim"], hidden_size=config["hidden_size"],
-                               num_layers=config["num_layers"], seed=config["seed"], **common)
+                               num_layers=config["num_layers"], seed=config["seed"],
+                               logit_scale=config["logit_scale"], max_prompt_len=config["max_prompt_len"], **common)
 
 
 __all__ = [
