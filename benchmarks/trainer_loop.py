@@ -1,76 +1,141 @@
 """Throughput of the training loop on a token MDP, and the share of its time spent outside the policy.
 
-    python benchmarks/trainer_loop.py [--updates 100] [--repeats 3] [--policy tabular|sequence_model]
+    python benchmarks/trainer_loop.py [--policy tabular sequence_model] [--updates 200] [--repeats 5]
+                                      [--set name=value ...] [--json FILE]
 
-For each repeat it builds a fresh run, times ``trainer.run_updates`` (the loop only: no process start, no build)
-and splits the wall clock with the trainer's :class:`~offpolicylab.trainer.Stopwatch`:
+The configuration is the one a user gets: ``TrainConfig()`` defaults (``offpolicylab run --world token_mdp
+--objective grpo``: token MDP ``target`` V=4, T=5, 8 prompts; 8 prompts x 8 responses per update; ``on_policy``;
+Adam; evaluation every ``eval_every`` updates with the exact return; samples every ``sample_every``; checkpoint every
+``checkpoint_every``), with only ``--policy`` and the ``--set`` overrides changed.  For each repeat it builds a fresh
+run, times ``trainer.run_updates`` (the loop only: no process start, no build) and splits the wall clock with the
+trainer's :class:`~offpolicylab.trainer.Stopwatch`:
 
     policy      = policy_forward (sample + score) + policy_backward (backward, clipping, optimizer step)
     objective   = objective.update + objective(batch) (the loss under study, with its standard metrics)
-    outside     = total − policy: objective + bookkeeping
-    bookkeeping = total − policy − objective: schedule, rewards, advantages, TokenBatch, diagnostics,
-                  evaluation, metrics / samples / checkpoint writing
+    eval        = periodic evaluation (sampled / greedy reward, exact return and KL by enumeration)
+    checkpoint  = checkpoint writes
+    outside     = total - policy  (target <= 20 %: objective, bookkeeping, eval, checkpoint)
+    bookkeeping = total - policy - objective - eval  (schedule, rewards, advantages, TokenBatch, metrics row,
+                  collapse detector, metrics / samples / checkpoint writing)
 
-and prints medians over the repeats of updates/second and the shares (target: outside ≤ 20 %).
+and prints, per policy, medians over the repeats of updates/second, the shares and ms/update of every section.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from offpolicylab import trainer
-from offpolicylab.config import TrainConfig
+from offpolicylab.config import TrainConfig, parse_assignments
 from offpolicylab.runs import RunDir
+
+SECTIONS = ("policy_forward", "policy_backward", "objective", "other", "eval", "checkpoint")
+
+
+class TwoClockStopwatch(trainer.Stopwatch):
+    """The trainer's stopwatch, also adding up this thread's CPU time per section (``cpu_seconds``): on a shared,
+    busy machine CPU time is the steadier measure (it leaves out waiting for a core and for the disk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cpu_seconds: dict[str, float] = {}
+
+    def __call__(self, name: str) -> Any:
+        return _TwoClockSection(self, name)
+
+
+class _TwoClockSection:
+    def __init__(self, watch: TwoClockStopwatch, name: str) -> None:
+        self.watch, self.name = watch, name
+
+    def __enter__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+
+    def __exit__(self, *exc: object) -> None:
+        cpu, wall = time.thread_time() - self.cpu, time.perf_counter() - self.wall
+        for table, value in ((self.watch.seconds, wall), (self.watch.cpu_seconds, cpu)):
+            table[self.name] = table.get(self.name, 0.0) + value
 
 
 def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
+    """Time one fresh run of ``config``; returns updates/s, shares and ms/update per section, by wall clock and (keys
+    prefixed ``cpu_``) by this thread's CPU time."""
     parts = trainer.build(config)
     run = RunDir(root / f"run{index}", fsync=config.fsync)
     trainer.open_run(run, parts, resume=False)
-    watch = trainer.Stopwatch()
-    start = time.perf_counter()
+    watch = TwoClockStopwatch()
+    start, start_cpu = time.perf_counter(), time.thread_time()
     trainer.run_updates(parts, run, 0, watch, progress=False)
-    total = time.perf_counter() - start
-    policy = watch.seconds.get("policy_forward", 0.0) + watch.seconds.get("policy_backward", 0.0)
-    objective = watch.seconds.get("objective", 0.0)
-    return {"updates_per_s": config.updates / total, "outside_share": (total - policy) / total,
-            "bookkeeping_share": (total - policy - objective) / total,
-            **{f"s_{k}": v for k, v in watch.seconds.items()}, "total_s": total}
+    total, total_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+    if hasattr(run, "close"):
+        run.close()
+    return {**breakdown(config.updates, total, watch.seconds),
+            **{f"cpu_{k}": v for k, v in breakdown(config.updates, total_cpu, watch.cpu_seconds).items()}}
+
+
+def breakdown(updates: int, total: float, sections: dict[str, float]) -> dict[str, float]:
+    seconds = {name: sections.get(name, 0.0) for name in SECTIONS}
+    policy = seconds["policy_forward"] + seconds["policy_backward"]
+    return {
+        "updates_per_s": updates / total,
+        "outside_share": (total - policy) / total,
+        "objective_share": seconds["objective"] / total,
+        "eval_share": seconds["eval"] / total,
+        "checkpoint_share": seconds["checkpoint"] / total,
+        "bookkeeping_share": (total - policy - seconds["objective"] - seconds["eval"]) / total,
+        "outside_share_without_eval": (total - policy - seconds["eval"]) / (total - seconds["eval"]),
+        **{f"ms_per_update_{name}": 1000 * value / updates for name, value in seconds.items()},
+        "ms_per_update_total": 1000 * total / updates,
+    }
+
+
+def medians(results: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+
+def benchmark(policy: str, updates: int, repeats: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    config = TrainConfig.from_dict({"policy": policy, "updates": updates, **overrides})
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [one_run(config, Path(tmp), i) for i in range(repeats)]
+    return {"policy": policy, "config": {k: v for k, v in config.to_dict().items() if k in _SHOWN},
+            "median": medians(results), "runs": results}
+
+
+_SHOWN = ("world", "world_params", "objective", "schedule", "prompts_per_update", "group_size", "eval_every",
+          "sample_every", "checkpoint_every", "fsync")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--updates", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--policy", default="tabular", choices=("tabular", "sequence_model"))
-    parser.add_argument("--objective", default="m2po")
-    parser.add_argument("--schedule", default="stale_k:16")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--checkpoint-every", type=int, default=1)
-    parser.add_argument("--fsync", action="store_true", help="fsync metrics + checkpoint at every checkpoint")
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--policy", nargs="+", default=["tabular", "sequence_model"],
+                        choices=("tabular", "sequence_model"))
+    parser.add_argument("--updates", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="TrainConfig overrides, e.g. --set objective=m2po schedule=stale_k:16 checkpoint_every=1")
+    parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = TrainConfig(world="token_mdp", world_params={"vocab_size": 4, "length": 5, "num_prompts": 8},
-                         objective=args.objective, schedule=args.schedule, policy=args.policy,
-                         updates=args.updates, prompts_per_update=8, group_size=args.group_size,
-                         eval_every=args.eval_every, sample_every=25, checkpoint_every=args.checkpoint_every,
-                         fsync=args.fsync)
-    with tempfile.TemporaryDirectory() as tmp:
-        results = [one_run(config, Path(tmp), i) for i in range(args.repeats)]
-    keys = sorted({k for r in results for k in r})
-    print(f"token_mdp V=4 T=5, {args.policy}, {args.objective}, {args.schedule}, B={8 * args.group_size} sequences/update, "
-          f"{args.updates} updates x {args.repeats} repeats, eval_every={args.eval_every}, "
-          f"checkpoint_every={args.checkpoint_every}, fsync={args.fsync}, threads={args.threads}")
-    for key in keys:
-        print(f"  median {key:>20s}: {statistics.median(r.get(key, 0.0) for r in results):.4g}")
+    overrides = parse_assignments(args.set, "--set")
+    report = []
+    for policy in args.policy:
+        result = benchmark(policy, args.updates, args.repeats, overrides)
+        report.append(result)
+        print(f"{policy}: {json.dumps(result['config'])}, {args.updates} updates x {args.repeats} repeats, "
+              f"threads={args.threads} (medians)")
+        for key, value in result["median"].items():
+            print(f"  {key:>32s}: {value:.4g}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

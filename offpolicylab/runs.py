@@ -44,6 +44,9 @@ class RunDir:
         self.path = Path(path)
         self.fsync = fsync
         self._columns: list[str] | None = None
+        self._metrics_file: io.TextIOWrapper | None = None  # kept open between rows, flushed after each
+        self._line = io.StringIO()
+        self._line_writer = csv.writer(self._line)  # the same dialect csv.DictWriter wrote before
 
     # ---------------------------------------------------------------------------------------- paths
     config_path = property(lambda self: self.path / "config.json")
@@ -83,19 +86,37 @@ class RunDir:
 
     # ---------------------------------------------------------------------------------------- metrics
     def append_metrics(self, row: dict[str, Any]) -> None:
-        """Append one row (the header is fixed by the first row written); flushed at once."""
+        """Append one row (the header is fixed by the first row written; missing columns are left empty, extra
+        keys ignored) with a single write, flushed at once (a killed process loses no finished row)."""
+        if self._metrics_file is None:
+            self._open_metrics(row)
+        assert self._metrics_file is not None and self._columns is not None
+        self._metrics_file.write(self._csv_line([_format(row.get(key)) for key in self._columns]))
+        self._metrics_file.flush()
+
+    def close(self) -> None:
+        """Close the metrics file kept open by :meth:`append_metrics` (it reopens on the next row)."""
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+            self._metrics_file = None
+
+    def _open_metrics(self, row: dict[str, Any]) -> None:
         new_file = not self.metrics_path.exists() or self.metrics_path.stat().st_size == 0
         if self._columns is None:
             self._columns = list(row) if new_file else self._read_header()
-        with open(self.metrics_path, "a", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=self._columns, restval="", extrasaction="ignore")
-            if new_file:
-                writer.writeheader()
-            writer.writerow({key: _format(value) for key, value in row.items()})
-            fh.flush()
+        self._metrics_file = open(self.metrics_path, "a", newline="")  # noqa: SIM115 - closed by close()
+        if new_file:
+            self._metrics_file.write(self._csv_line(self._columns))
+
+    def _csv_line(self, values: list[str]) -> str:
+        self._line.seek(0)
+        self._line.truncate()
+        self._line_writer.writerow(values)
+        return self._line.getvalue()
 
     def truncate_metrics(self, next_update: int) -> None:
         """Keep only the rows with ``update < next_update`` (rows written after the checkpoint are redone)."""
+        self.close()
         if not self.metrics_path.exists():
             return
         lines = self.metrics_path.read_text().splitlines(keepends=True)
@@ -135,7 +156,7 @@ class RunDir:
         path = self.samples_dir / f"update_{update:06d}.npz"
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
-        _atomic_write_bytes(path, buffer.getvalue())
+        _atomic_write_bytes(path, buffer.getvalue(), self.fsync)
         return path
 
     # ---------------------------------------------------------------------------------------- checkpoint

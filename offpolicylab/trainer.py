@@ -22,12 +22,10 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +84,8 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         run.event("failed", -1, error=error)
         run.write_summary("failed", error=error)
         raise TrainingFailed(f"run {run.path} failed: {error}") from exc
+    finally:
+        run.close()
     return run.write_summary(status, collapse_update=parts.detector.collapsed_at, **exact_optimum(parts.task))
 
 
@@ -264,7 +264,10 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         "response_len": batch.mask.sum(-1).mean(),
         **{key: value for key, value in metrics.items() if value.numel() == 1},
     }
-    values = torch.stack([v.to(torch.float64).reshape(()) for v in named.values()]).tolist()
+    tensors = [v if v.dim() == 0 else v.reshape(()) for v in named.values()]
+    if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
+        tensors = [t.to(torch.float64) for t in tensors]
+    values = torch.stack(tensors).tolist()
     return dict(zip(named, values, strict=True))
 
 
@@ -422,13 +425,23 @@ class Stopwatch:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + (time.perf_counter() - start)
+    def __call__(self, name: str) -> _Section:
+        return _Section(self.seconds, name)
+
+
+class _Section:
+    """One timed ``with`` block of a :class:`Stopwatch` (a plain class: ~0.45 µs against ~1.1 µs for a contextmanager)."""
+
+    __slots__ = ("name", "seconds", "start")
+
+    def __init__(self, seconds: dict[str, float], name: str) -> None:
+        self.seconds, self.name, self.start = seconds, name, 0.0
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (time.perf_counter() - self.start)
 
 
 def _enumerable(task: Any) -> bool:

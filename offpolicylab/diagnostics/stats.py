@@ -80,6 +80,32 @@ def kl_estimators(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     }
 
 
+def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """ratio_mean, ratio_max, log_ratio_abs_mean (:func:`ratio_stats`), m2 (:func:`second_moment`), ess
+    (:func:`effective_sample_size`), kl_k1 and kl_k3 (:func:`kl_estimators`) in one pass: the same operations in the
+    same order, so bit for bit the same values, with the valid-token test, the count Σ m and the clamp of Δ shared
+    (about 30 fewer tensor operations per update)."""
+    delta = log_ratio.detach()
+    keep = mask > 0
+    count = mask.sum().clamp_min(1.0)
+    zero = torch.zeros((), dtype=delta.dtype, device=delta.device)
+
+    def mean(values: Tensor) -> Tensor:  # masked_mean with the shared test and count
+        return torch.where(keep, values, zero).sum() / count
+
+    clamped = delta.clamp(max=80.0)
+    ratio = torch.exp(clamped)
+    return {
+        "ratio_mean": mean(ratio),
+        "ratio_max": masked_max(ratio, mask),
+        "log_ratio_abs_mean": mean(delta.abs()),
+        "m2": mean(delta**2),
+        "ess": effective_sample_size(delta, mask),
+        "kl_k1": mean(-delta),
+        "kl_k3": mean(torch.expm1(clamped) - delta),
+    }
+
+
 def fraction(selected: Tensor, mask: Tensor) -> Tensor:
     """Share of valid tokens where ``selected`` holds: Σ m·s / Σ m."""
     return masked_mean(selected.to(mask.dtype), mask)

@@ -172,13 +172,8 @@ def tis_weight(batch: TokenBatch, cap: float) -> Tensor:
 def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]:
     """ratio_mean/max, log_ratio_abs_mean, m2, ess, kl_k1, kl_k3, mask_frac (share of valid tokens the objective
     removed from the gradient) and entropy when given — all detached, no host sync."""
-    log_ratio = batch.log_ratio.detach()
     mask = batch.mask
-    metrics = stats.ratio_stats(log_ratio, mask)
-    metrics["m2"] = stats.second_moment(log_ratio, mask)
-    metrics["ess"] = stats.effective_sample_size(log_ratio, mask)
-    kl = stats.kl_estimators(log_ratio, mask)
-    metrics["kl_k1"], metrics["kl_k3"] = kl["kl_k1"], kl["kl_k3"]
+    metrics = stats.ratio_summary(batch.log_ratio.detach(), mask)
     metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / mask.sum().clamp_min(1.0)
     if batch.entropy is not None:
         metrics["entropy"] = stats.masked_mean(batch.entropy, mask)

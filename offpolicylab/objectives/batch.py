@@ -13,6 +13,7 @@ from torch import Tensor
 
 _TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
 _SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
+_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp")  # must be finite on unmasked tokens
 
 
 @dataclass
@@ -55,22 +56,32 @@ class TokenBatch:
             _check_token_field(name, getattr(self, name), shape, required=name in ("behavior_logp", "advantages", "mask"))
         for name in _SEQUENCE_FIELDS:
             _check_sequence_field(name, getattr(self, name), shape[0])
-        for name in ("behavior_logp", "advantages", "sampler_logp", "prox_logp"):
-            value = getattr(self, name)
-            if value is not None and not torch.isfinite(value[self.mask > 0]).all():
-                raise ValueError(f"TokenBatch.{name} holds non-finite values on unmasked tokens")
-        if torch.any((self.mask != 0) & (self.mask != 1)):
-            raise ValueError("TokenBatch.mask must hold only 0 and 1")
-        self._zero_padding()
-
-    def _zero_padding(self) -> None:
-        """Replace padded entries by 0 with ``torch.where`` so that whatever padding holds (even inf / nan) changes
-        neither the loss nor the gradient."""
         keep = self.mask > 0
+        zeroed = self._zero_padded(keep)
+        checked = [zeroed[name] for name in _FINITE_FIELDS if name in zeroed]
+        # one fused test (and one host sync) for the common valid case; the field is named only on failure
+        binary = (self.mask == keep.to(self.mask.dtype)).all()  # only 0 and 1 equal their own test "> 0" (nan fails)
+        valid = torch.isfinite(torch.stack(checked)).all() & binary
+        if not bool(valid):
+            self._raise_invalid(zeroed)
+        for name, value in zeroed.items():
+            setattr(self, name, value)
+
+    def _zero_padded(self, keep: Tensor) -> dict[str, Tensor]:
+        """The token fields with padded entries replaced by 0 via ``torch.where``, so that whatever padding holds
+        (even inf / nan) changes neither the loss nor the gradient."""
+        out = {}
         for name in _TOKEN_FIELDS:
             value = getattr(self, name)
             if name != "mask" and value is not None:
-                setattr(self, name, torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device)))
+                out[name] = torch.where(keep, value, 0.0)  # the scalar takes value's dtype and device
+        return out
+
+    def _raise_invalid(self, zeroed: dict[str, Tensor]) -> None:
+        for name in _FINITE_FIELDS:  # padded entries are 0 here, so only unmasked tokens can fail
+            if name in zeroed and not torch.isfinite(zeroed[name]).all():
+                raise ValueError(f"TokenBatch.{name} holds non-finite values on unmasked tokens")
+        raise ValueError("TokenBatch.mask must hold only 0 and 1")
 
     @property
     def batch_size(self) -> int:
