@@ -3,6 +3,7 @@ that every code cell ran without error and that the figures and tables were prod
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -13,6 +14,17 @@ import pytest
 nbclient = pytest.importorskip("nbclient", reason="the notebooks extra (nbclient, ipykernel) is not installed")
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+EXPECTED = {"01_three_arm_bandit_pitfall", "02_staleness_sweep_token_mdp", "03_diagnostics_tour", "04_llm_gsm8k_lora"}
+
+
+def test_every_issue_notebook_is_present() -> None:
+    assert {p.stem for p in NOTEBOOKS} >= EXPECTED
+
+
+def test_llm_notebook_keeps_gpu_settings_off_by_default() -> None:
+    book = nbformat.read(next(p for p in NOTEBOOKS if p.stem.startswith("04_")), as_version=4)
+    source = "\n".join(c.source for c in book.cells if c.cell_type == "code")
+    assert "USE_SMOLLM2 = False" in source and "if USE_SMOLLM2:" in source
 
 
 def test_notebooks_are_committed_without_outputs() -> None:
@@ -45,3 +57,9 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path, monkeypatch: py
     images = [o for c in code_cells for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(images) >= 2, f"{path.name} drew {len(images)} figures"
     assert (tmp_path / "runs").is_dir()
+    if path.stem.startswith("04_"):  # both LLM runs finished and wrote their run directories
+        rl = tmp_path / "runs" / "04_llm_gsm8k_lora" / "rl"
+        for label in ("grpo", "m2po"):
+            summary = json.loads((rl / label / "summary.json").read_text())
+            assert summary["status"] == "completed", summary
+            assert (rl / label / "metrics.csv").read_text().count("\n") == 1 + 6  # header + 6 small updates
