@@ -23,10 +23,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offpolicylab.objectives import TokenBatch, get_objective  # noqa: E402
-from offpolicylab.policies.base import Prompts  # noqa: E402
 from offpolicylab.policies.hf import HFPolicy, LoraSpec  # noqa: E402
 from offpolicylab.trainer import group_advantages  # noqa: E402
-from tests.llm.tiny import build_model, build_tokenizer  # noqa: E402
+from tests.llm.tiny import build_model, build_tokenizer, encode_prompts  # noqa: E402
 
 PROMPTS = [f"What is {a} plus {b}?" for a, b in zip(range(3, 40, 3), range(11, 99, 7), strict=False)]
 
@@ -48,7 +47,7 @@ def time_ours(args: argparse.Namespace, tokenizer) -> tuple[list[float], float]:
     for update in range(args.warmup + args.updates):
         tick = time.perf_counter()
         texts = [PROMPTS[(update * args.prompts + i) % len(PROMPTS)] for i in range(args.prompts)]
-        prompts = encode(tokenizer, texts)
+        prompts = encode_prompts(tokenizer, texts)
         rollout = policy.sample(prompts, args.group, 1.0, gen)
         decoded = tokenizer.batch_decode([ids[m > 0].tolist() for ids, m in
                                           zip(rollout.response_ids, rollout.response_mask, strict=True)],
@@ -66,17 +65,6 @@ def time_ours(args: argparse.Namespace, tokenizer) -> tuple[list[float], float]:
             times.append(time.perf_counter() - tick)
             lengths.append(float(rollout.response_mask.sum(1).mean()))
     return times, statistics.mean(lengths)
-
-
-def encode(tokenizer, texts: list[str]) -> Prompts:
-    rows = [tokenizer(t)["input_ids"] for t in texts]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return Prompts(ids, mask, torch.arange(len(rows)))
 
 
 def time_trl(args: argparse.Namespace, tokenizer) -> tuple[list[float], float]:

@@ -393,35 +393,20 @@ _AXIS_LABELS = {
 def training_curves(runs: Sequence[Run], metrics: Sequence[str] = ("reward_mean", "exact_return")) -> Figure:
     """Reward (and exact return where known) against update, one column per staleness schedule, colour per
     objective; a collapse event is marked with an × at the update it was detected."""
-    frame = metrics_frame(runs, metrics)
-    rows = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
-    cols = sorted(frame["staleness"].unique(), key=staleness_sort_key)
-    styles = _styles_for(frame)
-    _setup()
-    fig, axes = plt.subplots(len(rows), len(cols), figsize=(3.6 * len(cols) + 1.5, 2.8 * len(rows)),
-                             squeeze=False, sharex="col", sharey="row")
-    for i, metric in enumerate(rows):
-        for j, staleness in enumerate(cols):
-            ax = axes[i, j]
-            _line_by_label(ax, frame[frame["staleness"] == staleness], metric, styles)
-            for run in runs:
-                if run.staleness != staleness or metric not in run.metrics.columns:
-                    continue
-                series = run.metrics.set_index("update")[metric].dropna()
-                for update in run.collapse_updates():
-                    before = series[series.index <= update]
-                    if not before.empty:
-                        ax.scatter([update], [before.iloc[-1]], marker="X", s=70, zorder=5, color="black",
-                                   label="collapse detected")
-            if i == 0:
-                ax.set_title(f"staleness: {staleness}")
-            if i == len(rows) - 1:
-                ax.set_xlabel("update (optimizer steps)")
-            ax.set_ylabel(_AXIS_LABELS.get(metric, metric) if j == 0 else "")
-    fig.suptitle("Training curves by staleness schedule (× = collapse)", y=1.02)
-    _legend(fig, axes)
-    fig.tight_layout()
-    return fig
+
+    def mark_collapses(ax: plt.Axes, metric: str, staleness: str) -> None:
+        for run in runs:
+            if run.staleness != staleness or metric not in run.metrics.columns:
+                continue
+            series = run.metrics.set_index("update")[metric].dropna()
+            for update in run.collapse_updates():
+                before = series[series.index <= update]
+                if not before.empty:
+                    ax.scatter([update], [before.iloc[-1]], marker="X", s=70, zorder=5, color="black",
+                               label="collapse detected")
+
+    return _metric_panels(runs, metrics, "Training curves by staleness schedule (× = collapse)", row_height=2.8,
+                          decorate=mark_collapses)
 
 
 def ratio_histograms(runs: Sequence[Run], snapshots: int = 4, max_runs: int = 6) -> Figure:
@@ -551,18 +536,23 @@ def controller_dynamics(runs: Sequence[Run]) -> Figure:
     return fig
 
 
-def _metric_panels(runs: Sequence[Run], columns: Sequence[str], title: str) -> Figure:
-    frame = metrics_frame(runs, columns)
-    present = [c for c in columns if c in frame and frame[c].notna().any()]
+def _metric_panels(runs: Sequence[Run], metrics: Sequence[str], title: str, row_height: float = 2.6,
+                   decorate: Callable[[plt.Axes, str, str], None] | None = None) -> Figure:
+    """One row per metric the runs report, one column per staleness schedule, a line per label;
+    ``decorate(ax, metric, staleness)`` may add to each panel after its lines are drawn."""
+    frame = metrics_frame(runs, metrics)
+    present = [m for m in metrics if m in frame.columns and frame[m].notna().any()]
     cols = sorted(frame["staleness"].unique(), key=staleness_sort_key)
     styles = _styles_for(frame)
     _setup()
-    fig, axes = plt.subplots(len(present), len(cols), figsize=(3.6 * len(cols) + 1.5, 2.6 * len(present)),
+    fig, axes = plt.subplots(len(present), len(cols), figsize=(3.6 * len(cols) + 1.5, row_height * len(present)),
                              squeeze=False, sharex="col", sharey="row")
     for i, metric in enumerate(present):
         for j, staleness in enumerate(cols):
             ax = axes[i, j]
             _line_by_label(ax, frame[frame["staleness"] == staleness], metric, styles)
+            if decorate is not None:
+                decorate(ax, metric, staleness)
             if i == 0:
                 ax.set_title(f"staleness: {staleness}")
             if i == len(present) - 1:

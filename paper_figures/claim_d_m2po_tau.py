@@ -55,10 +55,7 @@ def main(argv: list[str] | None = None) -> None:
                                                               "mask_frac": "masked tokens (fraction)"},
                                            None, f"M2PO across τ at {runs[0].staleness} (dots = seeds)",
                                            log_x=True, x_label="τ (second-moment budget, nats²)"), out / "claim_d.png")
-    common.save_figure(common.plots.training_curves(runs, metrics=("exact_return", "mask_frac")),
-                       out / "claim_d_curves.png")
-    table.to_csv(out / "claim_d_runs.csv", index=False)
-    common.write_result(out, result, mean)
+    common.save_curves_and_tables(out, "d", runs, "mask_frac", table, result, mean)
 
 
 if __name__ == "__main__":

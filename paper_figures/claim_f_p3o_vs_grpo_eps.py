@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     table = common.run_table(runs, ("clip_frac", "ess"))
     mean = common.seed_mean(table)
     keys = ("return_at_half", "final", "clip_frac", "ess")
-    result: dict = {f"{r['label']} @ {r['staleness']}": common.rounded(r, keys) for _, r in mean.iterrows()}
+    result: dict = common.rounded_by_cell(mean, keys)
     for schedule, group in mean.groupby("staleness"):
         grpo = group[group["label"].str.startswith("grpo")]
         p3o = group[group["label"] == "p3o"].iloc[0]
@@ -58,10 +58,7 @@ def main(argv: list[str] | None = None) -> None:
                                            "staleness", "GRPO across ε vs P3O (dots = seeds)", order=order,
                                            x_label="objective"),
                        out / "claim_f.png")
-    common.save_figure(common.plots.training_curves(runs, metrics=("exact_return", "clip_frac")),
-                       out / "claim_f_curves.png")
-    table.to_csv(out / "claim_f_runs.csv", index=False)
-    common.write_result(out, result, mean)
+    common.save_curves_and_tables(out, "f", runs, "clip_frac", table, result, mean)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     table = common.run_table(runs, ("clip_frac", "nav_frac", "nav_response_frac"))
     mean = common.seed_mean(table)
     keys = ("return_at_half", "final", "updates_to_threshold", "clip_frac", "nav_frac", "nav_response_frac")
-    result: dict = {f"{r['label']} @ {r['staleness']}": common.rounded(r, keys) for _, r in mean.iterrows()}
+    result: dict = common.rounded_by_cell(mean, keys)
     result["threshold"] = 0.9
     order = [o["label"] for o in objectives(args.small)]
     common.save_figure(common.point_figure(table, "label", {"return_at_half": "exact return at mid-training",
@@ -54,15 +54,12 @@ def main(argv: list[str] | None = None) -> None:
                                                             "nav_frac": "vetoed tokens (fraction)"},
                                            "staleness", "Mu-GRPO: clip range and veto scope (dots = seeds)",
                                            order=order, x_label="objective (clip range, veto scope)"), out / "claim_g.png")
-    common.save_figure(common.plots.training_curves(runs, metrics=("exact_return", "clip_frac")),
-                       out / "claim_g_curves.png")
     vetoed = [r for r in runs if r.objective == "mu_grpo"]
     try:
         common.save_figure(common.plots.veto_fraction(vetoed), out / "claim_g_veto.png")
     except common.plots.FigureSkipped as reason:
         print(f"veto figure skipped: {reason}")
-    table.to_csv(out / "claim_g_runs.csv", index=False)
-    common.write_result(out, result, mean)
+    common.save_curves_and_tables(out, "g", runs, "clip_frac", table, result, mean)
 
 
 if __name__ == "__main__":

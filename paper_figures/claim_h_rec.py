@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     table = common.run_table(runs, ("mask_frac",))
     mean = common.seed_mean(table)
     keys = ("return_at_half", "final", "updates_to_threshold", "mask_frac")
-    result: dict = {f"{r['label']} @ {r['staleness']}": common.rounded(r, keys) for _, r in mean.iterrows()}
+    result: dict = common.rounded_by_cell(mean, keys)
     result["threshold"] = 0.9
     for schedule, group in mean.groupby("staleness"):
         row = group.set_index("label")
@@ -56,10 +56,7 @@ def main(argv: list[str] | None = None) -> None:
                                                             "mask_frac": "masked tokens (fraction)"},
                                            "staleness", "REC: IS vs NoIS, clip (0.2, 0.2) vs (0.6, 2.0) (dots = seeds)",
                                            order=order, x_label="objective (REC one-side mask)"), out / "claim_h.png")
-    common.save_figure(common.plots.training_curves(runs, metrics=("exact_return", "mask_frac")),
-                       out / "claim_h_curves.png")
-    table.to_csv(out / "claim_h_runs.csv", index=False)
-    common.write_result(out, result, mean)
+    common.save_curves_and_tables(out, "h", runs, "mask_frac", table, result, mean)
 
 
 if __name__ == "__main__":

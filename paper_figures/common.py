@@ -127,6 +127,21 @@ def rounded(row: pd.Series, keys: tuple[str, ...]) -> dict[str, float]:
     return {k: round(float(row[k]), 4) for k in keys if k in row and not pd.isna(row[k])}
 
 
+def rounded_by_cell(mean: pd.DataFrame, keys: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """``{"<label> @ <staleness>": rounded(row, keys)}`` for each row of a :func:`seed_mean` table."""
+    return {f"{r['label']} @ {r['staleness']}": rounded(r, keys) for _, r in mean.iterrows()}
+
+
+def save_curves_and_tables(out: Path, claim: str, runs: list[plots.Run], curve_metric: str, table: pd.DataFrame,
+                           result: dict[str, Any], mean: pd.DataFrame) -> None:
+    """The common tail of a claim: training curves of exact return and ``curve_metric`` as
+    ``claim_<claim>_curves.png``, the per-run ``table`` as ``claim_<claim>_runs.csv``, then :func:`write_result`
+    with the seed means."""
+    save_figure(plots.training_curves(runs, metrics=("exact_return", curve_metric)), out / f"claim_{claim}_curves.png")
+    table.to_csv(out / f"claim_{claim}_runs.csv", index=False)
+    write_result(out, result, mean)
+
+
 def point_figure(table: pd.DataFrame, x: str, ys: dict[str, str], hue: str | None, title: str,
                  order: list[str] | None = None, log_x: bool = False, x_label: str | None = None) -> Any:
     """One panel per ``ys`` column (y-axis label = its value): ``table[y]`` against ``x``, the mean over seeds as a

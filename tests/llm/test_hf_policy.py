@@ -8,25 +8,14 @@ import torch
 from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
 from offpolicylab.policies.base import Policy, Prompts
 
-from .tiny import build_model
+from .tiny import build_model, encode_prompts
 
 pytestmark = pytest.mark.llm
 
 
-def make_prompts(tokenizer, texts: list[str]) -> Prompts:
-    rows = [tokenizer(t)["input_ids"] for t in texts]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-    mask = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
-    return Prompts(ids, mask, torch.arange(len(rows)))
-
-
 @pytest.fixture
 def prompts(tokenizer) -> Prompts:
-    return make_prompts(tokenizer, ["What is 2+3?", "Hi", "Add 17 and 25 please."])
+    return encode_prompts(tokenizer, ["What is 2+3?", "Hi", "Add 17 and 25 please."])
 
 
 def reference_logp(model, prompts: Prompts, rollout, temperature: float) -> torch.Tensor:
@@ -65,7 +54,7 @@ def test_sampling_logp_equals_scoring_logp(make_policy, prompts, temperature):
 def test_sampling_distribution_is_softmax_over_temperature(make_policy, tokenizer):
     """Empirical frequencies of the first token over 4000 draws vs softmax(z / T) of a direct forward."""
     policy = make_policy(max_new_tokens=1)
-    prompts = make_prompts(tokenizer, ["abc"])
+    prompts = encode_prompts(tokenizer, ["abc"])
     with torch.no_grad():
         logits = policy.model(input_ids=prompts.ids).logits[0, -1]
     probs = torch.softmax(logits / 0.8, -1)

@@ -1,11 +1,15 @@
-"""Tiny random-init Llama + a character-level tokenizer built locally (no downloads) for the LLM tests."""
+"""Tiny random-init Llama + a character-level tokenizer built locally (no downloads) for the LLM tests and
+``benchmarks/llm_vs_trl.py``."""
 
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 
 import torch
 import transformers
+
+from offpolicylab.policies.base import Prompts
 
 SPECIAL = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (
@@ -14,12 +18,13 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer() -> transformers.PreTrainedTokenizerFast:
-    """One token per printable ASCII character plus the special tokens; decoding concatenates."""
+def build_tokenizer(extra_tokens: Sequence[str] = ()) -> transformers.PreTrainedTokenizerFast:
+    """One token per printable ASCII character plus the special tokens; decoding concatenates.  ``extra_tokens``
+    are appended to the vocabulary (decodable; text still encodes per character)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + ["<unk>"] + chars)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + ["<unk>"] + chars + list(extra_tokens))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -45,3 +50,14 @@ def build_model(vocab_size: int, seed: int = 0, hidden: int = 32) -> torch.nn.Mo
     return model.float().eval()
 
 
+
+def encode_prompts(tokenizer: transformers.PreTrainedTokenizerBase, texts: list[str]) -> Prompts:
+    """``texts`` tokenized and left-padded with ``pad_token_id`` into :class:`Prompts` (index 0 … N−1)."""
+    rows = [tokenizer(t)["input_ids"] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros(len(rows), width)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(row)
+        mask[i, width - len(row) :] = 1
+    return Prompts(ids, mask, torch.arange(len(rows)))

@@ -11,11 +11,25 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from offpolicylab.objectives import AGG_MODES, LossOutput, TokenBatch, get_objective
 
-__all__ = ["AGG_MODES", "agg_weights", "batch_data", "expected", "extreme_log_ratio_batch", "random_batch", "run", "tensor"]
+__all__ = [
+    "AGG_MODES",
+    "agg_weights",
+    "assert_finite_at_extreme_log_ratios",
+    "assert_padding_is_inert",
+    "assert_ratio_one_equals_reinforce",
+    "batch_data",
+    "expected",
+    "extreme_log_ratio_batch",
+    "log_ratio_batch",
+    "random_batch",
+    "run",
+    "tensor",
+]
 
 
 def tensor(values: Any, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -82,3 +96,55 @@ def extreme_log_ratio_batch(seed: int) -> dict[str, np.ndarray]:
     signs = np.where(np.arange(data["logp"].size).reshape(data["logp"].shape) % 2 == 0, 50.0, -50.0)
     data["behavior_logp"] = data["logp"] - signs
     return data
+
+
+def log_ratio_batch(
+    log_ratio: Any, advantages: Any, mask: Any = None, *, behavior: float
+) -> tuple[TokenBatch, torch.Tensor]:
+    """A float32 TokenBatch with logp = behavior + log_ratio (behavior constant; mask all ones when None), and its
+    leaf ``logp`` (requires grad) for gradient checks."""
+    log_ratio = torch.as_tensor(log_ratio, dtype=torch.float32)
+    behavior_logp = torch.full_like(log_ratio, behavior)
+    logp = (behavior_logp + log_ratio).clone().requires_grad_(True)
+    mask = torch.ones_like(log_ratio) if mask is None else torch.as_tensor(mask, dtype=torch.float32)
+    advantages = torch.as_tensor(advantages, dtype=torch.float32)
+    return TokenBatch(logp=logp, behavior_logp=behavior_logp, advantages=advantages, mask=mask), logp
+
+
+def assert_ratio_one_equals_reinforce(name: str, seed: int, agg: str, **params: Any) -> None:
+    """At π = μ (behavior_logp = logp) on ``random_batch(seed)``, objective ``name`` has REINFORCE's gradient and
+    clips nothing (clip_frac = 0)."""
+    data = random_batch(seed)
+    data["behavior_logp"] = data["logp"].copy()
+    _, grad, out = run(name, data, agg=agg, **params)
+    _, reinforce_grad, _ = run("reinforce", data, agg=agg)
+    np.testing.assert_allclose(grad, reinforce_grad, rtol=1e-12, atol=1e-15)
+    assert float(out.metrics["clip_frac"]) == 0.0
+
+
+def assert_finite_at_extreme_log_ratios(
+    name: str, data: dict[str, Any], dtype: torch.dtype, **params: Any
+) -> None:
+    """Loss and gradient of objective ``name`` on ``data`` (e.g. ``extreme_log_ratio_batch``) are finite."""
+    loss, grad, _ = run(name, data, dtype=dtype, **params)
+    assert np.isfinite(loss) and np.all(np.isfinite(grad))
+
+
+def assert_padding_is_inert(
+    name: str, clean: dict[str, Any], *, behavior_garbage: float = -np.inf, **params: Any
+) -> None:
+    """logp = nan and behavior_logp = ``behavior_garbage`` on the padded tokens of ``clean`` change neither loss
+    nor gradient, and padded tokens get zero gradient."""
+    pad = np.asarray(clean["mask"]) == 0
+    dirty = dict(
+        clean,
+        logp=np.array(clean["logp"], copy=True),
+        behavior_logp=np.array(clean["behavior_logp"], copy=True),
+    )
+    dirty["logp"][pad] = np.nan
+    dirty["behavior_logp"][pad] = behavior_garbage
+    loss_c, grad_c, _ = run(name, clean, **params)
+    loss_d, grad_d, _ = run(name, dirty, **params)
+    assert loss_d == pytest.approx(loss_c, rel=1e-12)
+    np.testing.assert_allclose(grad_d, grad_c, rtol=1e-12)
+    assert np.all(grad_d[pad] == 0.0)

@@ -12,10 +12,12 @@ import torch
 from offpolicylab.objectives import get_objective
 from tests.objectives._golden import (
     AGG_MODES,
+    assert_finite_at_extreme_log_ratios,
+    assert_padding_is_inert,
+    assert_ratio_one_equals_reinforce,
     batch_data,
     expected,
     extreme_log_ratio_batch,
-    random_batch,
     run,
 )
 
@@ -117,30 +119,15 @@ VARIANTS = [("cispo", {}), ("cispo", {"eps_low": 0.2}), ("topr", {"ratio_level":
 @pytest.mark.parametrize("agg", AGG_MODES)
 @pytest.mark.parametrize(("name", "params"), VARIANTS)
 def test_at_ratio_one_equals_reinforce(name: str, params: dict, agg: str) -> None:
-    data = random_batch(seed=15)
-    data["behavior_logp"] = data["logp"].copy()
-    _, grad, out = run(name, data, agg=agg, **params)
-    _, reinforce_grad, _ = run("reinforce", data, agg=agg)
-    np.testing.assert_allclose(grad, reinforce_grad, rtol=1e-12, atol=1e-15)
-    assert float(out.metrics["clip_frac"]) == 0.0
+    assert_ratio_one_equals_reinforce(name, 15, agg, **params)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(("name", "params"), VARIANTS)
 def test_finite_at_extreme_log_ratios(name: str, params: dict, dtype: torch.dtype) -> None:
-    data = extreme_log_ratio_batch(seed=16)
-    loss, grad, _ = run(name, data, dtype=dtype, **params)
-    assert np.isfinite(loss) and np.all(np.isfinite(grad))
+    assert_finite_at_extreme_log_ratios(name, extreme_log_ratio_batch(seed=16), dtype, **params)
 
 
 @pytest.mark.parametrize(("name", "params"), VARIANTS)
 def test_padding_is_inert(name: str, params: dict) -> None:
-    clean = _topr_batch()
-    dirty = dict(clean, logp=clean["logp"].copy(), behavior_logp=clean["behavior_logp"].copy())
-    dirty["logp"][TOPR_MASK == 0] = np.nan
-    dirty["behavior_logp"][TOPR_MASK == 0] = -np.inf
-    loss_c, grad_c, _ = run(name, clean, **params)
-    loss_d, grad_d, _ = run(name, dirty, **params)
-    assert loss_d == pytest.approx(loss_c, rel=1e-12)
-    np.testing.assert_allclose(grad_d, grad_c, rtol=1e-12)
-    assert np.all(grad_d[TOPR_MASK == 0] == 0.0)
+    assert_padding_is_inert(name, _topr_batch(), **params)

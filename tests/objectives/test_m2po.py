@@ -3,31 +3,16 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
-from offpolicylab.objectives import TokenBatch, get_objective
+from offpolicylab.objectives import get_objective
+from tests.objectives._golden import log_ratio_batch
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny tensors: one intra-op thread avoids thread contention on shared CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_batch(log_ratio, advantages, mask=None) -> tuple[TokenBatch, torch.Tensor]:
-    log_ratio = torch.as_tensor(log_ratio, dtype=torch.float32)
-    behavior = torch.full_like(log_ratio, -1.5)
-    logp = (behavior + log_ratio).clone().requires_grad_(True)
-    mask = torch.ones_like(log_ratio) if mask is None else torch.as_tensor(mask, dtype=torch.float32)
-    batch = TokenBatch(logp=logp, behavior_logp=behavior, advantages=torch.as_tensor(advantages, dtype=torch.float32),
-                       mask=mask)
-    return batch, logp
+make_batch = partial(log_ratio_batch, behavior=-1.5)
 
 
 def random_batch(seed: int, batch: int = 8, length: int = 12, scale: float = 0.4):

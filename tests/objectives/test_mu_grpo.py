@@ -10,24 +10,12 @@ import torch
 
 from offpolicylab.objectives import TokenBatch, get_objective
 from offpolicylab.objectives.mu_grpo import negative_advantage_veto
-
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny tensors: one intra-op thread avoids thread contention on shared CPUs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.objectives._golden import log_ratio_batch
 
 
 def make_batch(ratios, advantages, mask) -> tuple[TokenBatch, torch.Tensor]:
     log_ratio = torch.log(torch.as_tensor(ratios, dtype=torch.float32))
-    behavior = torch.full_like(log_ratio, -2.0)
-    logp = (behavior + log_ratio).clone().requires_grad_(True)
-    batch = TokenBatch(logp=logp, behavior_logp=behavior, advantages=torch.as_tensor(advantages, dtype=torch.float32),
-                       mask=torch.as_tensor(mask, dtype=torch.float32))
-    return batch, logp
+    return log_ratio_batch(log_ratio, advantages, mask, behavior=-2.0)
 
 
 # κ = 2.  Row 0: A > 0 with large ratios — never vetoed (6 is clipped at 5).  Row 1: A < 0, triggers at t = 2

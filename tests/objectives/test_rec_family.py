@@ -13,6 +13,9 @@ import torch
 
 from tests.objectives._golden import (
     AGG_MODES,
+    assert_finite_at_extreme_log_ratios,
+    assert_padding_is_inert,
+    assert_ratio_one_equals_reinforce,
     batch_data,
     expected,
     extreme_log_ratio_batch,
@@ -65,16 +68,10 @@ def test_rec_padding_is_inert() -> None:
     """Garbage (nan / inf) on padded tokens changes neither loss nor gradient, and padding gets zero gradient."""
     logp, behavior, mask, _ = _table_batch()
     mask[:, -2:] = 0.0
-    dirty_logp, dirty_behavior = logp.copy(), behavior.copy()
-    dirty_logp[:, -2:] = np.nan
-    dirty_behavior[:, -2:] = np.inf
+    clean = batch_data(logp, behavior, ADVANTAGES, mask)
     for importance_sampling in (True, False):
         params = {"mask": "ring", "importance_sampling": importance_sampling}
-        clean = run("rec", batch_data(logp, behavior, ADVANTAGES, mask), **params)
-        dirty = run("rec", batch_data(dirty_logp, dirty_behavior, ADVANTAGES, mask), **params)
-        assert dirty[0] == pytest.approx(clean[0], rel=1e-12)
-        np.testing.assert_allclose(dirty[1], clean[1], rtol=1e-12)
-        assert np.all(dirty[1][:, -2:] == 0.0)
+        assert_padding_is_inert("rec", clean, behavior_garbage=np.inf, **params)
 
 
 @pytest.mark.parametrize("agg", AGG_MODES)
@@ -92,12 +89,7 @@ def test_rec_one_side_is_has_grpo_gradient(agg: str) -> None:
 @pytest.mark.parametrize("importance_sampling", [True, False])
 @pytest.mark.parametrize("mask_kind", sorted(KEEP))
 def test_rec_at_ratio_one_equals_reinforce(mask_kind: str, importance_sampling: bool, agg: str) -> None:
-    data = random_batch(seed=11)
-    data["behavior_logp"] = data["logp"].copy()
-    _, grad, out = run("rec", data, mask=mask_kind, importance_sampling=importance_sampling, agg=agg)
-    _, reinforce_grad, _ = run("reinforce", data, agg=agg)
-    np.testing.assert_allclose(grad, reinforce_grad, rtol=1e-12, atol=1e-15)
-    assert float(out.metrics["clip_frac"]) == 0.0
+    assert_ratio_one_equals_reinforce("rec", 11, agg, mask=mask_kind, importance_sampling=importance_sampling)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -105,8 +97,8 @@ def test_rec_at_ratio_one_equals_reinforce(mask_kind: str, importance_sampling: 
 def test_rec_finite_at_extreme_log_ratios(importance_sampling: bool, dtype: torch.dtype) -> None:
     data = extreme_log_ratio_batch(seed=5)
     for mask_kind in KEEP:
-        loss, grad, _ = run("rec", data, mask=mask_kind, importance_sampling=importance_sampling, dtype=dtype)
-        assert np.isfinite(loss) and np.all(np.isfinite(grad))
+        params = {"mask": mask_kind, "importance_sampling": importance_sampling}
+        assert_finite_at_extreme_log_ratios("rec", data, dtype, **params)
 
 
 def test_rec_defaults_are_the_papers() -> None:
