@@ -1,5 +1,6 @@
 """Exact quantities of enumerable worlds (V^T ≤ 10^5 responses per prompt), by batching every response through
-``policy.score``.
+``policy.score`` (log-probs alone: through ``policy.prefix_tree_log_probs``, one next-token distribution per
+distinct prefix, Σ_{t<T} V^t instead of T·V^T positions, when the policy has it).
 
 Responses are enumerated in *canonical* form: after the first EOS every position holds the EOS id (the padding the
 policies write), so each distinct response appears once and Σ_y π(y|x) = 1.  With prompts x ~ uniform over the
@@ -62,12 +63,33 @@ def _all_pairs(prompts: Prompts, ids: Tensor, mask: Tensor, temperature: float) 
     )
 
 
-def sequence_logprobs(policy: Any, prompts: Prompts, ids: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
-    """log π(y|x) [N, M] for every prompt × enumerated response (no grad): Σ_t mask_t · logp_t."""
+def prefix_tree_nodes(ids: Tensor, vocab_size: int) -> Tensor:
+    """Node ``[M, T]`` of y_{<t} in a policy's ``prefix_tree_log_probs`` table, for every enumerated response y:
+
+        node_t(y) = Σ_{s<t} V^s + Σ_{s<t} y_s V^(t−1−s)      (depth offset + base-V code of the prefix)"""
+    nodes = torch.zeros_like(ids)
+    code, offset = torch.zeros(ids.shape[0], dtype=ids.dtype), 0
+    for t in range(ids.shape[1]):
+        nodes[:, t] = offset + code
+        code, offset = code * vocab_size + ids[:, t], offset + vocab_size ** t
+    return nodes
+
+
+def sequence_logprobs(policy: Any, prompts: Prompts, ids: Tensor, mask: Tensor, temperature: float = 1.0,
+                      vocab_size: int | None = None) -> Tensor:
+    """log π(y|x) [N, M] (float64) for every prompt × enumerated response (no grad): Σ_t mask_t · logp_t.
+
+    With ``vocab_size`` given and a policy that has ``prefix_tree_log_probs`` (the autoregressive toy policies),
+    π(· | x, y_{<t}) is computed once per distinct prefix and logp_t is read off at :func:`prefix_tree_nodes`;
+    otherwise ``policy.score`` runs on all N·M pairs."""
+    n, m = len(prompts), ids.shape[0]
     with torch.no_grad():
-        logp, _ = policy.score(_all_pairs(prompts, ids, mask, temperature))
-    mask_all = mask.repeat(len(prompts), 1)
-    return (logp * mask_all).sum(-1).reshape(len(prompts), ids.shape[0]).double()
+        if vocab_size is None or not hasattr(policy, "prefix_tree_log_probs"):
+            token_logp = policy.score(_all_pairs(prompts, ids, mask, temperature))[0].reshape(n, m, -1)
+        else:
+            table = policy.prefix_tree_log_probs(prompts, temperature)  # [N, K, V]
+            token_logp = table[:, prefix_tree_nodes(ids, vocab_size), ids]  # [N, M, T]
+    return (token_logp * mask).sum(-1).double()
 
 
 def reward_table(task: Any, prompts: Prompts, ids: Tensor, mask: Tensor) -> Tensor:
@@ -88,7 +110,8 @@ class Enumeration:
         self.rewards = reward_table(task, self.prompts, self.ids, self.mask)
 
     def logprobs(self, policy: Any, temperature: float = 1.0) -> Tensor:
-        return sequence_logprobs(policy, self.prompts, self.ids, self.mask, temperature)
+        """log π(y|x) [N, M] (float64, no grad) of every evaluation prompt × canonical response."""
+        return sequence_logprobs(policy, self.prompts, self.ids, self.mask, temperature, self.task.vocab_size)
 
     def expected_return(self, policy: Any, temperature: float = 1.0) -> float:
         """J(π) = E_x Σ_y π(y|x) R(x, y)."""

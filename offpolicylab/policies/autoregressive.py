@@ -8,7 +8,9 @@ so the log-probs recorded at sampling and those recomputed at scoring come from 
     behavior_logp_t = log softmax(z_t / τ)[y_t],     z = response_logits(prompt, y_{<t})
     entropy_t       = −Σ_v p_v log p_v,              p = softmax(z_t / τ)
 
-Sampling loops over positions only (``T`` calls of ``response_logits`` on the growing buffer); scoring is one call.
+Sampling loops over positions only (``T`` calls of ``response_logits`` on the growing buffer); scoring is one call;
+:meth:`AutoregressivePolicy.prefix_tree_log_probs` (exact enumeration) gives π(· | x, y_{<t}) once per distinct
+prefix, by default from one ``response_logits`` call over the V^(T−1) prefixes of length T−1.
 After an EOS the remaining positions are padded with the EOS id and masked out (``response_mask`` = 0 there,
 EOS itself counts).
 
@@ -123,6 +125,32 @@ class AutoregressivePolicy:
         logp = log_probs.gather(-1, rollout.response_ids[..., None]).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         return logp, entropy
+
+    def prefix_tree_log_probs(self, prompts: Prompts, temperature: float = 1.0) -> Tensor:
+        """log softmax(z/τ) ``[N, K, V]`` after every response prefix of length t < T, K = Σ_{t<T} V^t, with grad.
+
+        Node ``offset_t + Σ_{s<t} y_s V^(t−1−s)`` (offset_t = Σ_{s<t} V^s: depth by depth, base-V order, first token
+        most significant) holds π(· | x, y_{<t}).  Exact enumeration reads log π(y_t | x, y_{<t}) of all V^T
+        responses off these K ≈ V^(T−1)·V/(V−1) distributions.  Logits come from :meth:`prefix_tree_logits`."""
+        _check_temperature(temperature)
+        logits = self.prefix_tree_logits(prompts.ids, prompts.mask, prompts.index)
+        return torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
+
+    def prefix_tree_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> Tensor:
+        """Logits ``[N, K, V]`` of the prefix tree of :meth:`prefix_tree_log_probs`.
+
+        Default: one teacher-forced :meth:`response_logits` call over the V^(T−1) responses of length T−1 (a last
+        id that a causal policy never reads appended); the prefix of length t of row r·V^(T−1−t) is node r of depth
+        t.  A subclass may override it with an incremental pass that gives the same numbers."""
+        vocab, width = self.vocab_size, self.response_len
+        leaves = vocab ** (width - 1)
+        digits = torch.arange(leaves)[:, None] // vocab ** torch.arange(width - 2, -1, -1)[None, :] % vocab
+        responses = torch.cat([digits, torch.full((leaves, 1), self.pad_id)], dim=1)
+        n = prompt_ids.shape[0]
+        rows = torch.arange(n).repeat_interleave(leaves)
+        logits = self.response_logits(prompt_ids[rows], prompt_mask[rows], prompt_index[rows],
+                                      responses.repeat(n, 1)).reshape(n, leaves, width, vocab)
+        return torch.cat([logits[:, :: vocab ** (width - 1 - t), t] for t in range(width)], dim=1)
 
     def greedy(self, prompts: Prompts) -> Rollout:
         """The argmax response of every prompt (one per prompt; ``behavior_logp`` at temperature 1)."""

@@ -68,14 +68,44 @@ class _PromptGRUCore(nn.Module):
         return (codes * real[..., None]).sum(1) / length.sqrt()
 
     def forward(self, prompt: Tensor, prompt_mask: Tensor, response_inputs: Tensor) -> Tensor:
-        batch, width = response_inputs.shape
         code = self.encode_prompt(prompt, prompt_mask)
-        steps = torch.arange(width)
+        steps = torch.arange(response_inputs.shape[1])
+        hidden, _ = self.gru(self._step_inputs(response_inputs, steps, code), self._initial_state(code))
+        return self._readout(hidden, steps, code)
+
+    def prefix_tree(self, prompt: Tensor, prompt_mask: Tensor, bos: int, vocab_size: int, depth: int) -> Tensor:
+        """Logits [B, K, V] after every response prefix of length t < depth (K = Σ_t V^t, base-V order per depth):
+        the GRU is stepped once per tree node, each node's state copied to its V children (same modules as
+        :meth:`forward`, one position at a time)."""
+        code = self.encode_prompt(prompt, prompt_mask)
+        batch = code.shape[0]
+        state, tokens = self._initial_state(code), torch.full((batch, 1), bos, dtype=torch.long)
+        levels = []
+        for t in range(depth):
+            step = torch.tensor([t])
+            hidden, state = self.gru(self._step_inputs(tokens, step, code), state)
+            levels.append(self._readout(hidden, step, code).reshape(batch, -1, vocab_size))
+            if t + 1 < depth:  # children of node k: k·V + v, v = 0 … V−1
+                state, code = state.repeat_interleave(vocab_size, dim=1), code.repeat_interleave(vocab_size, dim=0)
+                tokens = torch.arange(vocab_size).repeat(tokens.shape[0])[:, None]
+        return torch.cat(levels, dim=1)
+
+    def _step_inputs(self, tokens: Tensor, steps: Tensor, code: Tensor) -> Tensor:
+        """GRU inputs [E[y_{t−1}]; Q_t; c] for ``tokens`` [B, W] at positions ``steps`` [W]."""
+        batch, width = tokens.shape
         position = self.position(steps)[None].expand(batch, width, -1)
+        return torch.cat([self.token(tokens), position, code[:, None].expand(batch, width, -1)], dim=-1)
+
+    def _initial_state(self, code: Tensor) -> Tensor:
+        """h_0 = tanh(W_0 c) as [layers, B, H]."""
+        state = torch.tanh(self.initial_state(code)).reshape(code.shape[0], self.num_layers, -1)
+        return state.transpose(0, 1).contiguous()
+
+    def _readout(self, hidden: Tensor, steps: Tensor, code: Tensor) -> Tensor:
+        """s · (W LayerNorm([h_t; c; Q_t; c ⊙ S_t]) + b) for ``hidden`` [B, W, H] at positions ``steps`` [W]."""
+        batch, width = hidden.shape[:2]
         code_per_step = code[:, None].expand(batch, width, -1)
-        inputs = torch.cat([self.token(response_inputs), position, code_per_step], dim=-1)
-        state = torch.tanh(self.initial_state(code)).reshape(batch, self.num_layers, -1).transpose(0, 1)
-        hidden, _ = self.gru(inputs, state.contiguous())
+        position = self.position(steps)[None].expand(batch, width, -1)
         pair = code_per_step * self.pair_position(steps)[None]
         features = self.norm(torch.cat([hidden, code_per_step, position, pair], dim=-1))
         return self.head(features) * self.output_multiplier
@@ -118,12 +148,21 @@ class SequenceModelPolicy(AutoregressivePolicy):
         batch, width = response_ids.shape
         if width != self.response_len:
             raise ValueError(f"response_ids has {width} positions, the policy has response_len {self.response_len}")
+        prompt = self._prompt_tokens(prompt_ids, prompt_mask)
+        bos = torch.full((batch, 1), self.bos_token, dtype=torch.long)
+        return self.model(prompt, prompt_mask, torch.cat([bos, response_ids[:, :-1]], dim=1))
+
+    def prefix_tree_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> Tensor:
+        """Logits [N, K, V] after every response prefix (see ``AutoregressivePolicy.prefix_tree_log_probs``), one GRU
+        step per distinct prefix: Σ_{t<T} V^t steps per prompt instead of T·V^(T−1)."""
+        return self.model.prefix_tree(self._prompt_tokens(prompt_ids, prompt_mask), prompt_mask, self.bos_token,
+                                      self.vocab_size, self.response_len)
+
+    def _prompt_tokens(self, prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:
         if prompt_ids.shape[1] > self.max_prompt_len:
             raise ValueError(f"prompt has {prompt_ids.shape[1]} positions, the policy has max_prompt_len "
                              f"{self.max_prompt_len}")
-        prompt = torch.where(prompt_mask > 0, prompt_ids, torch.full_like(prompt_ids, self.pad_token)).long()
-        bos = torch.full((batch, 1), self.bos_token, dtype=torch.long)
-        return self.model(prompt, prompt_mask, torch.cat([bos, response_ids[:, :-1]], dim=1))
+        return torch.where(prompt_mask > 0, prompt_ids, torch.full_like(prompt_ids, self.pad_token)).long()
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return list(self.model.parameters())

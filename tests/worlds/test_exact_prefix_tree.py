@@ -1,0 +1,76 @@
+"""Exact log π(y|x) through the prefix tree (``prefix_tree_log_probs``) equals teacher-forced ``policy.score`` summed
+over the response mask, for every enumerated response (random, non-uniform policies; EOS and not; τ ≠ 1)."""
+
+import pytest
+import torch
+
+import envs
+from envs.exact import _all_pairs, prefix_tree_nodes, sequence_logprobs
+from offpolicylab.policies import SequenceModelPolicy, TabularSoftmaxPolicy
+
+
+def _scored_logprobs(policy, enumeration, temperature):
+    pairs = _all_pairs(enumeration.prompts, enumeration.ids, enumeration.mask, temperature)
+    with torch.no_grad():
+        logp = policy.score(pairs)[0].double()
+    return (logp * pairs.response_mask).sum(-1).reshape(enumeration.rewards.shape)
+
+
+def _policies(task):
+    gen = torch.Generator().manual_seed(7)
+    v, t = task.vocab_size, task.max_response_len
+    tabular = TabularSoftmaxPolicy(num_prompts=task.num_prompts, vocab_size=v, response_len=t, eos_id=task.eos_id,
+                                   init_logits=torch.randn(task.num_prompts, t, v + 1, v, generator=gen))
+    gru = SequenceModelPolicy(v, t, eos_id=task.eos_id, prompt_vocab_size=getattr(task, "prompt_vocab_size", None),
+                              hidden_size=16, embed_dim=8, num_layers=2, seed=3)
+    with torch.no_grad():
+        for p in gru.model.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    return [tabular, gru]
+
+
+@pytest.mark.parametrize("world", [dict(family="target"), dict(family="arithmetic", eos=True),
+                                   dict(family="target", vocab_size=3, length=4, eos=True)])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_prefix_tree_matches_teacher_forced_score(world, temperature):
+    task = envs.make_task("token_mdp", **world)
+    enumeration = task.enumeration
+    for policy in _policies(task):
+        tree = enumeration.logprobs(policy, temperature)
+        scored = _scored_logprobs(policy, enumeration, temperature)
+        assert tree.std() > 0.1  # a non-uniform policy (log π varies), so the comparison can fail
+        torch.testing.assert_close(tree, scored, atol=1e-5, rtol=0)
+        torch.testing.assert_close(tree.exp().sum(1), torch.ones(len(enumeration.prompts), dtype=tree.dtype),
+                                   atol=1e-5, rtol=0)
+
+
+def test_incremental_gru_tree_matches_default_teacher_forced_tree():
+    task = envs.make_task("token_mdp", family="arithmetic", eos=True)
+    gru = _policies(task)[1]
+    prompts = task.eval_prompts()
+    with torch.no_grad():
+        incremental = gru.prefix_tree_logits(prompts.ids, prompts.mask, prompts.index)
+        teacher_forced = super(SequenceModelPolicy, gru).prefix_tree_logits(prompts.ids, prompts.mask, prompts.index)
+    v, t = task.vocab_size, task.max_response_len
+    assert incremental.shape == (len(prompts), sum(v ** s for s in range(t)), v)
+    torch.testing.assert_close(incremental, teacher_forced, atol=1e-5, rtol=0)
+
+
+def test_prefix_tree_nodes_by_hand():
+    ids = torch.tensor([[0, 0, 0], [2, 1, 0], [1, 2, 2]])
+    # V = 3: depth offsets 0, 1, 4; node_t = offset_t + base-3 code of y_<t
+    expected = torch.tensor([[0, 1, 4], [0, 1 + 2, 4 + 2 * 3 + 1], [0, 1 + 1, 4 + 1 * 3 + 2]])
+    assert torch.equal(prefix_tree_nodes(ids, 3), expected)
+
+
+def test_policy_without_prefix_tree_falls_back_to_score():
+    task = envs.make_task("token_mdp", family="target", vocab_size=3, length=3)
+    policy = _policies(task)[0]
+
+    class ScoreOnly:
+        score = staticmethod(policy.score)
+
+    enumeration = task.enumeration
+    fallback = sequence_logprobs(ScoreOnly(), enumeration.prompts, enumeration.ids, enumeration.mask, 1.0,
+                                 task.vocab_size)
+    torch.testing.assert_close(fallback, enumeration.logprobs(policy), atol=1e-5, rtol=0)
