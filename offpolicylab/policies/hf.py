@@ -168,7 +168,8 @@ class HFPolicy:
 
         ``greedy`` takes argmax tokens instead (evaluation; behavior_logp still at ``temperature``);
         ``use_adapter=False`` samples from the base model (the second policy of the ``mixture`` schedule).
-        ``generator`` must live on the model's device."""
+        ``generator`` may live on another device than the model (the trainer's is on the CPU): the draws then use
+        a generator on the model's device seeded from one draw of ``generator`` (see :func:`device_generator`)."""
         if group_size < 1:
             raise ValueError(f"group_size={group_size} is invalid; valid: an integer >= 1")
         if not temperature > 0:
@@ -177,6 +178,7 @@ class HFPolicy:
         ids = prompts.ids.to(device).repeat_interleave(group_size, 0)
         mask = prompts.mask.to(device).long().repeat_interleave(group_size, 0)
         chunk = self.sample_micro_batch or ids.shape[0]
+        generator = device_generator(generator, device)
         parts = []
         with self._adapter(use_adapter), _eval_mode(self.model):
             for start in range(0, ids.shape[0], chunk):
@@ -366,6 +368,16 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return ids
+
+
+def device_generator(generator: torch.Generator, device: torch.device) -> torch.Generator:
+    """``generator`` itself when it lives on ``device``; else a new generator on ``device`` seeded with one 63-bit
+    draw of ``generator`` (so a CPU generator drives CUDA sampling reproducibly, and its saved state still
+    determines every later draw, as a resumed run needs)."""
+    if torch.device(generator.device) == torch.device(device):
+        return generator
+    seed = int(torch.randint(0, 2**63 - 1, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def _pad_right(x: Tensor, width: int, value: float) -> Tensor:
