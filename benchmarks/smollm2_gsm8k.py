@@ -49,7 +49,8 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     policy = HFPolicy.from_pretrained(args.model, lora_r=args.lora_r, lora_alpha=2.0 * args.lora_r,
-                                      max_new_tokens=args.max_new, score_micro_batch=8)
+                                      max_new_tokens=args.max_new, score_micro_batch=4,
+                                      score_recompute=True)  # one micro-batch's graph at a time: fits 24 GB
     task = make_gsm8k_task(policy.tokenizer, data=args.data, n_eval=args.n_eval, max_response_len=args.max_new)
     objective = get_objective(args.objective)
     optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=args.lr)

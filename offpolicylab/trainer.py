@@ -226,7 +226,8 @@ def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
         prompts = parts.task.sample_prompts(count, gen)
         with watch("policy_forward"):
             rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, gen)
-        pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long)))
+        device = rollout.response_ids.device
+        pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device)))
     rollout = pieces[0] if len(pieces) == 1 else Rollout.concat(pieces)
     with watch("other"):
         rewards = parts.task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
@@ -236,12 +237,13 @@ def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:
     """A_i = r_i − r̄_{g(i)}  (÷ (σ_{g(i)} + eps) when ``std_norm``; σ is the population std of the group)."""
     groups = int(group_ids.max()) + 1
-    count = torch.zeros(groups).index_add_(0, group_ids, torch.ones_like(rewards))
-    mean = torch.zeros(groups).index_add_(0, group_ids, rewards) / count
+    zeros = rewards.new_zeros(groups)
+    count = zeros.index_add(0, group_ids, torch.ones_like(rewards))
+    mean = zeros.index_add(0, group_ids, rewards) / count
     centered = rewards - mean[group_ids]
     if not std_norm:
         return centered
-    var = torch.zeros(groups).index_add_(0, group_ids, centered**2) / count
+    var = zeros.index_add(0, group_ids, centered**2) / count
     return centered / (var.sqrt()[group_ids] + eps)
 
 
@@ -356,7 +358,7 @@ def restore_state(parts: Parts, state: dict[str, Any]) -> None:
         parts.objective.load_state_dict(state["objective"])
         parts.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
-        parts.buffer = unpack_buffer(state["buffer"])
+        parts.buffer = unpack_buffer(state["buffer"], device=_policy_device(parts.policy))
         parts.detector.load_state_dict(state["detector"])
     except (KeyError, RuntimeError, ValueError, TypeError) as exc:
         raise RunError(f"corrupt checkpoint: it does not match this run ({type(exc).__name__}: "
@@ -395,7 +397,13 @@ def pack_buffer(buffer: dict[int, Rollout]) -> dict[str, Tensor]:
     return packed
 
 
-def unpack_buffer(packed: dict[str, Tensor]) -> dict[int, Rollout]:
+def _policy_device(policy: Any) -> torch.device:
+    """Where the policy's parameters live (checkpoints are loaded on the CPU)."""
+    params = list(policy.trainable_parameters())
+    return params[0].device if params else torch.device("cpu")
+
+
+def unpack_buffer(packed: dict[str, Tensor], device: torch.device | str = "cpu") -> dict[int, Rollout]:
     if not packed:
         return {}
     buffer: dict[int, Rollout] = {}
@@ -412,7 +420,7 @@ def unpack_buffer(packed: dict[str, Tensor]) -> dict[int, Rollout]:
                 value = value[:, value.shape[1] - pw:]
             elif name in _RESPONSE_FIELDS:
                 value = value[:, :rw]
-            fields_[name] = value.clone()
+            fields_[name] = value.to(device, copy=True)
         buffer[int(key)] = Rollout(temperature=float(packed["temperature"][i]), **fields_)
         start = stop
     return buffer
