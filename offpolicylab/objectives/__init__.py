@@ -5,6 +5,7 @@
 """
 
 # Importing a family module registers its objectives; the order here is the order of list_objectives().
+# isort: off
 from offpolicylab.objectives import (  # noqa: F401
     policy_gradient,  # reinforce, grpo
     rec,  # rec
@@ -16,6 +17,7 @@ from offpolicylab.objectives import (  # noqa: F401
     p3o,  # p3o
     mu_grpo,  # mu_grpo
 )
+# isort: on
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.base import (
     Objective,
