@@ -18,14 +18,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from envs.exact import Enumeration
+from envs.exact import EnumerableWorld
 from offpolicylab.policies.base import Prompts
 
 PITFALL_REWARDS = (0.0, 0.8, 1.0)
 PITFALL_BEHAVIOR = (0.3, 0.6, 0.1)
 
 
-class SoftmaxBandit:
+class SoftmaxBandit(EnumerableWorld):
     """A K-arm bandit task.  ``behavior_probs`` (optional, [K]) is the world's suggested initial / behaviour
     policy: :func:`offpolicylab.policies.make_policy` ("tabular", init="task") starts from it."""
 
@@ -52,7 +52,6 @@ class SoftmaxBandit:
                 raise ValueError(f"behavior_probs must be {self.vocab_size} positive numbers summing to 1, "
                                  f"got {list(behavior_probs)}")
             self.behavior_probs = p
-        self._enumeration: Enumeration | None = None
 
     # ------------------------------------------------------------------------------------------ Task
     def sample_prompts(self, n: int, generator: torch.Generator | None = None) -> Prompts:
@@ -79,19 +78,9 @@ class SoftmaxBandit:
         return torch.bernoulli(mean, generator=generator)
 
     # ------------------------------------------------------------------------------------------ exact
-    @property
-    def enumeration(self) -> Enumeration:
-        if self._enumeration is None:
-            self._enumeration = Enumeration(self)
-        return self._enumeration
-
     def initial_logits(self) -> Tensor | None:
         """log π_b when the world has a behaviour policy (the pitfall), else None (uniform start)."""
         return None if self.behavior_probs is None else self.behavior_probs.log()
-
-    def exact_return(self, policy: Any, temperature: float = 1.0) -> float:
-        """J(π) = Σ_a π(a) r_a (expected reward for Bernoulli arms)."""
-        return self.enumeration.expected_return(policy, temperature)
 
     def optimal_return(self) -> float:
         """J* = max_a r_a."""

@@ -181,3 +181,28 @@ def _weighted_single_gradients(policy: Any, objective: Any, prompts: Prompts, id
     params = list(policy.trainable_parameters())
     grads = torch.autograd.grad(total, params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(grads, params, strict=True)])
+
+
+class EnumerableWorld:
+    """Exact quantities of a world whose responses can all be listed (V^T ≤ MAX_ENUMERATION), through one lazily
+    built :class:`Enumeration`.  Mixed into the bandits and the token MDPs."""
+
+    _enumeration: Enumeration | None = None
+
+    @property
+    def enumeration(self) -> Enumeration:
+        if self._enumeration is None:
+            self._enumeration = Enumeration(self)
+        return self._enumeration
+
+    def exact_return(self, policy: Any, temperature: float = 1.0) -> float:
+        """J(π) = E_x Σ_y π(y|x) R(x, y) over all prompts (a bandit: Σ_a π(a) r_a)."""
+        return self.enumeration.expected_return(policy, temperature)
+
+    def exact_kl(self, policy: Any, other: Any, temperature: float = 1.0) -> float:
+        """KL(π‖q) = E_x Σ_y π(y|x) log(π(y|x)/q(y|x))."""
+        return self.enumeration.kl(policy, other, temperature)
+
+    def exact_chi2(self, policy: Any, other: Any, temperature: float = 1.0) -> float:
+        """χ²(π‖q) = E_x Σ_y π(y|x)²/q(y|x) − 1."""
+        return self.enumeration.chi2(policy, other, temperature)

@@ -21,19 +21,18 @@ Exact return / KL / χ² / optimal return by enumeration live in :mod:`envs.exac
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from envs.exact import MAX_ENUMERATION, Enumeration
+from envs.exact import MAX_ENUMERATION, EnumerableWorld
 from offpolicylab.policies.base import Prompts
 
 FAMILIES = ("target", "arithmetic", "forking")
 CREDITS = ("partial", "exact")
 
 
-class TokenMDP:
+class TokenMDP(EnumerableWorld):
     """A token-sequence world (see module docstring).  Prompts are fixed: ``num_prompts`` of them, all of length
     ``prompt_len``, no padding; ``sample_prompts`` draws indices uniformly with replacement, ``eval_prompts`` is all
     of them in order."""
@@ -63,7 +62,6 @@ class TokenMDP:
                 self.targets = self._random_targets(generator)
             else:
                 self._build_forking(generator, num_forks)
-        self._enumeration: Enumeration | None = None
 
     # ------------------------------------------------------------------------------------------ construction
     def _build_code_prompts(self, generator: torch.Generator) -> None:
@@ -155,12 +153,6 @@ class TokenMDP:
     expected_reward = reward
 
     # ------------------------------------------------------------------------------------------ exact
-    @property
-    def enumeration(self) -> Enumeration:
-        if self._enumeration is None:
-            self._enumeration = Enumeration(self)
-        return self._enumeration
-
     def initial_logits(self) -> Tensor | None:
         """The forking world's prior, [N, T, 1, V] log-probs (filler_prob on each filler, uniform on forks);
         None (uniform start) for the other families."""
@@ -173,21 +165,9 @@ class TokenMDP:
         probs = torch.where(self.fork_mask[None, :, None], torch.full_like(filler, 1.0 / v), filler)
         return probs.log()[:, :, None, :]
 
-    def exact_return(self, policy: Any, temperature: float = 1.0) -> float:
-        """J(π) = E_x Σ_y π(y|x) R(x, y) over all prompts."""
-        return self.enumeration.expected_return(policy, temperature)
-
     def optimal_return(self) -> float:
         """J* = E_x max_y R(x, y) (1.0 in every family: the target response is always reachable)."""
         return self.enumeration.optimal_return()
-
-    def exact_kl(self, policy: Any, other: Any, temperature: float = 1.0) -> float:
-        """KL(π‖q) = E_x Σ_y π(y|x) log(π(y|x)/q(y|x))."""
-        return self.enumeration.kl(policy, other, temperature)
-
-    def exact_chi2(self, policy: Any, other: Any, temperature: float = 1.0) -> float:
-        """χ²(π‖q) = E_x Σ_y π(y|x)²/q(y|x) − 1."""
-        return self.enumeration.chi2(policy, other, temperature)
 
 
 def _digits(numbers: Tensor, base: int, width: int) -> Tensor:

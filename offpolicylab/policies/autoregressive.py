@@ -22,6 +22,7 @@ log-prob as ``sampler_logp``; ``behavior_logp`` stays the trainer-side log softm
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 from offpolicylab.policies.base import Prompts, Rollout
 
 
-class AutoregressivePolicy:
+class AutoregressivePolicy(ABC):
     """Base of :class:`TabularSoftmaxPolicy` and :class:`SequenceModelPolicy` (the :class:`Policy` protocol)."""
 
     vocab_size: int
@@ -53,19 +54,22 @@ class AutoregressivePolicy:
         self.sampler_noise_std = float(sampler_noise_std)
 
     # ------------------------------------------------------------------------------------------ to implement
+    @abstractmethod
     def response_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
                         response_ids: Tensor) -> Tensor:
         """Next-token logits ``[B, T, V]``; position t depends on the prompt and ``response_ids[:, :t]`` only."""
-        raise NotImplementedError
 
+    @abstractmethod
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        raise NotImplementedError
+        """The parameters the optimizer updates."""
 
+    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The trainable state (checkpoints, frozen copies)."""
 
+    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> Any:
-        raise NotImplementedError
+        """Restore :meth:`state_dict`'s output."""
 
     # ------------------------------------------------------------------------------------------ shared path
     @property

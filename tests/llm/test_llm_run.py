@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import string
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from offpolicylab import cli
 from offpolicylab.policies.hf import device_generator
 from offpolicylab.runs import RunDir
 
-from .tiny import CHAT_TEMPLATE, SPECIAL, build_model
+from .tiny import build_model, build_tokenizer
 
 pytestmark = pytest.mark.llm
 
@@ -39,19 +38,7 @@ LORA_NUMEL = 2 * sum(LORA_R * (d_in + d_out) for d_in, d_out in LINEAR_SHAPES.va
 
 def answer_tokenizer() -> transformers.PreTrainedTokenizerFast:
     """tiny.build_tokenizer's vocabulary + :data:`ANSWER_TOKENS` (decodable; prompts still encode per character)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    chars = sorted(set(string.printable) - set("\x0b\x0c\r"))
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + ["<unk>"] + chars + ANSWER_TOKENS)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    core.decoder = decoders.Fuse()
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-        additional_special_tokens=SPECIAL[2:],
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return build_tokenizer(ANSWER_TOKENS)
 
 
 @pytest.fixture(scope="module")
