@@ -1,0 +1,86 @@
+"""Fixed-seed runs whose metrics.csv is recorded in ``tests/trainer/golden/`` (wall-clock ``time_*`` columns
+dropped): the refactored code must reproduce them bit for bit.
+
+Regenerate them from a checkout of the reference code (never from the code under test)::
+
+    PYTHONPATH=REFERENCE_CHECKOUT python tests/trainer/golden_runs.py --out tests/trainer/golden
+
+The script imports only ``offpolicylab.config.TrainConfig`` and ``offpolicylab.trainer.train``, so it runs on
+both the reference code and the code under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+_SMALL_MDP = {"vocab_size": 3, "length": 4, "num_prompts": 3}
+GOLDEN_RUNS: dict[str, dict[str, Any]] = {
+    "tabular_token_mdp_grpo": dict(
+        world="token_mdp", world_params=_SMALL_MDP, policy="tabular", objective="grpo",
+        updates=12, prompts_per_update=3, group_size=4, eval_every=4, sample_every=0, checkpoint_every=100, seed=3),
+    "sequence_model_token_mdp_m2po_stale": dict(
+        world="token_mdp", world_params={**_SMALL_MDP, "family": "forking"}, policy="sequence_model",
+        policy_params={"hidden_size": 16, "embed_dim": 8}, objective="m2po", objective_params={"tau": 0.04},
+        schedule="stale_k:3", updates=10, prompts_per_update=3, group_size=4, eval_every=3, sample_every=0,
+        checkpoint_every=100, lr=0.01, seed=1),
+    "bandit_rec_sync": dict(
+        world="three_arm_pitfall", objective="rec", schedule="sync:3,1", updates=12, prompts_per_update=4,
+        group_size=4, optimizer="sgd", lr=0.5, eval_every=4, sample_every=0, checkpoint_every=100, seed=2),
+    "tabular_ac_mispo_mixture": dict(
+        world="token_mdp", world_params={**_SMALL_MDP, "family": "arithmetic", "eos": True}, objective="ac_mispo",
+        schedule="mixture:0.5", updates=10, prompts_per_update=2, group_size=4, adv_std_norm=True,
+        policy_params={"sampler_noise_std": 0.1}, eval_every=5, sample_every=0, checkpoint_every=100, seed=4),
+    "tabular_mu_grpo_stages": dict(
+        world="token_mdp", world_params=_SMALL_MDP, objective="mu_grpo", schedule="stages:3", updates=9,
+        prompts_per_update=2, group_size=4, eval_every=3, sample_every=0, checkpoint_every=100, seed=5),
+}
+
+
+def normalized_metrics(run_dir: str | Path) -> str:
+    """metrics.csv of ``run_dir`` without its wall-clock ``time_*`` columns, as CSV text."""
+    with open(Path(run_dir) / "metrics.csv", newline="") as fh:
+        rows = list(csv.reader(fh))
+    keep = [i for i, name in enumerate(rows[0]) if not name.startswith("time_")]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for row in rows:
+        writer.writerow([row[i] for i in keep])
+    return out.getvalue()
+
+
+def run_golden(name: str, workdir: str | Path) -> str:
+    """Train golden run ``name`` into ``workdir/name``; its normalized metrics."""
+    from offpolicylab.config import TrainConfig
+    from offpolicylab.trainer import train
+
+    out = Path(workdir) / name
+    train(TrainConfig(**GOLDEN_RUNS[name]), out)
+    return normalized_metrics(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(GOLDEN_DIR), help="folder for the <name>.csv files")
+    args = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in GOLDEN_RUNS:
+            (out / f"{name}.csv").write_text(run_golden(name, tmp))
+            print(f"wrote {out / f'{name}.csv'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
