@@ -39,7 +39,7 @@ def main() -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from offpolicylab.objectives import TokenBatch, get_objective
-    from offpolicylab.policies.base import Prompts
+    from offpolicylab.contracts import Prompts
     from offpolicylab.policies.hf import HFPolicy, LoraSpec
     from offpolicylab.policies.hf_loading import bnb_4bit_config
 

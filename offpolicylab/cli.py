@@ -1,4 +1,4 @@
-"""``offpolicylab`` command line (DESIGN §2.5).
+"""``offpolicylab`` command line (docs/design.md, "Command line").
 
     offpolicylab list
     offpolicylab demo [--out DIR] [--workers N]
@@ -19,11 +19,11 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from offpolicylab.config import TrainConfig, field_help, parse_assignments, parse_value
+from offpolicylab.config import TrainConfig, config_params, parse_assignments
+from offpolicylab.registry import Registry
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -55,15 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
 
     run = sub.add_parser("run", help="train one run into a run directory")
-    defaults = field_help()
-    for f in fields(TrainConfig):
-        default, text = defaults[f.name]
-        if f.name in _DICT_FLAGS:
-            flag = "--" + _DICT_FLAGS[f.name].replace("_", "-")
-            run.add_argument(flag, dest=f.name, action="append", metavar="K=V", help=f"{text} (repeatable)")
+    for name, param in config_params().items():
+        if name in _DICT_FLAGS:
+            flag = "--" + _DICT_FLAGS[name].replace("_", "-")
+            run.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
         else:
-            run.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.type.upper(),
-                             help=f"{text} (default: {default})")
+            run.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                             metavar=param.kind.__name__.upper(), help=f"{param.doc} (default: {param.default})")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     run.add_argument("--config", default=None, help="JSON file with a TrainConfig; flags override it")
@@ -97,22 +95,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # ============================================================================================ commands
 def cmd_list(args: argparse.Namespace) -> int:
-    import envs
-    from offpolicylab.objectives import list_objectives, objective_params
-    from offpolicylab.policies import POLICY_PARAMS
+    from offpolicylab.objectives import OBJECTIVES
+    from offpolicylab.policies import POLICIES
     from offpolicylab.staleness import SCHEDULE_FORMS
+    from offpolicylab.worlds import WORLDS
 
-    print("worlds:")
-    for name in envs.list_tasks():
-        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in envs.task_params(name).items()))
-    print("objectives:")
-    for name in list_objectives():
-        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in objective_params(name).items()))
+    for title, registry in (("worlds", WORLDS), ("objectives", OBJECTIVES)):
+        _print_registry(title, registry)
     print("schedules:\n  " + ", ".join(SCHEDULE_FORMS))
-    print("policies:")
-    for name, specs in POLICY_PARAMS.items():
-        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in specs.items()))
+    _print_registry("policies", POLICIES)
     return 0
+
+
+def _print_registry(title: str, registry: Registry[Any]) -> None:
+    print(f"{title}:")
+    for name in registry.names():
+        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in registry.params(name).items()))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -143,16 +141,16 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             raise ValueError(f"cannot read --config {args.config} ({exc})") from None
     elif args.world is None or args.objective is None:
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
-    for f in fields(TrainConfig):
-        value = getattr(args, f.name)
+    for name in config_params():
+        value = getattr(args, name)
         if value is None:
             continue
-        if f.name in _DICT_FLAGS:
-            merged = dict(data.get(f.name, {}))
-            merged.update(parse_assignments(value, "--" + _DICT_FLAGS[f.name].replace("_", "-")))
-            data[f.name] = merged
+        if name in _DICT_FLAGS:
+            merged = dict(data.get(name, {}))
+            merged.update(parse_assignments(value, "--" + _DICT_FLAGS[name].replace("_", "-")))
+            data[name] = merged
         else:
-            data[f.name] = _scalar(f.name, f.type, value)
+            data[name] = value
     if getattr(args, "model", None):
         data["world_params"] = {**data.get("world_params", {}), "model": args.model}
         if args.policy is None:
@@ -259,19 +257,6 @@ def demo_figure(run_dirs: list[Path], path: Path) -> Path:
 
 
 # ============================================================================================ helpers
-def _scalar(name: str, kind: str, text: str) -> Any:
-    value = parse_value(text) if kind in ("int", "float", "bool") else text
-    if kind == "int" and isinstance(value, float) and value.is_integer() and "." not in text:
-        value = int(value)
-    if kind == "int" and not (isinstance(value, int) and not isinstance(value, bool)):
-        raise ValueError(f"--{name.replace('_', '-')} {text!r} is invalid; valid: an integer")
-    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ValueError(f"--{name.replace('_', '-')} {text!r} is invalid; valid: a number")
-    if kind == "bool" and not isinstance(value, bool):
-        raise ValueError(f"--{name.replace('_', '-')} {text!r} is invalid; valid: true or false")
-    return float(value) if kind == "float" else value
-
-
 def _show(value: Any) -> str:
     return "none" if value is None else str(value)
 

@@ -1,4 +1,5 @@
-"""The resolved configuration of one training run; each field's ``help`` metadata is its command-line help.
+"""The configuration of one training run: every field is declared by a :class:`~offpolicylab.registry.Param`
+(default, kind, range, command-line help).
 
 >>> cfg = TrainConfig(world="token_mdp", objective="m2po", schedule="stale_k:16")
 >>> cfg.to_dict()["schedule"]
@@ -7,145 +8,100 @@
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from offpolicylab.registry import Param
+
 OPTIMIZERS = ("adam", "adamw", "sgd")
+_POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+def _f(param: Param) -> Any:
+    """A dataclass field declared by its :class:`Param` (default, kind, range and help text)."""
+    if isinstance(param.default, dict):
+        return field(default_factory=lambda: dict(param.default), metadata={"param": param})
+    return field(default=param.default, metadata={"param": param})
 
 
 @dataclass
 class TrainConfig:
     """Everything that determines a run (with ``seed``, the run is reproducible bit for bit on one machine)."""
 
-    world: str = _f("token_mdp", "world (task) name, see `offpolicylab list`")
-    world_params: dict[str, Any] = _f({}, "world options (--world-param k=v)")
-    objective: str = _f("grpo", "objective name, see `offpolicylab list`")
-    objective_params: dict[str, Any] = _f({}, "objective parameters (--param k=v)")
-    policy: str = _f("tabular", "policy kind (tabular, sequence_model, ...)")
-    policy_params: dict[str, Any] = _f({}, "policy options (--policy-param k=v)")
-    schedule: str = _f("on_policy", "staleness schedule: on_policy, stale_k:K, sync:M,N, stages:MU, epochs:E, "
-                                    "offline, offline:D, mixture:P")
-    updates: int = _f(200, "number of optimizer updates")
-    prompts_per_update: int = _f(8, "prompts per generated batch")
-    group_size: int = _f(8, "responses per prompt (GRPO group size G)")
-    temperature: float = _f(1.0, "sampling temperature (behavior_logp is recorded at this temperature)")
-    adv_std_norm: bool = _f(False, "divide group-relative advantages by the group's reward std (GRPO) instead of "
-                                   "the mean baseline alone")
-    optimizer: str = _f("adam", "optimizer: adam, adamw or sgd")
-    lr: float = _f(0.05, "learning rate")
-    grad_clip: float = _f(1.0, "max global gradient norm (inf = no clipping)")
-    seed: int = _f(0, "random seed (policy init, prompts, sampling, rewards)")
-    eval_every: int = _f(10, "evaluate greedy / sampled reward (and exact return where enumerable) every N updates")
-    eval_samples: int = _f(4, "sampled responses per evaluation prompt")
-    sample_every: int = _f(25, "write ratio/entropy samples for histograms every N updates (0 = never)")
-    checkpoint_every: int = _f(50, "write the checkpoint every N updates and after the last (a resumed run replays "
-                                   "at most N-1 updates from it and ends identical; each write costs ~5-10 ms)")
-    fsync: bool = _f(False, "fsync metrics and checkpoint at each checkpoint (survives OS crashes; checkpoints "
-                            "are atomic against a killed process either way)")
-    collapse_margin: float = _f(0.2, "collapse: smoothed reward falls this far below its running peak ...")
-    collapse_spike: float = _f(5.0, "... within `collapse_window` updates of a KL or grad-norm spike "
-                                    "(value > this factor × its running mean)")
-    collapse_window: int = _f(20, "updates a spike stays relevant to the collapse test")
-    stop_on_collapse: bool = _f(False, "stop the run at the first detected collapse (a non-finite loss always stops)")
+    world: str = _f(Param("token_mdp", str, doc="world name, see `offpolicylab list`"))
+    world_params: dict[str, Any] = _f(Param({}, dict, doc="world options (--world-param k=v)"))
+    objective: str = _f(Param("grpo", str, doc="objective name, see `offpolicylab list`"))
+    objective_params: dict[str, Any] = _f(Param({}, dict, doc="objective parameters (--param k=v)"))
+    policy: str = _f(Param("tabular", str, doc="policy kind (tabular, sequence_model, hf)"))
+    policy_params: dict[str, Any] = _f(Param({}, dict, doc="policy options (--policy-param k=v)"))
+    schedule: str = _f(Param("on_policy", str, doc="staleness schedule: on_policy, stale_k:K, sync:M,N, stages:MU, "
+                                                   "epochs:E, offline, offline:D, mixture:P"))
+    updates: int = _f(Param(200, int, low=1, doc="number of optimizer updates"))
+    prompts_per_update: int = _f(Param(8, int, low=1, doc="prompts per generated batch"))
+    group_size: int = _f(Param(8, int, low=1, doc="responses per prompt (GRPO group size G)"))
+    temperature: float = _f(Param(1.0, float, **_POSITIVE,
+                                  doc="sampling temperature (behavior_logp is recorded at this temperature)"))
+    adv_std_norm: bool = _f(Param(False, bool, doc="divide group-relative advantages by the group's reward std "
+                                                   "(GRPO) instead of the mean baseline alone"))
+    optimizer: str = _f(Param("adam", str, choices=OPTIMIZERS, doc="optimizer"))
+    lr: float = _f(Param(0.05, float, **_POSITIVE, doc="learning rate"))
+    grad_clip: float = _f(Param(1.0, float, low=0.0, low_open=True,
+                                doc="max global gradient norm (inf = no clipping)"))
+    seed: int = _f(Param(0, int, low=0, doc="random seed (policy init, prompts, sampling, rewards)"))
+    eval_every: int = _f(Param(10, int, low=1, doc="evaluate greedy / sampled reward (and exact return where "
+                                                   "enumerable) every N updates"))
+    eval_samples: int = _f(Param(4, int, low=1, doc="sampled responses per evaluation prompt"))
+    sample_every: int = _f(Param(25, int, low=0, doc="write ratio/entropy samples for histograms every N updates "
+                                                     "(0 = never)"))
+    checkpoint_every: int = _f(Param(50, int, low=1, doc="write the checkpoint every N updates and after the last "
+                                                         "(a resumed run replays at most N-1 updates from it and "
+                                                         "ends identical)"))
+    fsync: bool = _f(Param(False, bool, doc="fsync metrics and checkpoint at each checkpoint (survives OS crashes; "
+                                            "checkpoints are atomic against a killed process either way)"))
+    collapse_margin: float = _f(Param(0.2, float, low=0.0, low_open=True,
+                                      doc="collapse: smoothed reward falls this far below its running peak ..."))
+    collapse_spike: float = _f(Param(5.0, float, low=0.0, low_open=True,
+                                     doc="... within `collapse_window` updates of a KL or grad-norm spike "
+                                         "(value > this factor × its running mean)"))
+    collapse_window: int = _f(Param(20, int, low=1, doc="updates a spike stays relevant to the collapse test"))
+    stop_on_collapse: bool = _f(Param(False, bool, doc="stop the run at the first detected collapse (a non-finite "
+                                                       "loss always stops)"))
 
     def __post_init__(self) -> None:
-        self.validate_scalars()
+        self.validate()
 
-    def validate_scalars(self) -> None:
-        """Range checks of the scalar fields; raises ``ValueError`` naming the field and its valid range."""
-        positive_ints = ("updates", "prompts_per_update", "group_size", "eval_every", "eval_samples",
-                         "checkpoint_every", "collapse_window")
-        for name in positive_ints:
-            _check_int(name, getattr(self, name), 1)
-        _check_int("sample_every", self.sample_every, 0)
-        _check_int("seed", self.seed, 0)
-        for name in ("temperature", "lr"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={value!r} is invalid; valid: a finite number > 0")
-        if not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
-            raise ValueError(f"grad_clip={self.grad_clip!r} is invalid; valid: a number > 0 (inf = no clipping)")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-        for name in ("collapse_margin", "collapse_spike"):
-            if not (isinstance(getattr(self, name), (int, float)) and getattr(self, name) > 0):
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid; valid: a number > 0")
-        for name in ("world_params", "objective_params", "policy_params"):
-            if not isinstance(getattr(self, name), dict):
-                raise ValueError(f"{name} must be a mapping of name -> value")
+    def validate(self) -> None:
+        """Every field through its :class:`Param`: strings are parsed, ranges checked (``ValueError`` naming the
+        field and what is valid)."""
+        for f in fields(self):
+            setattr(self, f.name, f.metadata["param"].validate(f.name, getattr(self, f.name)))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping; unknown keys raise ``ValueError`` naming the valid ones."""
+        """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        values = dict(data)
-        for f in fields(cls):  # coerce CLI-ish strings of scalar fields
-            if f.name in values and isinstance(values[f.name], str) and f.type in ("int", "float", "bool"):
-                values[f.name] = _coerce_field(f.name, f.type, values[f.name])
-        return cls(**values)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+        return cls(**data)
 
 
-def field_help() -> dict[str, tuple[Any, str]]:
-    """{field name: (default, help text)} — the CLI's help comes from here."""
-    out = {}
-    for f in fields(TrainConfig):
-        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        out[f.name] = (default, f.metadata.get("help", ""))
-    return out
+def config_params() -> dict[str, Param]:
+    """{field name: its :class:`Param`} — the CLI's flags and help come from here."""
+    return {f.name: f.metadata["param"] for f in fields(TrainConfig)}
 
 
-def parse_value(text: str) -> Any:
-    """A command-line value: JSON (numbers, true/false, null, lists) if it parses, then float ('inf'), else str."""
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, ValueError):
-        pass
-    lowered = text.strip().lower()
-    if lowered in ("none",):
-        return None
-    try:
-        return float(lowered)
-    except ValueError:
-        return text
-
-
-def parse_assignments(items: list[str] | None, what: str) -> dict[str, Any]:
-    """``["k=v", ...]`` → ``{k: parse_value(v)}``; a malformed item raises ``ValueError``."""
-    out: dict[str, Any] = {}
+def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
+    """``["k=v", ...]`` → ``{k: "v"}`` (the values stay strings: the part's :class:`Param` parses them); a
+    malformed item raises ``ValueError``."""
+    out: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{what} {item!r} is malformed; valid: name=value")
-        out[key.strip()] = parse_value(value)
+        out[key.strip()] = value
     return out
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid; valid: an integer >= {minimum}")
-
-
-def _coerce_field(name: str, kind: str, text: str) -> Any:
-    value = parse_value(text)
-    if kind == "int" and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if kind == "bool" and not isinstance(value, bool):
-        raise ValueError(f"{name}={text!r} is invalid; valid: true or false")
-    return value

@@ -1,4 +1,4 @@
-"""The one training loop every backend uses (DESIGN §3).
+"""The one training loop every backend uses (docs/design.md, "One update").
 
     schedule → rollout → advantages → TokenBatch → objective → step → diagnostics → run directory
 
@@ -7,7 +7,7 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 1. **schedule**   the batches whose generating version is ``u`` are sampled now and buffered
                   (:mod:`offpolicylab.staleness`); the batch consumed at ``u`` is taken from the buffer.  Old weights
                   are never kept — stale data is data generated earlier, not a copy of an earlier policy.
-2. **rollout**    ``policy.sample(prompts, G, temperature)`` records ``behavior_logp``; ``task.reward`` scores it.
+2. **rollout**    ``policy.sample(prompts, G, temperature)`` records ``behavior_logp``; ``world.reward`` scores it.
 3. **advantages** group-relative: A_i = r_i − mean_{j∈g(i)} r_j  (÷ std_{j∈g(i)} r_j + 1e-6 with ``adv_std_norm``,
                   Shao et al. 2024, DeepSeekMath GRPO), one per sequence, broadcast over its tokens.
 4. **TokenBatch** ``policy.score`` gives ``logp`` (with grad) and ``entropy``; staleness = u − version per sequence.
@@ -15,7 +15,7 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 6. **step**       backward, global-norm gradient clipping, optimizer step (skipped, and the run stopped as
                   ``collapsed``, when the loss or gradient is not finite).
 7. **diagnostics** objective metrics, reward, grad norm, staleness; every ``eval_every`` updates greedy / sampled
-                  reward on ``task.eval_prompts()`` and, where the world is enumerable, the exact return J(π) and the
+                  reward on ``world.eval_prompts()`` and, where the world is enumerable, the exact return J(π) and the
                   exact KL(π‖π_0); collapse detection (:mod:`offpolicylab.diagnostics.collapse`).
 8. **run directory** metrics row, histogram samples, events, atomic checkpoint (:mod:`offpolicylab.runs`).
 """
@@ -35,12 +35,13 @@ import torch
 from torch import Tensor
 
 from offpolicylab.config import TrainConfig
+from offpolicylab.contracts import ClonablePolicy, ExactWorld, GreedyPolicy, Policy, Rollout, World
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import Objective, TokenBatch, get_objective
-from offpolicylab.policies.base import Rollout
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.staleness import Schedule, parse_schedule
+from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
 INITIAL_VERSION = 0
 
@@ -54,14 +55,14 @@ class Parts:
     """Everything a run is made of, built (and validated) from a :class:`TrainConfig` before any file is written."""
 
     config: TrainConfig
-    task: Any
-    policy: Any
+    world: World
+    policy: Policy
     objective: Objective
     schedule: Schedule
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     detector: CollapseDetector
-    frozen_initial: Any = None      # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
+    frozen_initial: Policy | None = None  # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
 
@@ -86,7 +87,7 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         raise TrainingFailed(f"run {run.path} failed: {error}") from exc
     finally:
         run.close()
-    return run.write_summary(status, collapse_update=parts.detector.collapsed_at, **exact_optimum(parts.task))
+    return run.write_summary(status, collapse_update=parts.detector.collapsed_at, **exact_optimum(parts.world))
 
 
 def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool) -> str:
@@ -150,20 +151,21 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
 
 # ================================================================================================ building
 def build(config: TrainConfig) -> Parts:
-    """Task, policy, objective, schedule and optimizer of ``config``; any bad name or value raises ``ValueError``."""
-    import envs  # the worlds package (top level, DESIGN §2.3)
+    """World, policy, objective, schedule and optimizer of ``config``; any bad name or value raises
+    ``ValueError``."""
     from offpolicylab.policies import make_policy
+    from offpolicylab.worlds import make_world
 
-    config.validate_scalars()
+    config.validate()  # the fields may have been assigned after construction
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
-    task = envs.make_task(config.world, **config.world_params)
+    world = make_world(config.world, **config.world_params)
     torch.manual_seed(config.seed)
-    policy = make_policy(config.policy, task, **config.policy_params)
-    keep_initial = schedule.other_share > 0 or _enumerable(task)
+    policy = make_policy(config.policy, world, **config.policy_params)
+    keep_initial = schedule.other_share > 0 or _enumerable(world)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
-        config=config, task=task, policy=policy, objective=objective, schedule=schedule,
+        config=config, world=world, policy=policy, objective=objective, schedule=schedule,
         optimizer=make_optimizer(config, policy.trainable_parameters()),
         generator=torch.Generator().manual_seed(config.seed),
         detector=CollapseDetector(margin=config.collapse_margin, factor=config.collapse_spike,
@@ -206,9 +208,16 @@ def open_run(run: RunDir, parts: Parts, resume: bool) -> int:
 
 
 def resolved_config(parts: Parts) -> dict[str, Any]:
-    """The config with the objective's parameters filled in (defaults included), as stored in config.json."""
-    resolved = parts.config.to_dict()
+    """The config as stored in config.json: the objective's parameters filled in (defaults included), the world's
+    and the policy's given parameters as their validated values."""
+    from offpolicylab.policies import POLICIES
+    from offpolicylab.worlds import WORLDS
+
+    cfg = parts.config
+    resolved = cfg.to_dict()
     resolved["objective_params"] = dict(parts.objective.config)
+    resolved["world_params"] = WORLDS.resolve(cfg.world, cfg.world_params, fill_defaults=False)
+    resolved["policy_params"] = POLICIES.resolve(cfg.policy, cfg.policy_params, fill_defaults=False)
     return json.loads(json.dumps(resolved))
 
 
@@ -223,14 +232,14 @@ def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
                                (parts.frozen_initial, n_other, INITIAL_VERSION)):
         if count == 0:
             continue
-        prompts = parts.task.sample_prompts(count, gen)
+        prompts = parts.world.sample_prompts(count, gen)
         with watch("policy_forward"):
             rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, gen)
         device = rollout.response_ids.device
         pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device)))
     rollout = pieces[0] if len(pieces) == 1 else Rollout.concat(pieces)
     with watch("other"):
-        rewards = parts.task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
+        rewards = parts.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
     return rollout.with_(rewards=rewards.to(torch.float32))
 
 
@@ -279,22 +288,22 @@ def is_due(update: int, every: int, total: int) -> bool:
 
 def eval_columns(parts: Parts) -> list[str]:
     columns = ["eval_reward_sampled", "eval_reward_greedy"]
-    if _enumerable(parts.task):
+    if _enumerable(parts.world):
         columns += ["exact_return", "exact_kl_init"]
     return columns
 
 
 def evaluate(parts: Parts, update: int) -> dict[str, float]:
-    """Reward of sampled and greedy responses on ``task.eval_prompts()``; exact J(π) and KL(π‖π_0) when the world
+    """Reward of sampled and greedy responses on ``world.eval_prompts()``; exact J(π) and KL(π‖π_0) when the world
     can enumerate its responses.  Uses its own generator, so evaluation never shifts the training randomness."""
-    cfg, task, policy = parts.config, parts.task, parts.policy
+    cfg, world, policy = parts.config, parts.world, parts.policy
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
-    prompts = task.eval_prompts()
+    prompts = world.eval_prompts()
     sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gen)
-    out = {"eval_reward_sampled": _mean_reward(task, sampled, gen), "eval_reward_greedy": math.nan}
-    if hasattr(policy, "greedy"):
-        out["eval_reward_greedy"] = _mean_reward(task, policy.greedy(prompts), gen)
-    if _enumerable(task):
+    out = {"eval_reward_sampled": _mean_reward(world, sampled, gen), "eval_reward_greedy": math.nan}
+    if isinstance(policy, GreedyPolicy):
+        out["eval_reward_greedy"] = _mean_reward(world, policy.greedy(prompts), gen)
+    if _enumerable(world):
         out.update(exact_diagnostics(parts))
     return out
 
@@ -302,17 +311,15 @@ def evaluate(parts: Parts, update: int) -> dict[str, float]:
 def exact_diagnostics(parts: Parts) -> dict[str, float]:
     """J(π) = E_x Σ_y π(y|x) R(x, y) and KL(π‖π_0) = E_x Σ_y π(y|x)(log π − log π_0) by enumeration, scoring π once
     (π_0's log-probs are computed once per run and cached)."""
-    enumeration = parts.task.enumeration
+    enumeration = parts.world.enumeration
     logp = enumeration.logprobs(parts.policy)
     if parts.initial_logprobs is None:
         parts.initial_logprobs = enumeration.logprobs(parts.frozen_initial)
-    probs = logp.exp()
-    return {"exact_return": float((probs * enumeration.rewards).sum(1).mean()),
-            "exact_kl_init": float((probs * (logp - parts.initial_logprobs)).sum(1).mean())}
+    return {"exact_return": enumeration.return_of(logp), "exact_kl_init": kl_divergence(logp, parts.initial_logprobs)}
 
 
-def exact_optimum(task: Any) -> dict[str, float]:
-    return {"optimal_return": float(task.optimal_return())} if hasattr(task, "optimal_return") else {}
+def exact_optimum(world: World) -> dict[str, float]:
+    return {"optimal_return": float(world.optimal_return())} if isinstance(world, ExactWorld) else {}
 
 
 def histogram_samples(batch: TokenBatch, kept: Tensor | None, seed: int, update: int) -> dict[str, np.ndarray]:
@@ -397,7 +404,7 @@ def pack_buffer(buffer: dict[int, Rollout]) -> dict[str, Tensor]:
     return packed
 
 
-def _policy_device(policy: Any) -> torch.device:
+def _policy_device(policy: Policy) -> torch.device:
     """Where the policy's parameters live (checkpoints are loaded on the CPU)."""
     params = list(policy.trainable_parameters())
     return params[0].device if params else torch.device("cpu")
@@ -452,18 +459,18 @@ class _Section:
         self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (time.perf_counter() - self.start)
 
 
-def _enumerable(task: Any) -> bool:
-    if not (hasattr(task, "exact_return") and hasattr(task, "enumeration")):
+def _enumerable(world: World) -> bool:
+    if not isinstance(world, ExactWorld):
         return False
-    return task.vocab_size ** task.max_response_len <= 100_000
+    return world.vocab_size ** world.max_response_len <= MAX_ENUMERATION
 
 
-def _clone(policy: Any) -> Any:
-    return policy.clone() if hasattr(policy, "clone") else copy.deepcopy(policy)
+def _clone(policy: Policy) -> Policy:
+    return policy.clone() if isinstance(policy, ClonablePolicy) else copy.deepcopy(policy)
 
 
-def _mean_reward(task: Any, rollout: Rollout, gen: torch.Generator) -> float:
-    rewards = task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
+def _mean_reward(world: World, rollout: Rollout, gen: torch.Generator) -> float:
+    rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
     return float(rewards.float().mean())
 
 

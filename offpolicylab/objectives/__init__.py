@@ -1,4 +1,5 @@
-"""One objective layer: every off-policy loss of the field on one token-level contract (DESIGN §2.2).
+"""One objective layer: every off-policy loss of the field on one token-level contract (docs/design.md,
+"The objective contract").
 
 >>> from offpolicylab.objectives import get_objective, list_objectives
 >>> obj = get_objective("grpo", eps_low=0.2, eps_high=0.28)
@@ -20,6 +21,7 @@ from offpolicylab.objectives import (  # noqa: F401
 # isort: on
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.base import (
+    OBJECTIVES,
     Objective,
     Param,
     get_objective,
@@ -31,6 +33,7 @@ from offpolicylab.objectives.batch import LossOutput, TokenBatch
 
 __all__ = [
     "AGG_MODES",
+    "OBJECTIVES",
     "LossOutput",
     "Objective",
     "Param",

@@ -1,4 +1,4 @@
-"""Objective base class, validated parameters and the registry (DESIGN §2.2).
+"""Objective base class and the objective registry (docs/design.md, "The objective contract").
 
 An objective turns a :class:`TokenBatch` into a :class:`LossOutput`.  Subclasses implement
 :meth:`Objective.token_loss`, returning the per-token loss ℓ_it and the tokens that carried gradient; the base class
@@ -7,9 +7,7 @@ applies the optional TIS weight, aggregates with ``agg`` and adds the standard d
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -18,75 +16,7 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
-
-
-@dataclass(frozen=True)
-class Param:
-    """One objective parameter: default, type and valid range or choices; ``doc`` is the help text."""
-
-    default: Any
-    kind: type = float
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple[Any, ...] | None = None
-    optional: bool = False
-    doc: str = ""
-
-    def valid_text(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(map(str, self.choices))
-        if self.kind is bool:
-            return "true or false"
-        lo = "-inf" if self.low is None else f"{self.low:g}"
-        hi = "inf" if self.high is None else f"{self.high:g}"
-        text = f"a {self.kind.__name__} in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
-        return text + (" or none" if self.optional else "")
-
-    def validate(self, name: str, value: Any) -> Any:
-        """Coerce ``value`` (possibly a CLI string) to the parameter's type and check its range."""
-        if self.optional and (value is None or (isinstance(value, str) and value.lower() in ("none", "null", ""))):
-            return None
-        try:
-            value = _coerce(self.kind, value)
-        except (TypeError, ValueError):
-            raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}") from None
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}")
-        if self.kind in (int, float):
-            if isinstance(value, float) and math.isnan(value):
-                raise ValueError(f"parameter {name}=nan is invalid; valid: {self.valid_text()}")
-            too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
-            too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
-            if too_low or too_high:
-                raise ValueError(f"parameter {name}={value!r} is out of range; valid: {self.valid_text()}")
-        return value
-
-
-def _coerce(kind: type, value: Any) -> Any:
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(value)
-    if kind is float:
-        if isinstance(value, bool):
-            raise TypeError(value)
-        return float(value)
-    if kind is int:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise TypeError(value)
-        return int(value)
-    if kind is tuple:
-        if isinstance(value, str):
-            value = [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
-        values = tuple(float(v) for v in value)
-        if len(values) != 2:
-            raise ValueError(value)
-        return values
-    return kind(value)
+from offpolicylab.registry import Param, Registry, resolve
 
 
 COMMON_PARAMS: dict[str, Param] = {
@@ -111,16 +41,8 @@ class Objective:
     stateful: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
-        specs = self.all_params()
-        unknown = sorted(set(kwargs) - set(specs))
-        if unknown:
-            raise ValueError(
-                f"objective {self.name!r} has no parameter {', '.join(unknown)}; valid: {', '.join(specs) or 'none'}"
-            )
-        self.config: dict[str, Any] = {}
-        for key, spec in specs.items():
-            value = spec.validate(key, kwargs.get(key, spec.default))
-            self.config[key] = value
+        self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)
+        for key, value in self.config.items():
             setattr(self, key, value)
         self.check_params()
 
@@ -181,36 +103,24 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
 
 
 # ------------------------------------------------------------------------------------------------- registry
-_REGISTRY: dict[str, type[Objective]] = {}
+OBJECTIVES: Registry[Objective] = Registry("objective")
 
 
 def register(name: str) -> Callable[[type[Objective]], type[Objective]]:
     """Class decorator adding an objective under ``name``; a duplicate name raises (no silent overwrite)."""
-
-    def decorator(cls: type[Objective]) -> type[Objective]:
-        if name in _REGISTRY:
-            raise ValueError(f"objective {name!r} is already registered by {_REGISTRY[name].__name__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorator
+    return OBJECTIVES.register(name)
 
 
 def get_objective(name: str, **params: Any) -> Objective:
     """Build the objective registered as ``name``; unknown names or bad parameters raise ``ValueError``."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(list_objectives())}")
-    return _REGISTRY[name](**params)
+    return OBJECTIVES.get(name).builder(**params)
 
 
 def list_objectives() -> list[str]:
     """Registered objective names, in registration order."""
-    return list(_REGISTRY)
+    return OBJECTIVES.names()
 
 
 def objective_params(name: str) -> dict[str, Param]:
     """The parameter specs (own + common) of a registered objective."""
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown objective {name!r}; valid: {', '.join(list_objectives())}")
-    return _REGISTRY[name].all_params()
+    return OBJECTIVES.params(name)

@@ -63,8 +63,8 @@ class MISPO(Objective):
     """
 
     params = {
-        "tok_bounds": Param((0.5, 2.0), tuple, doc="token ratio accept range 'min,max'"),
-        "traj_bounds": Param((0.996, 1.001), tuple, doc="trajectory geometric-mean ratio accept range 'min,max'"),
+        "tok_bounds": Param((0.5, 2.0), list, length=2, doc="token ratio accept range 'min,max'"),
+        "traj_bounds": Param((0.996, 1.001), list, length=2, doc="trajectory geometric-mean ratio accept range 'min,max'"),
     }
 
     def check_params(self) -> None:
@@ -129,7 +129,7 @@ class ACMISPO(Objective):
         "ema": Param(0.9, float, low=0.0, high=1.0, high_open=True, doc="EMA factor β of the bound"),
         "b_min": Param(math.log(1.0002), float, low=0.0, doc="smallest log trajectory bound"),
         "b_max": Param(math.log(1.01), float, low=0.0, doc="largest log trajectory bound (and b_0)"),
-        "tok_bounds": Param((0.5, 2.0), tuple, doc="token ratio accept range 'min,max'"),
+        "tok_bounds": Param((0.5, 2.0), list, length=2, doc="token ratio accept range 'min,max'"),
     }
 
     def __init__(self, **kwargs: Any) -> None:

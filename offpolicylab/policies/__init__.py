@@ -1,75 +1,82 @@
-"""Policies (DESIGN §2.3): the :class:`Policy` protocol, a tabular softmax and a small torch sequence model.
+"""Policies: a tabular softmax, a small GRU sequence model and a Hugging Face causal LM with a LoRA adapter
+(docs/design.md, "Policies").  Every kind is built by the :data:`POLICIES` registry from a world.
 
->>> from envs import make_task
+>>> from offpolicylab.worlds import make_world
 >>> from offpolicylab.policies import make_policy
->>> task = make_task("token_mdp", family="target")
->>> policy = make_policy("tabular", task)
+>>> world = make_world("token_mdp", family="target")
+>>> policy = make_policy("tabular", world)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from offpolicylab.objectives.base import Param
+from offpolicylab.contracts import InitialLogitsWorld, Policy, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
-from offpolicylab.policies.base import Policy, Prompts, Rollout
 from offpolicylab.policies.hf import hf_policy_params, make_hf_policy
 from offpolicylab.policies.sequence_model import SequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
+from offpolicylab.registry import Param, Registry
 
-POLICY_PARAMS: dict[str, dict[str, Param]] = {
-    "tabular": {
-        "context": Param("prev_token", str, choices=CONTEXTS, doc="what a logits row is conditioned on"),
-        "init": Param("task", str, choices=("task", "uniform"),
-                      doc="task = the world's suggested initial policy (e.g. π_b of the pitfall) when it has one"),
-        "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
-    },
-    "sequence_model": {
-        "embed_dim": Param(32, int, low=1, doc="token embedding width"),
-        "hidden_size": Param(64, int, low=1, doc="GRU hidden width"),
-        "num_layers": Param(1, int, low=1, doc="GRU layers"),
-        "seed": Param(0, int, doc="initial-weight seed"),
-        "logit_scale": Param(0.4, float, low=0.0, low_open=True,
-                             doc="logits = logit_scale/√features · head(features); smaller explores longer"),
-        "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
-        "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
-    },
-    "hf": hf_policy_params(),  # a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)
-}
+POLICIES: Registry[Policy] = Registry("policy")
+
+_SAMPLER_NOISE = Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)")
+
+
+def _shape(world: World) -> dict[str, Any]:
+    return {"vocab_size": world.vocab_size, "response_len": world.max_response_len, "eos_id": world.eos_id}
+
+
+def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: float) -> TabularSoftmaxPolicy:
+    """A logits table per prompt (and context) sized for ``world``; ``init="world"`` starts from the world's
+    suggested logits when it has them."""
+    wants_init = init == "world" and isinstance(world, InitialLogitsWorld)
+    init_logits = world.initial_logits() if wants_init else None
+    context = "none" if world.max_response_len == 1 and world.eos_id is None else context
+    return TabularSoftmaxPolicy(num_prompts=world.num_prompts, context=context, init_logits=init_logits,
+                                sampler_noise_std=sampler_noise_std, **_shape(world))
+
+
+def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
+    """A GRU over the prompt code and the response so far, sized for ``world``."""
+    return SequenceModelPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None), **params,
+                               **_shape(world))
+
+
+POLICIES.register("tabular", build_tabular, {
+    "context": Param("prev_token", str, choices=CONTEXTS, doc="what a logits row is conditioned on"),
+    "init": Param("world", str, choices=("world", "uniform"),
+                  doc="world = the world's suggested initial policy (e.g. π_b of the pitfall) when it has one"),
+    "sampler_noise_std": _SAMPLER_NOISE,
+}, doc="a softmax logits table per prompt and context")
+POLICIES.register("sequence_model", build_sequence_model, {
+    "embed_dim": Param(32, int, low=1, doc="token embedding width"),
+    "hidden_size": Param(64, int, low=1, doc="GRU hidden width"),
+    "num_layers": Param(1, int, low=1, doc="GRU layers"),
+    "seed": Param(0, int, doc="initial-weight seed"),
+    "logit_scale": Param(0.4, float, low=0.0, low_open=True,
+                         doc="logits = logit_scale/√features · head(features); smaller explores longer"),
+    "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
+    "sampler_noise_std": _SAMPLER_NOISE,
+}, doc="a small GRU sequence model")
+POLICIES.register("hf", make_hf_policy, hf_policy_params(),
+                  doc="a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)")
 
 
 def list_policies() -> list[str]:
     """Policy kinds :func:`make_policy` builds."""
-    return list(POLICY_PARAMS)
+    return POLICIES.names()
 
 
-def make_policy(kind: str, task: Any, **params: Any) -> Any:
-    """Build a policy of ``kind`` sized for ``task`` (its ``vocab_size``, ``max_response_len``, ``eos_id``,
+def make_policy(kind: str, world: World, **params: Any) -> Policy:
+    """Build a policy of ``kind`` sized for ``world`` (its ``vocab_size``, ``max_response_len``, ``eos_id``,
     ``num_prompts``; optional ``prompt_vocab_size`` and ``initial_logits()``).  Parameters may be CLI strings;
     an unknown kind or parameter raises ``ValueError`` naming the valid ones."""
-    if kind not in POLICY_PARAMS:
-        raise ValueError(f"unknown policy kind {kind!r}; valid: {', '.join(POLICY_PARAMS)}")
-    specs = POLICY_PARAMS[kind]
-    unknown = sorted(set(params) - set(specs))
-    if unknown:
-        raise ValueError(f"policy {kind!r} has no parameter {', '.join(unknown)}; valid: {', '.join(specs)}")
-    config = {key: spec.validate(key, params.get(key, spec.default)) for key, spec in specs.items()}
-    if kind == "hf":
-        return make_hf_policy(task, **config)
-    common = {"vocab_size": task.vocab_size, "response_len": task.max_response_len, "eos_id": task.eos_id,
-              "sampler_noise_std": config["sampler_noise_std"]}
-    if kind == "tabular":
-        init = task.initial_logits() if config["init"] == "task" and hasattr(task, "initial_logits") else None
-        context = "none" if task.max_response_len == 1 and task.eos_id is None else config["context"]
-        return TabularSoftmaxPolicy(num_prompts=task.num_prompts, context=context, init_logits=init, **common)
-    return SequenceModelPolicy(prompt_vocab_size=getattr(task, "prompt_vocab_size", None),
-                               embed_dim=config["embed_dim"], hidden_size=config["hidden_size"],
-                               num_layers=config["num_layers"], seed=config["seed"],
-                               logit_scale=config["logit_scale"], max_prompt_len=config["max_prompt_len"], **common)
+    return POLICIES.build(kind, world, **params)
 
 
 __all__ = [
-    "POLICY_PARAMS",
+    "POLICIES",
     "AutoregressivePolicy",
     "Policy",
     "Prompts",

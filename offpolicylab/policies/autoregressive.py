@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.policies.base import Prompts, Rollout
+from offpolicylab.contracts import Prompts, Rollout
 
 
 class AutoregressivePolicy(ABC):

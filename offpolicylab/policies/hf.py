@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from offpolicylab.policies.base import Prompts, Rollout
+from offpolicylab.contracts import Prompts, Rollout
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -396,8 +396,8 @@ def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 def hf_policy_params() -> dict[str, Any]:
-    """Parameter specs of the ``hf`` policy kind (``--policy-param k=v``) for ``offpolicylab.policies.make_policy``."""
-    from offpolicylab.objectives.base import Param
+    """Parameter specs of the ``hf`` policy kind (``--policy-param k=v``) for ``offpolicylab.policies.POLICIES``."""
+    from offpolicylab.registry import Param
 
     return {
         "lora_r": Param(16, int, low=1, doc="LoRA rank r"),
@@ -417,7 +417,7 @@ def hf_policy_params() -> dict[str, Any]:
 def make_hf_policy(task: Any, **params: Any) -> HFPolicy:
     """The ``hf`` policy for a GSM8k-like ``task`` that names its model (``task.model``, ``task.gguf_file``):
     a fresh LoRA adapter on that model, ``max_new_tokens = task.max_response_len``.  ``params`` are
-    :func:`hf_policy_params` (already validated by ``make_policy``)."""
+    :func:`hf_policy_params` (already validated by the policy registry)."""
     model = getattr(task, "model", None)
     if not model:
         raise ValueError("the hf policy needs a world that names its model (e.g. --world gsm8k "

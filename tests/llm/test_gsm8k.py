@@ -12,12 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envs.gsm8k import (
-    GSM8kTask,
+from offpolicylab.worlds.gsm8k import (
+    GSM8kWorld,
     Problem,
     extract_answer,
     load_problems,
-    make_gsm8k_task,
     make_gsm8k_world,
     score_response,
 )
@@ -109,7 +108,7 @@ def data_dir(tmp_path) -> Path:
 
 
 def test_task_prompts_are_left_padded_chat_prompts(tokenizer, data_dir):
-    task = make_gsm8k_task(tokenizer, data=str(data_dir), n_eval=2, max_response_len=16)
+    task = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2, max_response_len=16)
     assert task.n_train == 3 and task.max_response_len == 16 and task.eos_id == tokenizer.eos_token_id
     prompts = task.make_prompts(torch.tensor([0, 2]))
     short = prompts.mask[1] == 0
@@ -125,12 +124,12 @@ def test_task_prompts_are_left_padded_chat_prompts(tokenizer, data_dir):
 
 
 def test_plain_template_without_chat_template(tokenizer, data_dir):
-    task = make_gsm8k_task(tokenizer, data=str(data_dir), n_eval=1, use_chat_template=False)
+    task = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=1, use_chat_template=False)
     assert task.prompt_text(0).startswith("Question: What is 2+3?") and task.prompt_text(0).endswith("Answer:")
 
 
 def test_reward_reads_only_unmasked_tokens(tokenizer, data_dir):
-    task = make_gsm8k_task(tokenizer, data=str(data_dir), n_eval=2)
+    task = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2)
     texts = ["so #### 5", "#### 4", "five", "#### 1,001", "#### 16.0", "#### 1.5"]
     width = max(len(t) for t in texts) + 6
     ids = torch.full((len(texts), width), tokenizer.pad_token_id)
@@ -146,18 +145,14 @@ def test_reward_reads_only_unmasked_tokens(tokenizer, data_dir):
 
 def test_bad_data_arguments(tokenizer, data_dir, tmp_path):
     with pytest.raises(ValueError, match="exactly one of data"):
-        make_gsm8k_task(tokenizer)
+        make_gsm8k_world(tokenizer)
     with pytest.raises(ValueError, match="not found"):
-        make_gsm8k_task(tokenizer, data=str(tmp_path / "missing"))
+        make_gsm8k_world(tokenizer, data=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="n_eval"):
-        make_gsm8k_task(tokenizer, data=str(data_dir), n_eval=3)
+        make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=3)
     (tmp_path / "bad.jsonl").write_text(json.dumps({"question": "q", "answer": "no final"}) + "\n")
     with pytest.raises(ValueError, match="####"):
         load_problems(tmp_path / "bad.jsonl", "train")
-    with pytest.raises(ValueError, match="no world parameter lora_rank"):
-        make_gsm8k_world("unused", lora_rank=4)
-    with pytest.raises(ValueError, match="lora_r='x'"):
-        make_gsm8k_world("unused", lora_r="x")
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="the shared GSM8k files are not on this machine")
@@ -169,7 +164,7 @@ def test_real_gsm8k_files_parse():
 
 
 def test_task_rollout_to_rewards_end_to_end(make_policy, tokenizer, data_dir):
-    task = GSM8kTask(tokenizer, load_problems(data_dir, "train"), load_problems(data_dir, "test"), n_eval=2,
+    task = GSM8kWorld(tokenizer, load_problems(data_dir, "train"), load_problems(data_dir, "test"), n_eval=2,
                      max_response_len=6)
     policy = make_policy(max_new_tokens=task.max_response_len)
     rollout = policy.sample(task.sample_prompts(2, torch.Generator().manual_seed(0)), 3, 1.0,
@@ -179,8 +174,8 @@ def test_task_rollout_to_rewards_end_to_end(make_policy, tokenizer, data_dir):
 
 
 def test_world_builder_and_hf_policy_factory(tokenizer, data_dir, tmp_path):
-    """The wiring the trainer uses: build_gsm8k_task(model=DIR, ...) then make_hf_policy(task, **params)."""
-    from envs.gsm8k import build_gsm8k_task, gsm8k_params
+    """The wiring the trainer uses: build_gsm8k_world(model=DIR, ...) then make_hf_policy(task, **params)."""
+    from offpolicylab.worlds.gsm8k import build_gsm8k_world, gsm8k_params
     from offpolicylab.policies.hf import BaseModelPolicy, hf_policy_params, make_hf_policy
 
     from .tiny import build_model
@@ -190,7 +185,7 @@ def test_world_builder_and_hf_policy_factory(tokenizer, data_dir, tmp_path):
     specs = gsm8k_params()
     options = {k: spec.validate(k, {"model": str(tmp_path / "tiny"), "data": str(data_dir), "n_eval": "2",
                                     "max_response_len": "5"}.get(k, spec.default)) for k, spec in specs.items()}
-    task = build_gsm8k_task(**options)
+    task = build_gsm8k_world(**options)
     assert task.model == str(tmp_path / "tiny") and task.max_response_len == 5
     params = {k: spec.validate(k, {"lora_r": "4"}.get(k, spec.default)) for k, spec in hf_policy_params().items()}
     policy = make_hf_policy(task, **params)
@@ -200,4 +195,4 @@ def test_world_builder_and_hf_policy_factory(tokenizer, data_dir, tmp_path):
     assert len(rollout) == 2 and rollout.response_ids.shape[1] <= 5
     assert task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask).shape == (2,)
     with pytest.raises(ValueError, match="model=PATH"):
-        build_gsm8k_task(data=str(data_dir))
+        build_gsm8k_world(data=str(data_dir))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
-from offpolicylab.policies.base import Policy, Prompts
+from offpolicylab.contracts import Policy, Prompts
 
 from .tiny import build_model, encode_prompts
 

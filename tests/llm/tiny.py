@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 import transformers
 
-from offpolicylab.policies.base import Prompts
+from offpolicylab.contracts import Prompts
 
 SPECIAL = ["<pad>", "<eos>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (

@@ -22,7 +22,7 @@ from offpolicylab.objectives import (
     objective_params,
     register,
 )
-from offpolicylab.objectives.base import _REGISTRY
+from offpolicylab.objectives import OBJECTIVES
 from offpolicylab.objectives.policy_gradient import Reinforce
 from tests.objectives._golden import batch_data, expected, random_batch, run, tensor
 
@@ -231,7 +231,7 @@ def test_registry_duplicate_name_raises_and_keeps_the_original() -> None:
         class Impostor(Objective):  # noqa: F841
             pass
 
-    assert _REGISTRY["reinforce"] is Reinforce
+    assert OBJECTIVES.get("reinforce").builder is Reinforce
 
 
 def test_registry_unknown_name_lists_valid_ones() -> None:

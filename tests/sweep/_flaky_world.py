@@ -14,7 +14,7 @@ WORLD = "flaky_bandit"
 
 def flaky_bandit(counter_file: str, fail_times: int, crash: bool) -> Any:
     """Fail (raise, or with ``crash`` kill the worker process) while the attempt number is <= ``fail_times``."""
-    from envs import make_task
+    from offpolicylab.worlds import make_world
 
     path = Path(counter_file)
     attempt = (int(path.read_text()) if path.exists() else 0) + 1
@@ -23,15 +23,15 @@ def flaky_bandit(counter_file: str, fail_times: int, crash: bool) -> Any:
         os._exit(3)
     if attempt <= fail_times:
         raise RuntimeError(f"injected failure on attempt {attempt}")
-    return make_task("three_arm_pitfall")
+    return make_world("three_arm_pitfall")
 
 
 def register() -> None:
-    import envs
-    from offpolicylab.objectives.base import Param
+    from offpolicylab import worlds
+    from offpolicylab.registry import Param
 
-    if WORLD not in envs.list_tasks():
-        envs.register_task(WORLD, flaky_bandit, {"counter_file": Param("", str), "fail_times": Param(0, int, low=0),
+    if WORLD not in worlds.list_worlds():
+        worlds.register_world(WORLD, flaky_bandit, {"counter_file": Param("", str), "fail_times": Param(0, int, low=0),
                                                   "crash": Param(False, bool)},
                            doc="test only: three_arm_pitfall that fails its first fail_times builds")
 

@@ -37,9 +37,9 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     (["--world", "token_mdp", "--objective", "mispo", "--param", "tok_bounds=2,0.5"], "min ≤ max"),
     (["--world", "token_mdp", "--objective", "grpo", "--param", "eps_low=abc"], "valid: a float"),
     (["--world", "token_mdp", "--objective", "grpo", "--param", "bogus=1"], "valid: eps_low"),
-    (["--world", "token_mdp", "--objective", "grpo", "--world-param", "vocab_size=many"], "valid: a int"),
-    (["--world", "token_mdp", "--objective", "grpo", "--updates", "ten"], "valid: an integer"),
-    (["--world", "token_mdp", "--objective", "grpo", "--lr", "-1"], "valid: a finite number > 0"),
+    (["--world", "token_mdp", "--objective", "grpo", "--world-param", "vocab_size=many"], "valid: an int"),
+    (["--world", "token_mdp", "--objective", "grpo", "--updates", "ten"], "valid: an int"),
+    (["--world", "token_mdp", "--objective", "grpo", "--lr", "-1"], "valid: a float in (0, inf)"),
     (["--world", "token_mdp"], "--objective"),
 ])
 def test_bad_input_one_line_exit_2_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],

@@ -1,7 +1,7 @@
 """Learning tests (Stable-Baselines3 style, DESIGN §4): on-policy ``grpo`` through :func:`offpolicylab.trainer.train`
 reaches ≥ 90 % of the exact optimal return J* on every token-MDP family within a fixed budget.
 
-Budget (each family, each policy: the tabular softmax with prev-token context and ``init="task"``, and the small
+Budget (each family, each policy: the tabular softmax with prev-token context and ``init="world"``, and the small
 torch ``sequence_model`` with its default size): Adam lr 0.1, grad-norm clip 1,
 ``BUDGET_UPDATES`` = 80 on-policy updates of 4 prompts × G = 8 responses (2,560 sampled responses in all), seed 0,
 world V = 4, T = 5, 4 prompts, partial credit.
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from envs.token_mdp import TokenMDP
+from offpolicylab.worlds.token_mdp import TokenMDP
 from offpolicylab.config import TrainConfig
 from offpolicylab.runs import RunDir
 from offpolicylab.trainer import train

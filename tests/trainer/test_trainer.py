@@ -236,6 +236,6 @@ def test_exact_diagnostics_match_the_world_enumeration(tmp_path: Path) -> None:
         for p in parts.policy.trainable_parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     got = trainer.exact_diagnostics(parts)
-    assert got["exact_return"] == pytest.approx(parts.task.exact_return(parts.policy), rel=1e-9)
-    assert got["exact_kl_init"] == pytest.approx(parts.task.exact_kl(parts.policy, parts.frozen_initial), rel=1e-9)
+    assert got["exact_return"] == pytest.approx(parts.world.exact_return(parts.policy), rel=1e-9)
+    assert got["exact_kl_init"] == pytest.approx(parts.world.exact_kl(parts.policy, parts.frozen_initial), rel=1e-9)
     assert got["exact_kl_init"] > 0

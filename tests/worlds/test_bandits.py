@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from envs import make_task
-from envs.bandits import SoftmaxBandit, three_arm_pitfall
+from offpolicylab.worlds import make_world
+from offpolicylab.worlds.bandits import SoftmaxBandit, three_arm_pitfall
 from offpolicylab.objectives import get_objective
 from offpolicylab.policies import TabularSoftmaxPolicy, make_policy
 
@@ -103,15 +103,15 @@ def test_reinforce_on_fixed_pitfall_data_prefers_the_08_arm():
 
 
 def test_bandit_factory_and_bad_input():
-    task = make_task("bandit", rewards="0,0.5,1", behavior_probs="0.2,0.3,0.5")
+    task = make_world("bandit", rewards="0,0.5,1", behavior_probs="0.2,0.3,0.5")
     assert task.vocab_size == 3 and task.behavior_probs is not None
-    assert make_task("bandit", num_arms="4", seed="3").vocab_size == 4
+    assert make_world("bandit", num_arms="4", seed="3").vocab_size == 4
     with pytest.raises(ValueError, match="valid"):
-        make_task("bandit", arms=3)
+        make_world("bandit", arms=3)
     with pytest.raises(ValueError, match="valid"):
-        make_task("nope")
+        make_world("nope")
     with pytest.raises(ValueError, match="summing to 1"):
-        make_task("bandit", rewards="0,1", behavior_probs="0.5,0.6")
+        make_world("bandit", rewards="0,1", behavior_probs="0.5,0.6")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         SoftmaxBandit([0.0, 2.0], bernoulli=True)
     with pytest.raises(ValueError, match="no behavior_probs"):

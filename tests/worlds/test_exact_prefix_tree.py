@@ -4,8 +4,8 @@ over the response mask, for every enumerated response (random, non-uniform polic
 import pytest
 import torch
 
-import envs
-from envs.exact import _all_pairs, prefix_tree_nodes, sequence_logprobs
+from offpolicylab import worlds
+from offpolicylab.worlds.exact import _all_pairs, prefix_tree_nodes, sequence_logprobs
 from offpolicylab.policies import SequenceModelPolicy, TabularSoftmaxPolicy
 
 
@@ -33,7 +33,7 @@ def _policies(task):
                                    dict(family="target", vocab_size=3, length=4, eos=True)])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_prefix_tree_matches_teacher_forced_score(world, temperature):
-    task = envs.make_task("token_mdp", **world)
+    task = worlds.make_world("token_mdp", **world)
     enumeration = task.enumeration
     for policy in _policies(task):
         tree = enumeration.logprobs(policy, temperature)
@@ -45,7 +45,7 @@ def test_prefix_tree_matches_teacher_forced_score(world, temperature):
 
 
 def test_incremental_gru_tree_matches_default_teacher_forced_tree():
-    task = envs.make_task("token_mdp", family="arithmetic", eos=True)
+    task = worlds.make_world("token_mdp", family="arithmetic", eos=True)
     gru = _policies(task)[1]
     prompts = task.eval_prompts()
     with torch.no_grad():
@@ -64,7 +64,7 @@ def test_prefix_tree_nodes_by_hand():
 
 
 def test_policy_without_prefix_tree_falls_back_to_score():
-    task = envs.make_task("token_mdp", family="target", vocab_size=3, length=3)
+    task = worlds.make_world("token_mdp", family="target", vocab_size=3, length=3)
     policy = _policies(task)[0]
 
     class ScoreOnly:

@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envs  # noqa: F401  (registers the offpolicylab/ ids)
+from offpolicylab import worlds
 
 REGISTERED = sorted(env_id for env_id in gym.registry if env_id.startswith("offpolicylab/"))
 

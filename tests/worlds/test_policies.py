@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envs import make_task
+from offpolicylab.worlds import make_world
 from offpolicylab.policies import Policy, Rollout, TabularSoftmaxPolicy, make_policy
 
 WORLDS = [("token_mdp", {"family": "target", "eos": True}), ("token_mdp", {"family": "arithmetic"}),
@@ -23,7 +23,7 @@ def _perturb(policy) -> None:
 @pytest.mark.parametrize("world,params", WORLDS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sample_and_score_agree(kind, world, params, temperature):
-    task = make_task(world, **params)
+    task = make_world(world, **params)
     policy = make_policy(kind, task)
     _perturb(policy)
     assert isinstance(policy, Policy)
@@ -40,7 +40,7 @@ def test_sample_and_score_agree(kind, world, params, temperature):
 
 def test_behavior_logp_is_at_the_sampling_temperature():
     policy = TabularSoftmaxPolicy.from_probs([0.7, 0.2, 0.1])
-    task = make_task("bandit", rewards="0,0.5,1")
+    task = make_world("bandit", rewards="0,0.5,1")
     rollout = policy.sample(task.sample_prompts(1), 50, 0.5, torch.Generator().manual_seed(0))
     tempered = torch.log_softmax(torch.log(torch.tensor([0.7, 0.2, 0.1])) / 0.5, -1)
     torch.testing.assert_close(rollout.behavior_logp[:, 0], tempered[rollout.response_ids[:, 0]], atol=1e-6, rtol=0)
@@ -50,7 +50,7 @@ def test_behavior_logp_is_at_the_sampling_temperature():
 
 
 def test_eos_masks_and_padding():
-    task = make_task("token_mdp", family="target", eos=True, vocab_size=3, length=6)
+    task = make_world("token_mdp", family="target", eos=True, vocab_size=3, length=6)
     policy = make_policy("tabular", task)  # uniform: EOS (id 2) w.p. 1/3 at each step
     rollout = policy.sample(task.sample_prompts(20, torch.Generator().manual_seed(0)), 5,
                             1.0, torch.Generator().manual_seed(1))
@@ -68,7 +68,7 @@ def test_eos_masks_and_padding():
 
 
 def test_sampler_noise_fills_sampler_logp():
-    task = make_task("token_mdp", family="forking")
+    task = make_world("token_mdp", family="forking")
     policy = make_policy("tabular", task, sampler_noise_std=0.5)
     g = torch.Generator().manual_seed(0)
     rollout = policy.sample(task.sample_prompts(8, g), 8, 1.0, g)
@@ -81,7 +81,7 @@ def test_sampler_noise_fills_sampler_logp():
 
 
 def test_sampling_is_deterministic_given_generator():
-    task = make_task("token_mdp")
+    task = make_world("token_mdp")
     policy = make_policy("sequence_model", task)
     a = policy.sample(task.eval_prompts(), 3, 1.0, torch.Generator().manual_seed(5))
     b = policy.sample(task.eval_prompts(), 3, 1.0, torch.Generator().manual_seed(5))
@@ -89,7 +89,7 @@ def test_sampling_is_deterministic_given_generator():
 
 
 def test_score_gradient_and_concat_select():
-    task = make_task("token_mdp", family="target")
+    task = make_world("token_mdp", family="target")
     policy = make_policy("sequence_model", task)
     g = torch.Generator().manual_seed(0)
     parts = [policy.sample(task.sample_prompts(2, g), 2, 1.0, g) for _ in range(2)]
@@ -104,7 +104,7 @@ def test_score_gradient_and_concat_select():
 
 @pytest.mark.parametrize("kind", ["tabular", "sequence_model"])
 def test_state_dict_round_trip_and_clone(kind):
-    task = make_task("token_mdp")
+    task = make_world("token_mdp")
     policy = make_policy(kind, task)
     other = make_policy(kind, task)
     _perturb(policy)
@@ -119,12 +119,12 @@ def test_state_dict_round_trip_and_clone(kind):
 
 def test_greedy_picks_argmax():
     policy = TabularSoftmaxPolicy.from_probs([0.2, 0.5, 0.3])
-    rollout = policy.greedy(make_task("bandit", rewards="0,1,0").eval_prompts())
+    rollout = policy.greedy(make_world("bandit", rewards="0,1,0").eval_prompts())
     assert rollout.response_ids.tolist() == [[1]]
 
 
 def test_factory_errors():
-    task = make_task("token_mdp")
+    task = make_world("token_mdp")
     with pytest.raises(ValueError, match="valid: tabular, sequence_model"):
         make_policy("lstm", task)
     with pytest.raises(ValueError, match="valid"):

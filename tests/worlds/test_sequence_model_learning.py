@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from envs import make_task
+from offpolicylab.worlds import make_world
 from offpolicylab.objectives import TokenBatch, get_objective
 from offpolicylab.policies import SequenceModelPolicy, make_policy
 
@@ -45,7 +45,7 @@ def _train_on_policy_grpo(task, policy, updates: int, lr: float, prompts: int = 
 def test_reaches_ninety_percent_of_optimal_on_arithmetic():
     """Before the fix this setting plateaued at J = 0.33 (entropy collapsed within 50 updates)."""
     torch.manual_seed(0)
-    task = make_task("token_mdp", family="arithmetic")
+    task = make_world("token_mdp", family="arithmetic")
     policy = make_policy("sequence_model", task, seed=0)
     start = task.exact_return(policy)
     assert start == pytest.approx(1.0 / task.vocab_size, abs=1e-6)  # uniform policy: each digit right w.p. 1/V
@@ -54,7 +54,7 @@ def test_reaches_ninety_percent_of_optimal_on_arithmetic():
 
 
 def test_fresh_model_is_uniform_and_sample_score_agree():
-    task = make_task("token_mdp", family="target", eos=True)
+    task = make_world("token_mdp", family="target", eos=True)
     policy = make_policy("sequence_model", task, seed=3)
     g = torch.Generator().manual_seed(0)
     rollout = policy.sample(task.sample_prompts(4, g), 4, 1.0, g)
@@ -72,7 +72,7 @@ def test_fresh_model_is_uniform_and_sample_score_agree():
 def test_prompt_code_separates_prompts():
     """Features of different prompts at the same response position must differ substantially (the old model's
     were at cosine ≈ 0.89); the prompt code is invariant to left padding."""
-    task = make_task("token_mdp", family="target", num_prompts=8)
+    task = make_world("token_mdp", family="target", num_prompts=8)
     policy = make_policy("sequence_model", task)
     prompts = task.eval_prompts()
     with torch.no_grad():
@@ -95,7 +95,7 @@ def test_bad_arguments_raise(kwargs, match):
 
 
 def test_prompt_longer_than_max_prompt_len_raises():
-    task = make_task("token_mdp", family="arithmetic", length=3)  # prompts of 6 tokens
+    task = make_world("token_mdp", family="arithmetic", length=3)  # prompts of 6 tokens
     policy = SequenceModelPolicy(task.vocab_size, task.max_response_len, max_prompt_len=4)
     with pytest.raises(ValueError, match="max_prompt_len"):
         policy.sample(task.eval_prompts(), 1, 1.0, torch.Generator().manual_seed(0))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from envs import make_task
-from envs.exact import enumerate_responses
-from envs.token_mdp import TokenMDP
+from offpolicylab.worlds import make_world
+from offpolicylab.worlds.exact import enumerate_responses
+from offpolicylab.worlds.token_mdp import TokenMDP
 from offpolicylab.objectives import get_objective
 from offpolicylab.policies import TabularSoftmaxPolicy, make_policy
 
@@ -92,7 +92,7 @@ def test_enumeration_counts_and_probabilities_sum_to_one(eos):
 
 @pytest.mark.parametrize("family", ["target", "arithmetic", "forking"])
 def test_exact_return_matches_monte_carlo(family):
-    task = make_task("token_mdp", family=family, vocab_size=3, length=4, num_prompts=4)
+    task = make_world("token_mdp", family=family, vocab_size=3, length=4, num_prompts=4)
     policy = _random_tabular(task, 2)
     g = torch.Generator().manual_seed(0)
     rollout = policy.sample(task.eval_prompts(), 3000, 1.0, g)
@@ -156,15 +156,15 @@ def test_exact_gradient_for_sequences_matches_numpy():
 
 def test_token_mdp_factory_errors():
     with pytest.raises(ValueError, match="family"):
-        make_task("token_mdp", family="chess")
+        make_world("token_mdp", family="chess")
     with pytest.raises(ValueError, match="enumerable"):
-        make_task("token_mdp", vocab_size=20, length=6)
+        make_world("token_mdp", vocab_size=20, length=6)
     with pytest.raises(ValueError, match="eos=false"):
-        make_task("token_mdp", family="forking", eos=True)
+        make_world("token_mdp", family="forking", eos=True)
     with pytest.raises(ValueError, match="num_prompts"):
-        make_task("token_mdp", family="arithmetic", vocab_size=2, length=1, num_prompts=5)
+        make_world("token_mdp", family="arithmetic", vocab_size=2, length=1, num_prompts=5)
     with pytest.raises(ValueError, match="valid"):
-        make_task("token_mdp", length="three")
+        make_world("token_mdp", length="three")
 
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:

@@ -11,11 +11,11 @@ Responses are compared in canonical form ŷ (positions after an EOS hold the EOS
 - ``forking``: a few decision positions F (``num_forks``, evenly spread) each with a correct token c_f(x), and
   "filler" positions with a required token s_t(x).  R = [(1/|F|) Σ_f 1[y_f = c_f]] · filler credit, filler credit =
   mean_t∉F 1[y_t = s_t] (partial) or Π_t∉F (exact).  The world's suggested initial policy
-  (:meth:`TokenMDP.initial_logits`, used by the tabular policy's ``init="task"``) is a "pretrained" prior:
+  (:meth:`TokenMDP.initial_logits`, used by the tabular policy's ``init="world"``) is a "pretrained" prior:
   near-deterministic on fillers (``filler_prob`` on s_t) and uniform (maximal entropy) on forks — the high-entropy
   minority tokens that decide the reward (M2PO's analysis).
 
-Exact return / KL / χ² / optimal return by enumeration live in :mod:`envs.exact`; the methods below delegate.
+Exact return / KL / χ² / optimal return by enumeration live in :mod:`offpolicylab.worlds.exact`; the methods below delegate.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import math
 import torch
 from torch import Tensor
 
-from envs.exact import MAX_ENUMERATION, EnumerableWorld
-from offpolicylab.policies.base import Prompts
+from offpolicylab.worlds.exact import MAX_ENUMERATION, EnumerableWorld
+from offpolicylab.contracts import Prompts
 
 FAMILIES = ("target", "arithmetic", "forking")
 CREDITS = ("partial", "exact")

@@ -1,4 +1,4 @@
-"""K-arm softmax bandits as a :class:`~envs.base.Task`: one dummy prompt token, a response of one token (the arm),
+"""K-arm softmax bandits as a :class:`~offpolicylab.contracts.World`: one dummy prompt token, a response of one token (the arm),
 no EOS, and the 3-arm pitfall of REC (seed 003).
 
     reward(a) = r_a                    (fixed rewards)
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from envs.exact import EnumerableWorld
-from offpolicylab.policies.base import Prompts
+from offpolicylab.worlds.exact import EnumerableWorld
+from offpolicylab.contracts import Prompts
 
 PITFALL_REWARDS = (0.0, 0.8, 1.0)
 PITFALL_BEHAVIOR = (0.3, 0.6, 0.1)
@@ -27,7 +27,7 @@ PITFALL_BEHAVIOR = (0.3, 0.6, 0.1)
 
 class SoftmaxBandit(EnumerableWorld):
     """A K-arm bandit task.  ``behavior_probs`` (optional, [K]) is the world's suggested initial / behaviour
-    policy: :func:`offpolicylab.policies.make_policy` ("tabular", init="task") starts from it."""
+    policy: :func:`offpolicylab.policies.make_policy` ("tabular", init="world") starts from it."""
 
     num_prompts = 1
     prompt_vocab_size = 1

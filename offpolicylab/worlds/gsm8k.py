@@ -1,4 +1,4 @@
-"""GSM8k (Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems") as a batched :class:`~envs.base.Task`.
+"""GSM8k (Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems") as a batched :class:`~offpolicylab.contracts.World`.
 
 Reward as in M2PO's setup (Zheng et al. 2025, "Prosperity before Collapse"; verl's ``gsm8k`` scorer with
 ``format_score=0.1``): r = 1.0 when the extracted final answer equals the reference, 0.1 when an answer can be
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.policies.base import Prompts
+from offpolicylab.contracts import Prompts
 
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
@@ -121,7 +121,7 @@ def load_hub_problems(name: str, split: str) -> list[Problem]:  # pragma: no cov
     return [Problem(row["question"], reference_answer(row["answer"])) for row in rows]
 
 
-class GSM8kTask:
+class GSM8kWorld:
     """GSM8k prompts → responses → rewards for one tokenizer.
 
     Prompt ids ``index`` are global: training problems are ``0 … n_train−1`` and the held-out test problems
@@ -169,7 +169,7 @@ class GSM8kTask:
         self.eos_id: int | None = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._token_cache: dict[int, list[int]] = {}
-        self.model: str | None = None  # set by build_gsm8k_task: the model the hf policy loads
+        self.model: str | None = None  # set by build_gsm8k_world: the model the hf policy loads
         self.gguf_file: str | None = None
 
     # --------------------------------------------------------------------------------------------- prompts
@@ -226,7 +226,7 @@ class GSM8kTask:
         return torch.tensor(values, dtype=torch.float32, device=response_ids.device)
 
 
-def make_gsm8k_task(
+def make_gsm8k_world(
     tokenizer: Any,
     *,
     data: str | None = None,
@@ -234,10 +234,10 @@ def make_gsm8k_task(
     train_split: str = "train",
     test_split: str = "test",
     **options: Any,
-) -> GSM8kTask:
+) -> GSM8kWorld:
     """The GSM8k task for ``tokenizer`` from ``data=PATH`` (file or directory) or, online, ``hub=NAME``.
 
-    ``options`` go to :class:`GSM8kTask` (``max_response_len``, ``n_eval``, ``max_prompt_tokens``, ``system_prompt``,
+    ``options`` go to :class:`GSM8kWorld` (``max_response_len``, ``n_eval``, ``max_prompt_tokens``, ``system_prompt``,
     ``use_chat_template``, ``instruction``)."""
     if (data is None) == (hub is None):
         raise ValueError("gsm8k needs exactly one of data=PATH (a .jsonl file or a directory with train.jsonl and "
@@ -246,66 +246,12 @@ def make_gsm8k_task(
         train, test = load_problems(data, train_split), load_problems(data, test_split)
     else:
         train, test = load_hub_problems(hub, train_split), load_hub_problems(hub, test_split)
-    return GSM8kTask(tokenizer, train, test, **options)
-
-
-TASK_OPTIONS = ("data", "hub", "train_split", "test_split", "max_response_len", "n_eval", "max_prompt_tokens",
-                "system_prompt", "use_chat_template", "instruction")
-POLICY_OPTIONS = ("gguf_file", "dtype", "load_in_4bit", "device", "lora_r", "lora_alpha", "lora_dropout",
-                  "lora_target_modules", "sample_micro_batch", "score_micro_batch", "gradient_checkpointing",
-                  "score_recompute")
-_INT_OPTIONS = {"max_response_len", "n_eval", "max_prompt_tokens", "lora_r", "sample_micro_batch",
-                "score_micro_batch"}
-_FLOAT_OPTIONS = {"lora_alpha", "lora_dropout"}
-_BOOL_OPTIONS = {"use_chat_template", "load_in_4bit", "gradient_checkpointing", "score_recompute"}
-
-
-def make_gsm8k_world(model: str, **params: Any) -> tuple[GSM8kTask, Any]:
-    """(task, policy) for ``offpolicylab run --world gsm8k --model PATH --world-param k=v ...``.
-
-    ``params`` (CLI strings are coerced): task options :data:`TASK_OPTIONS` and policy options
-    :data:`POLICY_OPTIONS`; ``max_response_len`` is also the policy's ``max_new_tokens``.  Unknown names raise
-    ValueError listing the valid ones."""
-    from offpolicylab.policies.hf import HFPolicy
-
-    unknown = sorted(set(params) - set(TASK_OPTIONS) - set(POLICY_OPTIONS))
-    if unknown:
-        raise ValueError(f"gsm8k has no world parameter {', '.join(unknown)}; valid: "
-                         f"{', '.join(TASK_OPTIONS + POLICY_OPTIONS)}")
-    params = {key: coerce_option(key, value) for key, value in params.items()}
-    task_params = {k: v for k, v in params.items() if k in TASK_OPTIONS}
-    policy_params = {k: v for k, v in params.items() if k in POLICY_OPTIONS}
-    policy = HFPolicy.from_pretrained(model, max_new_tokens=task_params.get("max_response_len", 200),
-                                      **policy_params)
-    task = make_gsm8k_task(policy.tokenizer, **task_params)
-    return task, policy
-
-
-def coerce_option(name: str, value: Any) -> Any:
-    """A CLI string → the option's type (int / float / bool / ``none``); ValueError naming the option."""
-    if not isinstance(value, str):
-        return value
-    if value.lower() in ("none", "null") and name in ("sample_micro_batch", "score_micro_batch", "system_prompt",
-                                                      "gguf_file"):
-        return None
-    try:
-        if name in _INT_OPTIONS:
-            return int(value)
-        if name in _FLOAT_OPTIONS:
-            return float(value)
-    except ValueError:
-        kind = "an integer" if name in _INT_OPTIONS else "a float"
-        raise ValueError(f"world parameter {name}={value!r} is invalid; valid: {kind}") from None
-    if name in _BOOL_OPTIONS:
-        if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise ValueError(f"world parameter {name}={value!r} is invalid; valid: true or false")
-        return value.lower() in ("true", "1", "yes")
-    return value
+    return GSM8kWorld(tokenizer, train, test, **options)
 
 
 def gsm8k_params() -> dict[str, Any]:
-    """Parameter specs of the ``gsm8k`` world (``--world-param k=v``) for ``envs.register_task``."""
-    from offpolicylab.objectives.base import Param
+    """Parameter specs of the ``gsm8k`` world (``--world-param k=v``) for ``worlds.register_world``."""
+    from offpolicylab.registry import Param
 
     return {
         "model": Param(None, str, optional=True, doc="hub id, local directory or .gguf file (its tokenizer "
@@ -320,14 +266,14 @@ def gsm8k_params() -> dict[str, Any]:
     }
 
 
-def build_gsm8k_task(model: str | None = None, gguf_file: str | None = None, **options: Any) -> GSM8kTask:
-    """The ``gsm8k`` world for ``envs.make_task``: loads ``model``'s tokenizer and remembers the model so that the
+def build_gsm8k_world(model: str | None = None, gguf_file: str | None = None, **options: Any) -> GSM8kWorld:
+    """The ``gsm8k`` world for ``worlds.make_world``: loads ``model``'s tokenizer and remembers the model so that the
     ``hf`` policy (``offpolicylab.policies.hf.make_hf_policy``) loads the same one."""
     from offpolicylab.policies.hf_loading import load_tokenizer, split_model_path
 
     if not model:
         raise ValueError("gsm8k needs --world-param model=PATH (a hub id, a local directory or a .gguf file)")
     model, gguf_file = split_model_path(model, gguf_file)
-    task = make_gsm8k_task(load_tokenizer(model, gguf_file), **options)
+    task = make_gsm8k_world(load_tokenizer(model, gguf_file), **options)
     task.model, task.gguf_file = model, gguf_file
     return task

@@ -7,7 +7,7 @@
   reward 0 until the episode ends (after T tokens or at EOS), then the world's terminal reward.  ``reset`` draws the
   prompt from ``np_random`` unless ``options={"prompt_index": i}``.
 
-Registered ids (:data:`ENV_IDS`) are created on ``import envs``; ``gymnasium.make("offpolicylab/TokenMDP-v0")``.
+Registered ids (:data:`ENV_IDS`) are created on ``import offpolicylab.worlds``; ``gymnasium.make("offpolicylab/TokenMDP-v0")``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from envs.bandits import PITFALL_BEHAVIOR, PITFALL_REWARDS, SoftmaxBandit
-from envs.token_mdp import TokenMDP
+from offpolicylab.worlds.bandits import PITFALL_BEHAVIOR, PITFALL_REWARDS, SoftmaxBandit
+from offpolicylab.worlds.token_mdp import TokenMDP
 
 
 class BanditEnv(gym.Env):
@@ -49,7 +49,7 @@ class BanditEnv(gym.Env):
 
 
 class TokenMDPEnv(gym.Env):
-    """A :class:`~envs.token_mdp.TokenMDP` as a token-by-token episode; keyword arguments go to ``TokenMDP``."""
+    """A :class:`~offpolicylab.worlds.token_mdp.TokenMDP` as a token-by-token episode; keyword arguments go to ``TokenMDP``."""
 
     metadata: dict[str, Any] = {"render_modes": []}
 
@@ -96,15 +96,15 @@ class TokenMDPEnv(gym.Env):
 
 
 ENV_IDS: dict[str, tuple[str, dict[str, Any]]] = {
-    "offpolicylab/Bandit-v0": ("envs.gym_envs:BanditEnv", {}),
-    "offpolicylab/BernoulliBandit-v0": ("envs.gym_envs:BanditEnv", {"bernoulli": True}),
+    "offpolicylab/Bandit-v0": ("offpolicylab.worlds.gym_envs:BanditEnv", {}),
+    "offpolicylab/BernoulliBandit-v0": ("offpolicylab.worlds.gym_envs:BanditEnv", {"bernoulli": True}),
     "offpolicylab/ThreeArmPitfall-v0": (
-        "envs.gym_envs:BanditEnv", {"rewards": PITFALL_REWARDS, "behavior_probs": PITFALL_BEHAVIOR}),
-    "offpolicylab/TokenMDP-v0": ("envs.gym_envs:TokenMDPEnv", {"family": "target"}),
-    "offpolicylab/TokenMDPEos-v0": ("envs.gym_envs:TokenMDPEnv", {"family": "target", "eos": True}),
-    "offpolicylab/TokenMDPArithmetic-v0": ("envs.gym_envs:TokenMDPEnv", {"family": "arithmetic", "eos": True,
+        "offpolicylab.worlds.gym_envs:BanditEnv", {"rewards": PITFALL_REWARDS, "behavior_probs": PITFALL_BEHAVIOR}),
+    "offpolicylab/TokenMDP-v0": ("offpolicylab.worlds.gym_envs:TokenMDPEnv", {"family": "target"}),
+    "offpolicylab/TokenMDPEos-v0": ("offpolicylab.worlds.gym_envs:TokenMDPEnv", {"family": "target", "eos": True}),
+    "offpolicylab/TokenMDPArithmetic-v0": ("offpolicylab.worlds.gym_envs:TokenMDPEnv", {"family": "arithmetic", "eos": True,
                                                                          "length": 3, "vocab_size": 5}),
-    "offpolicylab/TokenMDPForking-v0": ("envs.gym_envs:TokenMDPEnv", {"family": "forking"}),
+    "offpolicylab/TokenMDPForking-v0": ("offpolicylab.worlds.gym_envs:TokenMDPEnv", {"family": "forking"}),
 }
 
 

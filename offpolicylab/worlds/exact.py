@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.policies.base import Prompts, Rollout
+from offpolicylab.contracts import Prompts, Rollout
 
 MAX_ENUMERATION = 100_000
 
@@ -51,6 +51,11 @@ def enumerate_responses(vocab_size: int, length: int, eos_id: int | None = None)
     mask = before_eos.float()
     canonical = torch.where(before_eos, torch.ones_like(is_eos), is_eos).all(dim=1)
     return ids[canonical], mask[canonical]
+
+
+def kl_divergence(logp: Tensor, logq: Tensor) -> float:
+    """KL(π‖q) = E_x Σ_y π(y|x)(log π(y|x) − log q(y|x)) from log-probability tables [N, M]."""
+    return float((logp.exp() * (logp - logq)).sum(1).mean())
 
 
 def _all_pairs(prompts: Prompts, ids: Tensor, mask: Tensor, temperature: float) -> Rollout:
@@ -115,7 +120,11 @@ class Enumeration:
 
     def expected_return(self, policy: Any, temperature: float = 1.0) -> float:
         """J(π) = E_x Σ_y π(y|x) R(x, y)."""
-        return float((self.logprobs(policy, temperature).exp() * self.rewards).sum(1).mean())
+        return self.return_of(self.logprobs(policy, temperature))
+
+    def return_of(self, logp: Tensor) -> float:
+        """J(π) = E_x Σ_y π(y|x) R(x, y) from log π(y|x) [N, M] (as :meth:`logprobs` gives it)."""
+        return float((logp.exp() * self.rewards).sum(1).mean())
 
     def optimal_return(self) -> float:
         """J* = E_x max_y R(x, y)."""
@@ -123,8 +132,7 @@ class Enumeration:
 
     def kl(self, policy: Any, other: Any, temperature: float = 1.0) -> float:
         """KL(π‖q) = E_x Σ_y π(y|x)(log π − log q)."""
-        logp, logq = self.logprobs(policy, temperature), self.logprobs(other, temperature)
-        return float((logp.exp() * (logp - logq)).sum(1).mean())
+        return kl_divergence(self.logprobs(policy, temperature), self.logprobs(other, temperature))
 
     def chi2(self, policy: Any, other: Any, temperature: float = 1.0) -> float:
         """χ²(π‖q) = E_x [Σ_y π(y|x)² / q(y|x) − 1]."""

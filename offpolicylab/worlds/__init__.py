@@ -1,0 +1,102 @@
+"""Worlds: softmax bandits, token-sequence MDPs small enough to enumerate, GSM8k (docs/design.md, "Worlds").
+
+>>> from offpolicylab.worlds import make_world, list_worlds
+>>> world = make_world("token_mdp", family="arithmetic", vocab_size="5", eos="true")   # CLI strings are fine
+
+Importing this package registers the Gymnasium envs of :mod:`offpolicylab.worlds.gym_envs` under
+``offpolicylab/``.  A new world plugs in with :func:`register_world` (name, builder, parameter specs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from offpolicylab.contracts import World
+from offpolicylab.registry import Param, Registry
+from offpolicylab.worlds.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
+from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
+from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
+
+WORLDS: Registry[World] = Registry("world")
+
+
+def _build_bandit(rewards: tuple[float, ...] | None, behavior_probs: tuple[float, ...] | None, bernoulli: bool,
+                  num_arms: int, seed: int) -> SoftmaxBandit:
+    if rewards is None:
+        world = random_bandit(num_arms, bernoulli=bernoulli, seed=seed)
+        if behavior_probs is None:
+            return world
+        rewards = tuple(world.rewards.tolist())
+    return SoftmaxBandit(rewards, bernoulli=bernoulli, behavior_probs=behavior_probs)
+
+
+WORLDS.register(
+    "bandit", _build_bandit,
+    {
+        "rewards": Param(None, list, optional=True, doc="comma-separated arm rewards (default: U[0,1] draws)"),
+        "behavior_probs": Param(None, list, optional=True, doc="comma-separated behaviour policy π_b"),
+        "bernoulli": Param(False, bool, doc="Bernoulli(r_a) rewards instead of fixed r_a"),
+        "num_arms": Param(5, int, low=2, doc="arms when rewards are drawn at random"),
+        "seed": Param(0, int, doc="seed of the random rewards"),
+    },
+    doc="K-arm softmax bandit (T = 1)",
+)
+WORLDS.register("three_arm_pitfall", three_arm_pitfall, {},
+                doc="REC's 3-arm pitfall: r = [0, 0.8, 1], π_b = [0.3, 0.6, 0.1]")
+WORLDS.register(
+    "token_mdp", TokenMDP,
+    {
+        "family": Param("target", str, choices=FAMILIES, doc="reward family"),
+        "vocab_size": Param(4, int, low=2, doc="response vocabulary V (EOS included when eos)"),
+        "length": Param(5, int, low=1, doc="maximum response length T (V^T <= 1e5)"),
+        "num_prompts": Param(8, int, low=1, doc="number of distinct prompts"),
+        "eos": Param(False, bool, doc="last token id is EOS (variable-length responses)"),
+        "credit": Param("partial", str, choices=CREDITS, doc="partial (per-token) or exact-match credit"),
+        "num_forks": Param(2, int, low=1, doc="forking family: decision positions"),
+        "filler_prob": Param(0.9, float, low=0.0, high=1.0, low_open=True, high_open=True,
+                             doc="forking family: prior probability of each filler token"),
+        "seed": Param(0, int, doc="world seed (prompts, targets)"),
+    },
+    doc="synthetic token-sequence MDP (target / arithmetic / forking)",
+)
+
+
+def register_world(name: str, builder: Callable[..., World], params: dict[str, Param], doc: str = "") -> None:
+    """Add a world; a duplicate name raises ``ValueError``."""
+    WORLDS.register(name, builder, params, doc)
+
+
+def list_worlds() -> list[str]:
+    """World names :func:`make_world` accepts."""
+    return WORLDS.names()
+
+
+def make_world(name: str, **params: Any) -> World:
+    """Build world ``name`` with ``params`` (values may be CLI strings).  Unknown world / parameter or a bad value
+    raises ``ValueError`` naming what is valid."""
+    return WORLDS.build(name, **params)
+
+
+register_envs()
+
+
+def _register_gsm8k() -> None:
+    """GSM8k with a Hugging Face causal LM (transformers is imported only when the world is built)."""
+    from offpolicylab.worlds.gsm8k import build_gsm8k_world, gsm8k_params
+
+    register_world("gsm8k", build_gsm8k_world, gsm8k_params(), doc="GSM8k with a Hugging Face causal LM (llm extra)")
+
+
+_register_gsm8k()
+
+__all__ = [
+    "ENV_IDS",
+    "WORLDS",
+    "SoftmaxBandit",
+    "TokenMDP",
+    "list_worlds",
+    "make_world",
+    "register_world",
+    "three_arm_pitfall",
+]
