@@ -38,8 +38,8 @@ def main() -> int:
         return 0
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from offpolicylab.objectives import TokenBatch, get_objective
     from offpolicylab.contracts import Prompts
+    from offpolicylab.objectives import TokenBatch, get_objective
     from offpolicylab.policies.hf import HFPolicy, LoraSpec
     from offpolicylab.policies.hf_loading import bnb_4bit_config
 

@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from offpolicylab.worlds.gsm8k import make_gsm8k_world
 from offpolicylab.objectives import TokenBatch, get_objective
 from offpolicylab.policies.hf import HFPolicy
 from offpolicylab.trainer import group_advantages
+from offpolicylab.worlds.gsm8k import make_gsm8k_world
 
 
 def greedy_reward(policy: HFPolicy, task, batch: int) -> float:

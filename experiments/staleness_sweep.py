@@ -1,4 +1,4 @@
-"""Staleness sweep of issue 3: objectives × staleness × seeds on one token MDP, then the table of exact returns.
+"""Staleness sweep: objectives × staleness × seeds on one token MDP, then the table of exact returns.
 
     python experiments/staleness_sweep.py experiments/staleness_grid.json --out runs/staleness --workers 2
     python experiments/staleness_sweep.py experiments/staleness_grid.json --out runs/staleness --table-only
@@ -16,7 +16,6 @@ does), measures the wall time, and prints one Markdown row per (objective, sched
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -25,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.runs import is_run_dir, load_run, read_sweep_results
 from offpolicylab.sweep import load_grid, run_sweep
 
 
@@ -48,15 +48,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ============================================================================================ reading runs
-def read_results(out: Path) -> list[dict[str, str]]:
-    with open(out / "sweep_results.csv", newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 def exact_curve(run_dir: Path) -> list[tuple[int, float]]:
     """(update, J(π)) at every evaluated update of one run."""
-    with open(run_dir / "metrics.csv", newline="") as fh:
-        return [(int(r["update"]), float(r["exact_return"])) for r in csv.DictReader(fh) if r.get("exact_return")]
+    curve = load_run(run_dir, labels={}).metrics[["update", "exact_return"]].dropna()
+    return [(int(u), float(j)) for u, j in zip(curve["update"], curve["exact_return"], strict=True)]
 
 
 def rise_update(curve: list[tuple[int, float]], optimum: float) -> float:
@@ -69,10 +64,11 @@ def rise_update(curve: list[tuple[int, float]], optimum: float) -> float:
 
 def total_run_seconds(out: Path) -> float:
     total = 0.0
-    for path in out.glob("*/metrics.csv"):
-        with open(path, newline="") as fh:
-            rows = list(csv.DictReader(fh))
-        total += float(rows[-1]["time_elapsed_s"]) if rows else 0.0
+    for row in read_sweep_results(out):
+        if not is_run_dir(out / row["cell"]):  # a cell that failed before its first update
+            continue
+        elapsed = load_run(out / row["cell"], labels={}).metrics["time_elapsed_s"]
+        total += float(elapsed.iloc[-1]) if len(elapsed) else 0.0
     return total
 
 
@@ -84,7 +80,7 @@ def axis_columns(rows: list[dict[str, str]]) -> list[str]:
 
 def cell_stats(out: Path) -> list[dict[str, Any]]:
     """One entry per combination of the non-seed axes, seeds aggregated (module docstring)."""
-    results = read_results(out)
+    results = read_sweep_results(out)
     axes = axis_columns(results)
     groups: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
     for row in results:

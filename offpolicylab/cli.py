@@ -180,7 +180,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     grid = demo_grid(args.updates)
     rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty())
-    figure = demo_figure([Path(args.out) / row["cell"] for row in rows], Path(args.out) / "demo.png")
+    figure = demo_figure(args.out, Path(args.out) / "demo.png")
     _print_table(rows)
     print(f"figure: {figure}")
     return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
@@ -221,8 +221,9 @@ def demo_grid(updates: int | None = None) -> dict[str, Any]:
     }
 
 
-def demo_figure(run_dirs: list[Path], path: Path) -> Path:
-    """Return (exact where available, else batch reward) per update, one line per run."""
+def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
+    """Return (exact where available, else batch reward) per update, one line per cell of the demo sweep, named
+    by its grid labels."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,17 +231,15 @@ def demo_figure(run_dirs: list[Path], path: Path) -> Path:
     import pandas as pd
     import seaborn as sns
 
+    from offpolicylab.runs import load_runs
+
     frames = []
-    for run_dir in run_dirs:
-        metrics_path = run_dir / "metrics.csv"
-        if not metrics_path.exists():
-            continue
-        frame = pd.read_csv(metrics_path)
+    for run in load_runs([sweep_dir]):
+        frame = run.metrics
         column = "exact_return" if "exact_return" in frame and frame["exact_return"].notna().any() else "reward_mean"
         frame = frame[["update", column]].dropna().rename(columns={column: "return"})
-        objective, _, schedule = run_dir.name.partition("__")
-        frame["objective"] = objective.removeprefix("objective=")
-        frame["schedule"] = schedule.removeprefix("schedule=")
+        frame["objective"] = run.labels.get("objective", run.objective)
+        frame["schedule"] = run.labels.get("schedule", run.staleness)
         frames.append(frame)
     sns.set_theme(style="whitegrid")
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -1,8 +1,7 @@
-"""Seaborn figures drawn from run directories (DESIGN §2.4); plots never re-run training.
+"""Seaborn figures drawn from run directories; plots never re-run training.
 
-A run directory holds ``config.json``, ``metrics.csv`` (one row per update, ``update`` first), ``samples/*.npz``
-(token-level log-ratios, advantages, entropies and kept flags), ``events.jsonl`` and ``summary.json``.  Every figure
-function takes loaded :class:`Run` objects and returns a matplotlib ``Figure``; when the runs lack the data a figure
+Runs are read by :mod:`offpolicylab.runs` (the only reader of run directories) as :class:`~offpolicylab.runs.Run`
+records; this module gives each a legend label.  Every figure function takes loaded runs and returns a matplotlib ``Figure``; when the runs lack the data a figure
 needs it raises :class:`FigureSkipped` with the reason, and :func:`plot_runs` prints that reason and goes on.
 
 Colours: one fixed colour per *objective* (registry name) in every figure, from the Okabe–Ito and Paul Tol
@@ -13,12 +12,10 @@ style.  Command line: ``offpolicylab plot DIR [DIR ...] --out FIG_DIR`` (see :fu
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +27,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from scipy import stats as scipy_stats  # noqa: E402
+
+from offpolicylab import runs as runs_io  # noqa: E402
+from offpolicylab.diagnostics import correlation  # noqa: E402
+from offpolicylab.diagnostics.ratios import entropy_by_ratio_deviation  # noqa: E402
+from offpolicylab.objectives import objective_params  # noqa: E402
+from offpolicylab.runs import Run, load_samples, sample_update  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- colours
 #: Okabe & Ito (2008) then Paul Tol's "muted" scheme: both designed to stay distinct under colour-vision deficiency.
@@ -39,7 +42,7 @@ COLORBLIND_COLORS: tuple[str, ...] = (
     "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#332288",
     "#882255", "#44AA99", "#AA4499", "#999933", "#117733", "#CC6677", "#DDCC77", "#F0E442",
 )
-#: Registry order of DESIGN §2.2; position i gets COLORBLIND_COLORS[i] so colours never depend on which runs are shown.
+#: A fixed order of the objectives; position i gets COLORBLIND_COLORS[i] so colours never depend on which runs are shown.
 OBJECTIVE_ORDER: tuple[str, ...] = (
     "grpo", "m2po", "reinforce", "rec", "opmd", "asymre", "red_weight", "ac_mispo", "p3o", "mu_grpo", "mispo",
     "gspo", "rec_gspo", "red_drop", "cispo", "topr",
@@ -61,84 +64,24 @@ class FigureSkipped(Exception):
     """Raised by a figure function when the given runs do not hold the data it needs (message says what)."""
 
 
-@dataclass
-class Run:
-    """One loaded run directory."""
-
-    path: Path
-    config: dict[str, Any]
-    metrics: pd.DataFrame
-    events: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
-    sample_files: list[Path] = field(default_factory=list)
-    #: legend label; defaults to :func:`run_label` (objective plus its non-default parameters), may be reassigned
-    label: str = ""
-
-    def __post_init__(self) -> None:
-        self.label = self.label or sweep_label(self.path) or run_label(self.config)
-
-    @property
-    def objective(self) -> str:
-        return objective_name(self.config)
-
-    @property
-    def staleness(self) -> str:
-        return schedule_label(self.config)
-
-    @property
-    def seed(self) -> int:
-        return int(self.config.get("seed", 0))
-
-    def collapse_updates(self) -> list[int]:
-        """Updates at which a ``collapse`` event was recorded."""
-        return [int(e["update"]) for e in self.events if e.get("type", e.get("event")) == "collapse" and "update" in e]
-
-
-def objective_name(config: dict[str, Any]) -> str:
-    """Registry name of the run's objective: config['objective'] as a string or a {'name': ...} mapping."""
-    obj = config.get("objective", "unknown")
-    if isinstance(obj, dict):
-        obj = obj.get("name", "unknown")
-    return str(obj)
-
-
 def objective_params_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The objective parameters recorded in the config (``objective_params``/``params`` or inside ``objective``)."""
-    obj = config.get("objective")
-    if isinstance(obj, dict):
-        inner = obj.get("params", {k: v for k, v in obj.items() if k != "name"})
-        if isinstance(inner, dict):
-            return dict(inner)
-    for key in ("objective_params", "params"):
-        if isinstance(config.get(key), dict):
-            return dict(config[key])
-    return {}
+    """The objective parameters recorded in a run's config."""
+    return dict(config.get("objective_params") or {})
 
 
 def run_label(config: dict[str, Any]) -> str:
-    """A legend label: config['label'] when given, else ``objective(k=v, ...)`` from the recorded parameters."""
-    if config.get("label"):
-        return str(config["label"])
-    params = _non_default(objective_name(config), objective_params_of(config))
+    """A legend label: ``objective(k=v, ...)`` with the recorded parameters that differ from the defaults."""
+    objective = str(config.get("objective", "unknown"))
+    params = _non_default(objective, objective_params_of(config))
     shown = ", ".join(f"{k}={_short(v)}" for k, v in sorted(params.items()) if v is not None)
-    return f"{objective_name(config)}({shown})" if shown else objective_name(config)
-
-
-def sweep_label(path: Path) -> str | None:
-    """The grid label of a sweep cell directory ``objective=LABEL__schedule=...`` (None for other names)."""
-    for part in path.name.split("__"):
-        if part.startswith("objective="):
-            return part[len("objective="):] or None
-    return None
+    return f"{objective}({shown})" if shown else objective
 
 
 def _non_default(objective: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Drop parameters equal to the registered objective's defaults (configs may record every resolved value)."""
+    """Drop parameters equal to the registered objective's defaults (configs record every resolved value)."""
     try:
-        from offpolicylab.objectives import objective_params
-
         specs = objective_params(objective)
-    except (ImportError, ValueError):
+    except ValueError:
         return params
     def same(key: str, value: Any) -> bool:
         default = specs[key].default
@@ -156,16 +99,6 @@ def _short(value: Any) -> str:
     return str(value)
 
 
-def schedule_label(config: dict[str, Any]) -> str:
-    """The staleness schedule as its CLI spelling (``on_policy``, ``stale_k:256``, ...)."""
-    sched = config.get("schedule", "on_policy")
-    if isinstance(sched, dict):
-        name = str(sched.get("name", "on_policy"))
-        args = [str(v) for k, v in sched.items() if k != "name"]
-        return name + (":" + ",".join(args) if args else "")
-    return str(sched)
-
-
 def staleness_sort_key(label: str) -> tuple[int, float, str]:
     """on_policy first, then schedules ordered by their first number (stale_k:4 before stale_k:256)."""
     if label == "on_policy":
@@ -174,64 +107,21 @@ def staleness_sort_key(label: str) -> tuple[int, float, str]:
     return (1, float(numbers[0]) if numbers else math.inf, label)
 
 
-def _read_json(path: Path) -> Any:
-    with path.open() as handle:
-        return json.load(handle)
+def labelled(runs: list[Run]) -> list[Run]:
+    """Give each run without a legend label its sweep cell's objective label, else :func:`run_label`."""
+    for run in runs:
+        run.label = run.label or run.labels.get("objective") or run_label(run.config)
+    return runs
 
 
 def load_run(run_dir: str | Path) -> Run:
-    """Load one run directory; ``config.json`` and ``metrics.csv`` are required, the rest optional."""
-    path = Path(run_dir)
-    config_path, metrics_path = path / "config.json", path / "metrics.csv"
-    if not config_path.is_file() or not metrics_path.is_file():
-        raise ValueError(f"{path} is not a run directory: it needs config.json and metrics.csv")
-    metrics = pd.read_csv(metrics_path)
-    if "update" not in metrics.columns:
-        raise ValueError(f"{metrics_path} has no 'update' column; columns are {list(metrics.columns)}")
-    events: list[dict[str, Any]] = []
-    events_path = path / "events.jsonl"
-    if events_path.is_file():
-        events = [json.loads(line) for line in events_path.read_text().splitlines() if line.strip()]
-    summary_path = path / "summary.json"
-    summary = _read_json(summary_path) if summary_path.is_file() else None
-    samples = sorted((path / "samples").glob("*.npz")) if (path / "samples").is_dir() else []
-    return Run(path, _read_json(config_path), metrics, events, summary, samples)
-
-
-def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path that is a run directory, or every run directory below it (a sweep's output folder)."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if (path / "config.json").is_file() and (path / "metrics.csv").is_file():
-            found.append(path)
-        elif path.is_dir():
-            found.extend(sorted(p.parent for p in path.rglob("metrics.csv") if (p.parent / "config.json").is_file()))
-        else:
-            raise ValueError(f"{path} does not exist; give run directories or folders that contain them")
-    return found
+    """One run directory (:func:`offpolicylab.runs.load_run`) with its legend label."""
+    return labelled([runs_io.load_run(run_dir)])[0]
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[Run]:
-    """Load every run directory found under ``paths`` (see :func:`find_run_dirs`)."""
-    dirs = find_run_dirs(paths)
-    if not dirs:
-        raise ValueError("no run directories (config.json + metrics.csv) found under the given paths")
-    return [load_run(d) for d in dirs]
-
-
-def load_samples(path: str | Path) -> dict[str, np.ndarray]:
-    """Arrays of one ``samples/update_XXXXXX.npz`` file (never unpickled)."""
-    with np.load(path, allow_pickle=False) as data:
-        return {key: data[key] for key in data.files}
-
-
-def sample_update(path: Path) -> int:
-    """The update number in ``update_000123.npz``."""
-    match = re.search(r"(\d+)", path.stem)
-    if match is None:
-        raise ValueError(f"sample file {path} has no update number in its name (expected update_XXXXXX.npz)")
-    return int(match.group(1))
+    """Every run directory under ``paths`` (:func:`offpolicylab.runs.load_runs`) with legend labels."""
+    return labelled(runs_io.load_runs(paths))
 
 
 # ----------------------------------------------------------------------------------------------- frames
@@ -284,10 +174,10 @@ def acceptance_m2_correlation(runs: Sequence[Run]) -> dict[str, float]:
     frame = frame[["accept_rate", "m2"]].dropna()
     if len(frame) < 3 or frame["accept_rate"].nunique() < 2 or frame["m2"].nunique() < 2:
         raise FigureSkipped("acceptance-vs-M2 needs at least 3 updates with varying accept_rate and m2")
-    pearson = scipy_stats.pearsonr(frame["accept_rate"], frame["m2"])
-    spearman = scipy_stats.spearmanr(frame["accept_rate"], frame["m2"])
-    return {"pearson_r": float(pearson[0]), "pearson_p": float(pearson[1]),
-            "spearman_r": float(spearman[0]), "spearman_p": float(spearman[1]), "n": float(len(frame))}
+    pearson = correlation.pearson(frame["accept_rate"].to_numpy(), frame["m2"].to_numpy())
+    spearman = correlation.spearman(frame["accept_rate"].to_numpy(), frame["m2"].to_numpy())
+    return {"pearson_r": pearson.statistic, "pearson_p": pearson.pvalue,
+            "spearman_r": spearman.statistic, "spearman_p": spearman.pvalue, "n": float(pearson.n)}
 
 
 def sample_frame(runs: Sequence[Run], max_files: int | None = None) -> pd.DataFrame:
@@ -307,7 +197,7 @@ def sample_frame(runs: Sequence[Run], max_files: int | None = None) -> pd.DataFr
             for key in ("entropy", "kept"):
                 if key in data and data[key].size == frame.shape[0]:
                     frame[key] = data[key].ravel()
-            frame["update"] = int(data["update"]) if "update" in data else sample_update(path)
+            frame["update"] = sample_update(path)
             frame["label"], frame["objective"], frame["staleness"] = run.label, run.objective, run.staleness
             frames.append(frame)
     if not frames:
@@ -315,21 +205,25 @@ def sample_frame(runs: Sequence[Run], max_files: int | None = None) -> pd.DataFr
     return pd.concat(frames, ignore_index=True)
 
 
-#: |r − 1| bin edges for entropy-by-ratio (same edges for every run so the curves compare).
-RATIO_DEVIATION_BINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, math.inf)
+#: |r − 1| bin edges for entropy-by-ratio (same edges for every run so the curves compare); deviations above the
+#: last edge land in the last bin.
+RATIO_DEVIATION_BINS: tuple[float, ...] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 10.0)
 
 
 def entropy_by_ratio_bin(frame: pd.DataFrame, edges: Sequence[float] = RATIO_DEVIATION_BINS) -> pd.DataFrame:
-    """Mean token entropy in each |r − 1| bin (left-closed), per label: columns label, bin, bin_low, entropy, tokens."""
+    """Mean token entropy in each |r − 1| bin (left-closed), per label
+    (:func:`~offpolicylab.diagnostics.ratios.entropy_by_ratio_deviation`): columns label, bin, bin_low, entropy,
+    tokens; bins without tokens are left out."""
     if "entropy" not in frame:
         raise FigureSkipped("sample files hold no entropy array")
-    deviation = np.abs(np.exp(frame["log_ratio"].to_numpy()) - 1.0)
-    index = np.digitize(deviation, np.asarray(edges[1:-1]), right=False)
-    binned = frame.assign(bin=index)
-    table = binned.groupby(["label", "bin"], as_index=False).agg(entropy=("entropy", "mean"),
-                                                                  tokens=("entropy", "size"))
-    table["bin_low"] = [edges[i] for i in table["bin"]]
-    return table
+    rows = []
+    for label, group in frame.groupby("label", sort=True):
+        log_ratio = torch.tensor(group["log_ratio"].to_numpy(dtype=np.float64))
+        table = entropy_by_ratio_deviation(log_ratio, torch.tensor(group["entropy"].to_numpy(dtype=np.float64)),
+                                           torch.ones_like(log_ratio), edges)
+        rows += [{"label": label, "bin": k, "bin_low": edges[k], "entropy": float(table.mean_entropy[k]),
+                  "tokens": int(table.counts[k])} for k in range(len(edges) - 1) if table.counts[k] > 0]
+    return pd.DataFrame(rows, columns=["label", "bin", "bin_low", "entropy", "tokens"])
 
 
 # ----------------------------------------------------------------------------------------------- drawing

@@ -1,4 +1,6 @@
-"""One run = one directory (DESIGN §2.4).
+"""Run directories: this module is the only one that writes or reads their files (docs/design.md, "Run
+directories").  :class:`RunDir` writes a run while it trains; :func:`load_run` / :func:`load_runs` read finished
+runs as :class:`Run` records for plots, the demo figure, paper figures and experiments.
 
     config.json                  the resolved TrainConfig
     metrics.csv                  one row per update, ``update`` first, appended and flushed every update;
@@ -9,9 +11,12 @@
     checkpoint/state.pt          the latest checkpoint, replaced atomically (temp file, rename): a killed process
                                  leaves the previous or the new checkpoint, never a torn one.  With
                                  ``fsync=True`` metrics.csv and the checkpoint are also fsynced (survives an OS
-                                 crash / power loss; costs ~5-50 ms per checkpoint on a busy disk).  Loaded with
+                                 crash / power loss).  Loaded with
                                  ``torch.load(weights_only=True)`` — never an arbitrary unpickle
     summary.json                 at the end: status ∈ completed / collapsed / failed, final and peak metrics
+
+A sweep folder holds ``grid.json`` (the grid file it ran), ``sweep_results.csv`` (one row per cell) and one run
+directory per cell; a cell's axis labels are recomputed from ``grid.json``, never parsed from directory names.
 """
 
 from __future__ import annotations
@@ -22,15 +27,22 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 STATUSES = ("completed", "collapsed", "failed")
 MAX_SAMPLE_TOKENS = 4096
 SUMMARY_KEYS = ("reward_mean", "exact_return", "eval_reward_greedy", "eval_reward_sampled")
+GRID_FILE = "grid.json"
+SWEEP_RESULTS = "sweep_results.csv"
 
 
 class RunError(ValueError):
@@ -153,7 +165,7 @@ class RunDir:
 
     def write_samples(self, update: int, arrays: dict[str, np.ndarray]) -> Path:
         self.samples_dir.mkdir(exist_ok=True)
-        path = self.samples_dir / f"update_{update:06d}.npz"
+        path = self.samples_dir / f"{_SAMPLE_PREFIX}{update:06d}.npz"
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue(), self.fsync)
@@ -202,6 +214,140 @@ class RunDir:
         summary.update(extra)
         _atomic_write_text(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
         return summary
+
+
+# -------------------------------------------------------------------------------------------- reading finished runs
+_SAMPLE_PREFIX = "update_"
+
+
+@dataclass
+class Run:
+    """One finished (or interrupted) run directory, read back: its config, metrics (a DataFrame, one row per
+    update), events, summary (None while running), sample files, and ``labels``, the axis labels of its sweep cell
+    (``{}`` outside a sweep).  ``label`` is the legend label a figure shows (see :mod:`offpolicylab.plots`)."""
+
+    path: Path
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    events: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    sample_files: list[Path] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def objective(self) -> str:
+        return str(self.config.get("objective", "unknown"))
+
+    @property
+    def staleness(self) -> str:
+        """The schedule as its command-line spelling (``on_policy``, ``stale_k:256``, ...)."""
+        return str(self.config.get("schedule", "on_policy"))
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+    def collapse_updates(self) -> list[int]:
+        """Updates at which a ``collapse`` event was recorded."""
+        return [int(e["update"]) for e in self.events if e.get("event") == "collapse"]
+
+
+def is_run_dir(path: str | Path) -> bool:
+    return RunDir(path).config_path.is_file() and RunDir(path).metrics_path.is_file()
+
+
+def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """Each path that is a run directory, or every run directory below it (a sweep folder)."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if is_run_dir(path):
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(p.parent for p in path.rglob("metrics.csv") if is_run_dir(p.parent)))
+        else:
+            raise ValueError(f"{path} does not exist; give run directories or folders that contain them")
+    return found
+
+
+def load_run(path: str | Path, labels: dict[str, str] | None = None) -> Run:
+    """Read one run directory; ``config.json`` and ``metrics.csv`` are required, the rest optional.  ``labels``
+    default to the run's sweep-cell labels when its parent folder holds the sweep's grid file."""
+    import pandas as pd
+
+    run = RunDir(path)
+    if not is_run_dir(run.path):
+        raise ValueError(f"{run.path} is not a run directory: it needs config.json and metrics.csv")
+    metrics = pd.read_csv(run.metrics_path)
+    if "update" not in metrics.columns:
+        raise ValueError(f"{run.metrics_path} has no 'update' column; columns are {list(metrics.columns)}")
+    samples = sorted(run.samples_dir.glob(f"{_SAMPLE_PREFIX}*.npz")) if run.samples_dir.is_dir() else []
+    if labels is None:
+        labels = sweep_labels(run.path.parent).get(run.path.name, {})
+    return Run(run.path, run.read_config(), metrics, run.read_events(), run.read_summary(), samples, dict(labels))
+
+
+def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+    """Every run directory found under ``paths`` (see :func:`find_run_dirs`), with its sweep labels."""
+    dirs = find_run_dirs(paths)
+    if not dirs:
+        raise ValueError("no run directories (config.json + metrics.csv) found under the given paths")
+    by_sweep = {parent: sweep_labels(parent) for parent in {d.parent for d in dirs}}
+    return [load_run(d, by_sweep[d.parent].get(d.name, {})) for d in dirs]
+
+
+def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
+    """{cell directory name: its axis labels} of the sweep whose grid file is in ``sweep_dir`` ({} without one)."""
+    from offpolicylab.sweep import expand_grid, load_grid
+
+    grid_path = Path(sweep_dir) / GRID_FILE
+    if not grid_path.is_file():
+        return {}
+    return {cell.name: cell.labels for cell in expand_grid(load_grid(grid_path), sweep_dir)}
+
+
+def load_samples(path: str | Path) -> dict[str, np.ndarray]:
+    """Arrays of one ``samples/update_XXXXXX.npz`` file (never unpickled)."""
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}
+
+
+def sample_update(path: str | Path) -> int:
+    """The update number of a sample file ``update_000123.npz``."""
+    stem = Path(path).stem
+    number = stem.removeprefix(_SAMPLE_PREFIX)
+    if not stem.startswith(_SAMPLE_PREFIX) or not number.isdigit():
+        raise ValueError(f"sample file {path} has no update number in its name (expected update_XXXXXX.npz)")
+    return int(number)
+
+
+# -------------------------------------------------------------------------------------------- sweep folders
+def write_grid(sweep_dir: str | Path, grid: dict[str, Any]) -> None:
+    """The grid file of a sweep (its cells' labels are read back from it)."""
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(Path(sweep_dir) / GRID_FILE, json.dumps(grid, indent=2) + "\n")
+
+
+def write_sweep_results(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> Path:
+    """``sweep_results.csv``: one row per cell (columns in order of first appearance)."""
+    path = Path(sweep_dir) / SWEEP_RESULTS
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    _atomic_write_text(path, out.getvalue())
+    return path
+
+
+def read_sweep_results(sweep_dir: str | Path) -> list[dict[str, str]]:
+    """The rows of a sweep's ``sweep_results.csv`` (strings, as written)."""
+    path = Path(sweep_dir) / SWEEP_RESULTS
+    if not path.is_file():
+        raise ValueError(f"{sweep_dir} holds no {SWEEP_RESULTS}; run the sweep first")
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
 
 
 # -------------------------------------------------------------------------------------------- helpers

@@ -22,16 +22,14 @@ separate processes; a failing cell is recorded (``summary.json`` status ``failed
 finish; re-running skips cells that completed or collapsed and resumes interrupted ones.  ``sweep_results.csv``
 gets one row per cell: its axis labels, status, peak and final reward / exact return and the collapse update.
 
-Engines: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn context).  Another engine ``NAME`` can be
-registered with :func:`register_engine`, or lives in a module ``offpolicylab.sweep_NAME`` that registers itself on
-import (e.g. ``ray``).  An engine is ``fn(cells: list[Cell], workers: int, progress: bool) -> list[dict]`` that
-calls :func:`run_cell` on each cell.
+Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
+context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
+``fn(cells: list[Cell], workers: int, progress: bool) -> list[dict]`` that calls :func:`run_cell` on each cell.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as futures
-import csv
 import importlib
 import itertools
 import json
@@ -45,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.config import TrainConfig
+from offpolicylab.registry import Registry
+from offpolicylab.runs import write_grid, write_sweep_results
 
 RESULT_KEYS = ("status", "updates_done", "peak_reward_mean", "final_reward_mean", "peak_exact_return",
                "final_exact_return", "optimal_return", "collapse_update", "error")
@@ -158,26 +158,26 @@ def _run_cell_args(cell: Cell) -> dict[str, Any]:
 
 # ============================================================================================ engines
 Engine = Callable[[list[Cell], int, bool], list[dict[str, Any]]]
-_ENGINES: dict[str, Engine] = {}
+#: Engines that live in a module of their own, imported when first asked for (the module registers itself).
+_ENGINE_MODULES = {"ray": "offpolicylab.sweep_ray"}
+
+
+def _import_engine(name: str) -> None:
+    if name in _ENGINE_MODULES:
+        importlib.import_module(_ENGINE_MODULES[name])
+
+
+ENGINES: Registry[Engine] = Registry("sweep engine", on_missing=_import_engine)
 
 
 def register_engine(name: str, engine: Engine) -> None:
     """Add a sweep engine; a duplicate name raises ``ValueError``."""
-    if name in _ENGINES:
-        raise ValueError(f"sweep engine {name!r} is already registered")
-    _ENGINES[name] = engine
+    ENGINES.register(name, engine, {})
 
 
 def get_engine(name: str) -> Engine:
-    """The engine ``name``; tries ``offpolicylab.sweep_<name>`` once for engines that live in their own module."""
-    if name not in _ENGINES and re.fullmatch(r"[a-z0-9_]+", name or ""):
-        try:
-            importlib.import_module(f"offpolicylab.sweep_{name}")
-        except ModuleNotFoundError:
-            pass
-    if name not in _ENGINES:
-        raise ValueError(f"unknown sweep engine {name!r}; valid: {', '.join(_ENGINES)}")
-    return _ENGINES[name]
+    """The engine ``name``; an unknown name raises ``ValueError`` naming the valid ones."""
+    return ENGINES.get(name).builder
 
 
 def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
@@ -214,12 +214,10 @@ def run_sweep(grid: dict[str, Any], out_dir: str | Path, *, workers: int = 1, en
         raise ValueError(f"workers={workers!r} is invalid; valid: an integer >= 1")
     run_engine = get_engine(engine)
     cells = expand_grid(grid, out_dir)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.json").write_text(json.dumps(grid, indent=2) + "\n")
+    write_grid(out_dir, grid)
     summaries = run_engine(cells, workers, progress)
     rows = [result_row(cell, summary) for cell, summary in zip(cells, summaries, strict=True)]
-    write_results(out / "sweep_results.csv", rows)
+    write_sweep_results(out_dir, rows)
     return rows
 
 
@@ -230,14 +228,6 @@ def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     if row["collapse_update"] == -1:
         row["collapse_update"] = ""
     return row
-
-
-def write_results(path: Path, rows: list[dict[str, Any]]) -> None:
-    columns = list(dict.fromkeys(key for row in rows for key in row))
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def _bar(total: int, enabled: bool) -> Any:

@@ -18,10 +18,10 @@ if str(ROOT.parent) not in sys.path:  # run as `python paper_figures/claim_x.py`
 import pandas as pd  # noqa: E402
 
 from offpolicylab import plots  # noqa: E402
-from offpolicylab.sweep import expand_grid, run_cell, run_sweep  # noqa: E402
+from offpolicylab.sweep import run_sweep  # noqa: E402
 
 DEFAULT_OUT = ROOT / "out"
-#: GRPO without a trust region, ℓ = −A·r (DESIGN §2.2: eps = inf on both sides means no trust region).
+#: GRPO without a trust region, ℓ = −A·r (eps = inf on both sides means no trust region).
 NO_TRUST_REGION = {"eps_low": float("inf"), "eps_high": float("inf")}
 
 
@@ -43,11 +43,9 @@ def claim_dir(args: argparse.Namespace, claim: str) -> Path:
 
 
 def sweep(grid: dict[str, Any], out: Path, workers: int) -> list[plots.Run]:
-    """Run ``grid`` under ``out`` and load every cell as a :class:`plots.Run` labelled by its grid labels."""
-    if workers <= 1:  # in-process: no worker start-up cost (the --small CI path)
-        rows = [{"cell": c.name, **run_cell(c.config, c.out_dir)} for c in expand_grid(grid, out)]
-    else:
-        rows = run_sweep(grid, out, workers=workers)
+    """Run ``grid`` under ``out`` (in this process when ``workers`` is 1) and load every cell as a run labelled by
+    its grid labels."""
+    rows = run_sweep(grid, out, workers=workers)
     failed = [r["cell"] for r in rows if r["status"] == "failed"]
     if failed:
         raise RuntimeError(f"cells failed: {failed}; see their summary.json")

@@ -5,26 +5,6 @@ here: objectives import this package and should stay light.
 """
 
 from offpolicylab.diagnostics import ratios, stats  # noqa: F401
-from offpolicylab.diagnostics.ratios import (
-    EntropyByDeviation,
-    SignedRatioHistogram,
-    clip_fraction,
-    entropy_by_ratio_deviation,
-    mask_fraction,
-    sequence_geometric_mean_ratio,
-    signed_ratio_histogram,
-    symmetric_log_edges,
-    trust_region_second_moment,
-)
+from offpolicylab.diagnostics.ratios import EntropyByDeviation, clip_fraction, entropy_by_ratio_deviation
 
-__all__ = [
-    "EntropyByDeviation",
-    "SignedRatioHistogram",
-    "clip_fraction",
-    "entropy_by_ratio_deviation",
-    "mask_fraction",
-    "sequence_geometric_mean_ratio",
-    "signed_ratio_histogram",
-    "symmetric_log_edges",
-    "trust_region_second_moment",
-]
+__all__ = ["EntropyByDeviation", "clip_fraction", "entropy_by_ratio_deviation"]

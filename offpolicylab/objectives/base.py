@@ -18,7 +18,6 @@ from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.registry import Param, Registry, resolve
 
-
 COMMON_PARAMS: dict[str, Param] = {
     "agg": Param("token-mean", str, choices=AGG_MODES, doc="loss aggregation mode"),
     "tis_cap": Param(

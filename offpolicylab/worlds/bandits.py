@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.worlds.exact import EnumerableWorld
 from offpolicylab.contracts import Prompts
+from offpolicylab.worlds.exact import EnumerableWorld
 
 PITFALL_REWARDS = (0.0, 0.8, 1.0)
 PITFALL_BEHAVIOR = (0.3, 0.6, 0.1)

@@ -25,8 +25,8 @@ import math
 import torch
 from torch import Tensor
 
-from offpolicylab.worlds.exact import MAX_ENUMERATION, EnumerableWorld
 from offpolicylab.contracts import Prompts
+from offpolicylab.worlds.exact import MAX_ENUMERATION, EnumerableWorld
 
 FAMILIES = ("target", "arithmetic", "forking")
 CREDITS = ("partial", "exact")

@@ -175,8 +175,8 @@ def test_task_rollout_to_rewards_end_to_end(make_policy, tokenizer, data_dir):
 
 def test_world_builder_and_hf_policy_factory(tokenizer, data_dir, tmp_path):
     """The wiring the trainer uses: build_gsm8k_world(model=DIR, ...) then make_hf_policy(task, **params)."""
-    from offpolicylab.worlds.gsm8k import build_gsm8k_world, gsm8k_params
     from offpolicylab.policies.hf import BaseModelPolicy, hf_policy_params, make_hf_policy
+    from offpolicylab.worlds.gsm8k import build_gsm8k_world, gsm8k_params
 
     from .tiny import build_model
 

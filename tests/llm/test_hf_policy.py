@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
 from offpolicylab.contracts import Policy, Prompts
+from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
 
 from .tiny import build_model, encode_prompts
 

@@ -14,6 +14,7 @@ import torch
 
 from offpolicylab.objectives import (
     AGG_MODES,
+    OBJECTIVES,
     Objective,
     TokenBatch,
     aggregate,
@@ -22,7 +23,6 @@ from offpolicylab.objectives import (
     objective_params,
     register,
 )
-from offpolicylab.objectives import OBJECTIVES
 from offpolicylab.objectives.policy_gradient import Reinforce
 from tests.objectives._golden import batch_data, expected, random_batch, run, tensor
 

@@ -52,7 +52,7 @@ def full_runs(tmp_path: Path) -> list[Path]:
         write_run(tmp_path, "grpo_s4",
                   {"world": "token_mdp", "objective": "grpo", "schedule": "stale_k:4", "seed": 0,
                    "objective_params": {"eps_high": float("inf")}},
-                  base, events=[{"type": "collapse", "update": 4}], samples=samples,
+                  base, events=[{"event": "collapse", "update": 4}], samples=samples,
                   summary={"status": "collapsed"}),
         write_run(tmp_path, "ac", {"world": "token_mdp", "objective": "ac_mispo", "schedule": "stale_k:4", "seed": 0,
                                    "objective_params": {"a_start": 0.4, "a_end": 0.2, "warmup": 4}},

@@ -119,7 +119,7 @@ def test_acceptance_target_schedule() -> None:
 
 
 def test_labels_and_staleness_order() -> None:
-    assert plots.run_label({"objective": {"name": "rec", "params": {"importance_sampling": True}}}) == \
+    assert plots.run_label({"objective": "rec", "objective_params": {"importance_sampling": True}}) == \
         "rec(importance_sampling=True)"
     assert plots.run_label({"objective": "grpo", "objective_params": {"eps_high": math.inf}}) == "grpo(eps_high=inf)"
     # parameters equal to the registered defaults are left out of the label
@@ -145,7 +145,20 @@ def test_cli_main(full_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureF
         plots.plot_runs(full_runs, tmp_path / "h", figures=["nope"])
 
 
-def test_sweep_cell_label_comes_from_the_directory_name(tmp_path: Path) -> None:
-    run = write_run(tmp_path, "objective=grpo_no_tr__schedule=stale_k-16__seed=0",
-                    {"objective": "grpo", "objective_params": {"eps_high": math.inf}}, {"update": [0]})
-    assert plots.load_run(run).label == "grpo_no_tr"
+def test_sweep_cell_labels_come_from_the_grid_file(tmp_path: Path) -> None:
+    from offpolicylab.runs import write_grid
+    from offpolicylab.sweep import expand_grid
+
+    grid = {"base": {"world": "token_mdp"}, "axes": {
+        "objective": [{"label": "grpo_no_tr", "objective": "grpo", "objective_params": {"eps_high": "inf"}}],
+        "schedule": ["stale_k:16"]}}
+    write_grid(tmp_path, grid)
+    (cell,) = expand_grid(grid, tmp_path)
+    run = write_run(tmp_path, cell.name, {"objective": "grpo", "objective_params": {"eps_high": math.inf}},
+                    {"update": [0]})
+    loaded = plots.load_run(run)
+    assert loaded.labels == {"objective": "grpo_no_tr", "schedule": "stale_k-16"}
+    assert loaded.label == "grpo_no_tr"
+    assert plots.load_runs([tmp_path])[0].label == "grpo_no_tr"
+    other = write_run(tmp_path / "elsewhere", cell.name, {"objective": "grpo"}, {"update": [0]})
+    assert plots.load_run(other).label == "grpo"  # no grid file: the label comes from the config

@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 import torch
 
-from offpolicylab.worlds.token_mdp import TokenMDP
 from offpolicylab.config import TrainConfig
 from offpolicylab.runs import RunDir
 from offpolicylab.trainer import train
+from offpolicylab.worlds.token_mdp import TokenMDP
 from tests.trainer.conftest import read_rows
 
 BUDGET_UPDATES = 80

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from offpolicylab.worlds import make_world
-from offpolicylab.worlds.bandits import SoftmaxBandit, three_arm_pitfall
 from offpolicylab.objectives import get_objective
 from offpolicylab.policies import TabularSoftmaxPolicy, make_policy
+from offpolicylab.worlds import make_world
+from offpolicylab.worlds.bandits import SoftmaxBandit, three_arm_pitfall
 
 R = np.array([0.0, 0.8, 1.0])
 PI_B = np.array([0.3, 0.6, 0.1])

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from offpolicylab import worlds
-from offpolicylab.worlds.exact import _all_pairs, prefix_tree_nodes, sequence_logprobs
 from offpolicylab.policies import SequenceModelPolicy, TabularSoftmaxPolicy
+from offpolicylab.worlds.exact import _all_pairs, prefix_tree_nodes, sequence_logprobs
 
 
 def _scored_logprobs(policy, enumeration, temperature):

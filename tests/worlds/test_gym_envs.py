@@ -6,8 +6,6 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from offpolicylab import worlds
-
 REGISTERED = sorted(env_id for env_id in gym.registry if env_id.startswith("offpolicylab/"))
 
 

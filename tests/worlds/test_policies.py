@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from offpolicylab.worlds import make_world
 from offpolicylab.policies import Policy, Rollout, TabularSoftmaxPolicy, make_policy
+from offpolicylab.worlds import make_world
 
 WORLDS = [("token_mdp", {"family": "target", "eos": True}), ("token_mdp", {"family": "arithmetic"}),
           ("three_arm_pitfall", {})]

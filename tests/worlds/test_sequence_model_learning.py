@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
-from offpolicylab.worlds import make_world
 from offpolicylab.objectives import TokenBatch, get_objective
 from offpolicylab.policies import SequenceModelPolicy, make_policy
+from offpolicylab.worlds import make_world
 
 
 def _group_mean_baseline(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

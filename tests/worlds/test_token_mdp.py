@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from offpolicylab.objectives import get_objective
+from offpolicylab.policies import TabularSoftmaxPolicy, make_policy
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds.exact import enumerate_responses
 from offpolicylab.worlds.token_mdp import TokenMDP
-from offpolicylab.objectives import get_objective
-from offpolicylab.policies import TabularSoftmaxPolicy, make_policy
 
 
 def _random_tabular(task: TokenMDP, seed: int, scale: float = 1.0) -> TabularSoftmaxPolicy:
