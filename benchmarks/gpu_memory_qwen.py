@@ -1,4 +1,4 @@
-"""Peak GPU memory and generated tokens/s of a Qwen2.5-1.5B-shaped model with 4-bit NF4 LoRA (issue 4).
+"""Peak GPU memory and generated tokens/s of a Qwen2.5-1.5B-shaped model with 4-bit NF4 LoRA.
 
 Random init from a ``Qwen2Config`` with Qwen2.5-1.5B's sizes (no weights downloaded), quantized to bitsandbytes
 NF4 through a save_pretrained round trip, LoRA r=16 on all linear layers; one update = 8 prompts × 8 samples ×

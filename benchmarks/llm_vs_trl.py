@@ -1,6 +1,6 @@
-"""Seconds per update on CPU: offpolicylab's HFPolicy + GRPO objective vs TRL's ``GRPOTrainer`` (issue 4).
+"""Seconds per update on CPU: offpolicylab's HFPolicy + GRPO objective vs TRL's ``GRPOTrainer``.
 
-Same tiny random Llama (tests/llm/tiny.py; ``--hidden`` wide, 2 layers), same local character tokenizer, same
+Same tiny random Llama (tests/tiny_llm.py; ``--hidden`` wide, 2 layers), same local character tokenizer, same
 prompts, group size G, prompts per update N, ``--max-new`` tokens, LoRA rank, temperature 1, no KL term (TRL
 ``beta=0``), one optimizer step per generation batch.  An update = generate N·G responses, reward them, score,
 loss, backward, Adam step.  Reports the median of ``--updates`` timed updates after ``--warmup`` and the ratio
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from offpolicylab.objectives import TokenBatch, get_objective  # noqa: E402
 from offpolicylab.policies.hf import HFPolicy, LoraSpec  # noqa: E402
 from offpolicylab.trainer import group_advantages  # noqa: E402
-from tests.llm.tiny import build_model, build_tokenizer, encode_prompts  # noqa: E402
+from tests.tiny_llm import build_model, build_tokenizer, encode_prompts  # noqa: E402
 
 PROMPTS = [f"What is {a} plus {b}?" for a, b in zip(range(3, 40, 3), range(11, 99, 7), strict=False)]
 

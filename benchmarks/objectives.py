@@ -10,7 +10,7 @@ in a rotated order (interleaving spreads machine-load drift over all objectives)
 fresh leaf ``logp`` before each timing, outside the timed region.  The timed region is ``update`` (stateful
 objectives only: it runs once per optimizer update) + forward + ``loss.backward()``.  The first ``--warmup`` rounds
 are dropped.  Reported: the median time over rounds and the median over rounds of the *paired* ratio
-t(objective) / t(grpo) measured in the same round.  Target (issue 2): every objective ≤ 2× grpo.
+t(objective) / t(grpo) measured in the same round.  Target: every objective ≤ 2× grpo.
 """
 
 from __future__ import annotations

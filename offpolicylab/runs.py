@@ -58,7 +58,7 @@ class RunDir:
         self._columns: list[str] | None = None
         self._metrics_file: io.TextIOWrapper | None = None  # kept open between rows, flushed after each
         self._line = io.StringIO()
-        self._line_writer = csv.writer(self._line)  # the same dialect csv.DictWriter wrote before
+        self._line_writer = csv.writer(self._line)  # csv's default dialect, the one csv.DictReader reads
 
     # ---------------------------------------------------------------------------------------- paths
     config_path = property(lambda self: self.path / "config.json")

@@ -1,4 +1,4 @@
-"""Staleness schedules: which policy version generates the data each optimizer update consumes (DESIGN §2.3).
+"""Staleness schedules: which policy version generates the data each optimizer update consumes (docs/design.md, "Schedules").
 
 A schedule maps every update ``u`` (0-based; the policy *version* current at update ``u`` is ``u``, i.e. the number
 of optimizer steps taken so far) to

@@ -1,4 +1,4 @@
-"""Claim (a), REC (seed 003): on the 3-arm pitfall (r = [0, 0.8, 1], fixed data from π_b = [0.3, 0.6, 0.1]) plain
+"""Claim (a), REC (Yao et al. 2025, arXiv:2509.24203): on the 3-arm pitfall (r = [0, 0.8, 1], fixed data from π_b = [0.3, 0.6, 0.1]) plain
 REINFORCE without importance sampling converges to the 0.8 arm; which of REC, OPMD, AsymRE, RED-Weight (and GRPO
 without a trust region) reach the optimal arm?
 

@@ -1,4 +1,4 @@
-"""Claim (e), AC-MIS-PO (seed 000): the controller's trajectory bound b_k converges, trajectory acceptance follows the
+"""Claim (e), AC-MIS-PO ("Acceptance-Controlled MIS-PO", docs/design.md "Sources"): the controller's trajectory bound b_k converges, trajectory acceptance follows the
 40% → 20% target schedule, acceptance is only weakly correlated with M2, and the adaptive controller matches or beats
 Fixed MIS-PO with bounds [0.996, 1.001] and MIS-PO fixed at the controller's final bound [e^−b, e^b].
 

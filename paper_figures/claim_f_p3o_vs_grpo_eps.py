@@ -1,4 +1,4 @@
-"""Claim (f), P3O ("Trust the Batch", seed 001): ε-clipped GRPO is sensitive to its clip range ε ∈ {0.2, 0.4, 0.6},
+"""Claim (f), P3O ("Trust the Batch", Fakoor et al. 2026, arXiv:2605.12380): ε-clipped GRPO is sensitive to its clip range ε ∈ {0.2, 0.4, 0.6},
 while P3O, which has no ε (its ratio cap is the batch's own ESS), needs no such tuning.
 
 Toy analogue: world ``token_mdp`` (family ``forking``), tabular policy, Adam lr 0.05, 8 prompts × 8 responses per

@@ -1,4 +1,4 @@
-"""Claim (g), Mu-GRPO (seed 002): with a few large generation–optimization stages (µ updates per stage), the
+"""Claim (g), Mu-GRPO (Tian, Xie, Wei 2026, arXiv:2605.17570): with a few large generation–optimization stages (µ updates per stage), the
 standard clip [0.8, 1.2] learns slowly, the relaxed clip [0, 5] learns faster, and the negative-advantage veto keeps
 the relaxed clip safe; the veto scopes (trigger tokens, post-trigger suffix, whole response) are compared.
 

@@ -1,4 +1,4 @@
-"""Claim (h), REC (seed 003, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm"): importance sampling is
+"""Claim (h), REC (Yao et al. 2025, arXiv:2509.24203, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm"): importance sampling is
 not essential — REC-OneSide-NoIS matches REC-OneSide-IS — and a wide clip (ε_low, ε_high) = (0.6, 2.0) learns faster
 than the standard (0.2, 0.2), under off-policy sync interval / offset settings.
 

@@ -1,4 +1,4 @@
-"""Adapters that export offpolicylab objectives to existing RL engines (DESIGN §3, issue 6).
+"""Adapters that export offpolicylab objectives to existing RL engines (docs/scaling.md).
 
 - :mod:`offpolicylab.integrations.verl`: ``register_with_verl()`` adds every objective to verl's policy-loss
   registry as ``offpolicylab_<name>`` (select it with ``actor_rollout_ref.actor.policy_loss.loss_mode``).

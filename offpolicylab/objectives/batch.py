@@ -1,4 +1,4 @@
-"""Token-level batch and loss-output contracts (DESIGN §2.1-2.2).
+"""Token-level batch and loss-output contracts (docs/design.md, "The objective contract").
 
 Every objective in :mod:`offpolicylab.objectives` is a function of a :class:`TokenBatch`; a bandit is ``T = 1``,
 a toy-MDP response has ``T`` tokens and an LLM completion up to ``T`` tokens.
@@ -102,7 +102,7 @@ class TokenBatch:
 @dataclass
 class LossOutput:
     """What an objective returns: a scalar ``loss`` to ``.backward()``, detached ``metrics`` with the standard names
-    of DESIGN §2.2, and ``token_mask`` [B, T], the tokens that carried gradient after the objective's own masking."""
+    (docs/design.md, "The objective contract"), and ``token_mask`` [B, T], the tokens that carried gradient after the objective's own masking."""
 
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)

@@ -1,4 +1,5 @@
-"""MIS-PO and AC-MIS-PO: masked importance sampling at token and trajectory level (seed paper 000).
+"""MIS-PO and AC-MIS-PO: masked importance sampling at token and trajectory level ("Acceptance-Controlled MIS-PO:
+Adaptive Trajectory Filtering for Stable Off-Policy RLVR Training"; no arXiv id, see docs/design.md, "Sources").
 
 Notation: x_t = r_t = exp(logp − behavior_logp); ρ(τ) = exp(mean_t log x_t) is the geometric-mean ratio of a
 trajectory over its valid tokens; A = advantage.
@@ -54,7 +55,7 @@ def mispo_loss(
 
 @register("mispo")
 class MISPO(Objective):
-    """MIS-PO (seed 000): L = −mean(1_tok·1_traj·x_t·A), token accept x_t ∈ tok_bounds = [0.5, 2], trajectory accept
+    """MIS-PO (the fixed-bounds baseline of "Acceptance-Controlled MIS-PO"): L = −mean(1_tok·1_traj·x_t·A), token accept x_t ∈ tok_bounds = [0.5, 2], trajectory accept
     ρ(τ) = exp(mean_t log x_t) ∈ traj_bounds = [0.996, 1.001] (the fixed-bounds baseline of AC-MIS-PO).  The mean is
     ``agg`` over all valid tokens (rejected ones count as 0).
 
@@ -104,7 +105,8 @@ def acceptance_quantile(z: Tensor, valid: Tensor, level: float) -> Tensor:
 
 @register("ac_mispo")
 class ACMISPO(Objective):
-    """AC-MIS-PO (seed 000): MIS-PO whose trajectory bounds [e^−b_k, e^b_k] come from an acceptance controller:
+    """AC-MIS-PO ("Acceptance-Controlled MIS-PO: Adaptive Trajectory Filtering for Stable Off-Policy RLVR
+    Training"): MIS-PO whose trajectory bounds [e^−b_k, e^b_k] come from an acceptance controller:
 
         z_i = |log ρ(τ_i)|,  b_cand = Quantile_{A*_k}(z),  b_k = clip(β·b_{k−1} + (1 − β)·b_cand, b_min, b_max),
 

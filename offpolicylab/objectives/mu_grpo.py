@@ -1,4 +1,5 @@
-"""Mu-GRPO: relaxed PPO clip plus the negative-advantage veto (seed 002).
+"""Mu-GRPO: relaxed PPO clip plus the negative-advantage veto (Tian, Xie, Wei 2026, "How Off-Policy Can GRPO Be?
+Mu-GRPO for Efficient LLM Reinforcement Learning", arXiv:2605.17570).
 
 Notation: r = exp(logp − behavior_logp), A = advantage, κ = ``nav_kappa``.
 """
@@ -41,12 +42,12 @@ def negative_advantage_veto(log_ratio: Tensor, advantages: Tensor, mask: Tensor,
 
 @register("mu_grpo")
 class MuGRPO(Objective):
-    """Mu-GRPO (seed 002): ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)) with the relaxed range [0, 5]
+    """Mu-GRPO (Tian, Xie, Wei 2026, arXiv:2605.17570): ℓ = max(−A·r, −A·clip(r, 1 − ε_low, 1 + ε_high)) with the relaxed range [0, 5]
     (ε_low = 1, ε_high = 4), and ℓ = 0 on tokens removed by the negative-advantage veto: in a response with A < 0
     the first token whose ratio exceeds κ is the trigger, and ``nav_scope`` decides what is removed —
     ``trigger`` (the trigger tokens: *all* tokens with r > κ in A < 0 responses, our reading, so that no exploding
     token is left in the gradient and the scopes nest), ``suffix`` (the first trigger and everything after it; the
-    default, DESIGN §5's reading of the paper), ``response`` (the whole response) or ``none``.
+    default, our reading of the paper), ``response`` (the whole response) or ``none``.
 
     κ: the paper's value is not public; the default κ = 2 is our choice (the upper token bound of MIS-PO, and well
     inside the relaxed clip range); ``nav_kappa = inf`` disables the veto.  Vetoed tokens count in the ``agg``

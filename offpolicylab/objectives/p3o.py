@@ -1,4 +1,5 @@
-"""P3O: ESS-capped policy gradient with an ESS-weighted behaviour-KL regulariser (seed 001, "Trust the Batch";
+"""P3O: ESS-capped policy gradient with an ESS-weighted behaviour-KL regulariser (Fakoor, Aubry, Stranges, Smola
+2026, "Trust the Batch, On- or Off-Policy: Adaptive Policy Optimization for RL Post-Training", arXiv:2605.12380;
 public code: FeynRL-project/FeynRL ``algs/P3O/p3o.py``)."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def kl_k3_behavior(log_ratio: Tensor) -> Tensor:
 
 @register("p3o")
 class P3O(Objective):
-    """P3O (seed 001, "Trust the Batch"), with w_t = exp(logp − behavior_logp) over the n valid tokens:
+    """P3O (Fakoor et al. 2026, "Trust the Batch", arXiv:2605.12380), with w_t = exp(logp − behavior_logp) over the n valid tokens:
 
         ESS = (Σ w)² / (n·Σ w²)      (a batch constant, no gradient),
         ρ_t = clamp(w_t, 0, ESS)     (detached weight),

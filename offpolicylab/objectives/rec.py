@@ -1,4 +1,5 @@
-"""REC: group-relative REINFORCE with clipping as regularization (seed 003).
+"""REC: group-relative REINFORCE with clipping as regularization (Yao et al. 2025, "Group-relative REINFORCE is
+secretly an off-policy algorithm", arXiv:2509.24203).
 
 Source: Yao, Chen et al. 2025, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm: Demystifying Some
 Myths About GRPO and Its Friends" (arXiv:2509.24203); reference code: Trinity-RFT ``RECPolicyLossFn``
@@ -64,7 +65,7 @@ def check_rec_bounds(eps_low: float, eps_high: float, ring_low: float, ring_high
 
 @register("rec")
 class REC(Objective):
-    """REC-{OneSide, TwoSide, Ring}-{IS, NoIS} (Yao et al. 2025, arXiv:2509.24203, seed 003):
+    """REC-{OneSide, TwoSide, Ring}-{IS, NoIS} (Yao et al. 2025, arXiv:2509.24203):
 
     - IS:   ℓ = −k·A·r         (gradient −k·A·r·∇logπ)
     - NoIS: ℓ = −k·A·log π_θ   (gradient −k·A·∇logπ; the ratio only decides the mask)

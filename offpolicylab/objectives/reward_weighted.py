@@ -1,4 +1,5 @@
-"""REP and RED families of seed 003: regularised and data-reshaped REINFORCE.
+"""REP and RED families of Yao et al. 2025 ("Group-relative REINFORCE is secretly an off-policy algorithm",
+arXiv:2509.24203): regularised and data-reshaped REINFORCE.
 
 Source: Yao, Chen et al. 2025, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv:2509.24203),
 which re-reads OPMD (Kimi k1.5) and AsymRE as regularised REINFORCE and proposes RED-Drop / RED-Weight; reference

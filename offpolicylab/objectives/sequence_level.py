@@ -38,7 +38,7 @@ class GSPO(Objective):
     With a sequence-level advantage A_i and ``agg="seq-mean-token-mean"`` this is GSPO's sequence objective
     (1/G) Σ_i min(s_i·A_i, clip(s_i)·A_i) exactly, gradient included.  Defaults ε_low = 3e-4, ε_high = 4e-4 are
     the paper's.  The paper aggregates seq-mean-token-mean; here ``agg`` defaults to ``token-mean`` like every
-    objective (DESIGN §2.2) — pass ``agg="seq-mean-token-mean"`` for the paper's form.  verl clamps log s_it at
+    objective — pass ``agg="seq-mean-token-mean"`` for the paper's form.  verl clamps log s_it at
     10 before exp; we do not (finite for |log s| < 88 in float32).  Reports ``clip_frac``.
     """
 

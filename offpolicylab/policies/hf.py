@@ -1,4 +1,4 @@
-"""A Hugging Face causal LM with a peft LoRA adapter as a :class:`~offpolicylab.policies.base.Policy` (DESIGN §2.3).
+"""A Hugging Face causal LM with a peft LoRA adapter as a :class:`~offpolicylab.contracts.Policy` (docs/design.md, "Policies").
 
 Sampling draws y_t ~ softmax(z_t / T) with its own KV-cache loop (so the distribution is *exactly* softmax of the
 raw logits at temperature T: no top-k / top-p / repetition processors from ``generation_config``, and the caller's

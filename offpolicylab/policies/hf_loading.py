@@ -1,4 +1,4 @@
-"""Load a causal LM and its tokenizer from a hub id, a local directory or a GGUF file (DESIGN §6).
+"""Load a causal LM and its tokenizer from a hub id, a local directory or a GGUF file (docs/llm.md).
 
 Offline (``HF_HUB_OFFLINE=1`` or no network) a hub id cannot be resolved; :func:`load_model_and_tokenizer` then
 raises a ``ValueError`` that says how to pass a local model instead (docs/llm.md has the SmolLM2 recipe).

@@ -1,5 +1,5 @@
 """K-arm softmax bandits as a :class:`~offpolicylab.contracts.World`: one dummy prompt token, a response of one token (the arm),
-no EOS, and the 3-arm pitfall of REC (seed 003).
+no EOS, and the 3-arm pitfall of REC (Yao et al. 2025, arXiv:2509.24203).
 
     reward(a) = r_a                    (fixed rewards)
     reward(a) ~ Bernoulli(r_a)         (``bernoulli=True``; r_a ∈ [0, 1] is then the success probability)
@@ -107,7 +107,7 @@ def _check_arms(response_ids: Tensor, k: int) -> None:
 
 
 def three_arm_pitfall() -> SoftmaxBandit:
-    """r = [0, 0.8, 1], π_b = [0.3, 0.6, 0.1] (REC, seed 003): fixed behaviour data, no IS → the 0.8 arm."""
+    """r = [0, 0.8, 1], π_b = [0.3, 0.6, 0.1] (REC, Yao et al. 2025): fixed behaviour data, no IS → the 0.8 arm."""
     return SoftmaxBandit(PITFALL_REWARDS, behavior_probs=PITFALL_BEHAVIOR, name="three_arm_pitfall")
 
 

@@ -1,4 +1,4 @@
-"""Properties every registered objective must have (DESIGN §2.2), parametrised over ``list_objectives()``:
+"""Properties every registered objective must have (docs/design.md, "The objective contract"), parametrised over ``list_objectives()``:
 
 (a) at ratio 1 with nothing masked, the gradient w.r.t. logp is REINFORCE's (on the objective's effective advantages);
 (b) padded tokens change neither loss, gradient nor metrics, whatever they hold (huge, ±inf, nan);
@@ -42,8 +42,8 @@ def _configs() -> list[Any]:
 
 CONFIGS = _configs()
 
-# DESIGN §2.2 standard metric names: every objective reports BASE_METRICS (entropy when given) and the names
-# EXPECTED_METRICS lists for it; together they make up the DESIGN's full list.
+# Standard metric names (docs/design.md, "The objective contract"): every objective reports BASE_METRICS (entropy
+# when given) and the names EXPECTED_METRICS lists for it; together they make up the full list.
 BASE_METRICS = {
     "mask_frac",
     "ratio_mean",

@@ -1,4 +1,4 @@
-"""The 3-arm pitfall of REC (seed 003, Yao et al. 2025, arXiv:2509.24203) at the objective level.
+"""The 3-arm pitfall of REC (Yao et al. 2025, arXiv:2509.24203) at the objective level.
 
 A 3-arm softmax policy π_θ = softmax(θ) learns from FIXED behaviour data: π_b = [0.3, 0.6, 0.1], rewards
 r = [0, 0.8, 1], advantage A_a = r_a − r̄ with r̄ = E_{π_b}[r] = 0.58, so A = [−0.58, 0.22, 0.42].

@@ -1,4 +1,4 @@
-"""Hand-written run directories in the DESIGN §2.4 format, for the plot tests."""
+"""Hand-written run directories in the format of docs/design.md, "Run directories", for the plot tests."""
 
 from __future__ import annotations
 

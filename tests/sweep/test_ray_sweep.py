@@ -1,4 +1,4 @@
-"""The ``ray`` sweep engine (issue 6 item 1): a 2 × 2 × 2 grid on Ray equals the local engine cell by cell; a failing
+"""The ``ray`` sweep engine: a 2 × 2 × 2 grid on Ray equals the local engine cell by cell; a failing
 cell is retried once and then recorded while the others finish; re-running skips finished cells.
 
 One local Ray (2 CPUs) is started per module by :func:`ray_session` — the engine's own start-up code — with a worker

@@ -1,4 +1,4 @@
-"""Learning tests (Stable-Baselines3 style, DESIGN §4): on-policy ``grpo`` through :func:`offpolicylab.trainer.train`
+"""Learning tests (Stable-Baselines3 style): on-policy ``grpo`` through :func:`offpolicylab.trainer.train`
 reaches ≥ 90 % of the exact optimal return J* on every token-MDP family within a fixed budget.
 
 Budget (each family, each policy: the tabular softmax with prev-token context and ``init="world"``, and the small

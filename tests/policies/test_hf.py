@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
 import torch
 
 from offpolicylab.contracts import Policy, Prompts
 from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
-
-from .tiny import build_model, encode_prompts
+from tests.tiny_llm import build_model, encode_prompts
 
 pytestmark = pytest.mark.llm
 

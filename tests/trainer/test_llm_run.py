@@ -1,4 +1,4 @@
-"""`offpolicylab run --world gsm8k --model DIR` end to end on a tiny random Llama saved to disk (issue 4).
+"""`offpolicylab run --world gsm8k --model DIR` end to end on a tiny random Llama saved to disk.
 
 The model directory and a four-row GSM8k jsonl are written to ``tmp_path``; the CLI then trains a LoRA adapter through
 the same loop as the toy worlds.  The tokenizer is the tests' character tokenizer plus eight whole-answer tokens
@@ -15,14 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
 import torch
 import transformers
 
 from offpolicylab import cli
 from offpolicylab.policies.hf import device_generator
 from offpolicylab.runs import RunDir
-
-from .tiny import build_model, build_tokenizer
+from tests.tiny_llm import build_model, build_tokenizer
 
 pytestmark = pytest.mark.llm
 

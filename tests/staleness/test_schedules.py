@@ -1,4 +1,4 @@
-"""Schedules against hand-worked version / key / generation sequences (DESIGN §5 'Staleness')."""
+"""Schedules against hand-worked version / key / generation sequences (docs/design.md, "Schedules")."""
 
 from __future__ import annotations
 

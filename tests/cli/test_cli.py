@@ -103,3 +103,15 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path: Path) -> None:
     assert strip(read_rows(tmp_path / "killed")) == strip(read_rows(tmp_path / "straight"))
     assert [e["event"] for e in RunDir(tmp_path / "killed").read_events()] == ["resume"]
     assert json.loads((tmp_path / "killed" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_none_is_a_choice_of_a_string_parameter_and_no_value_of_an_optional_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    code, _, err = run_cli(["run", "--world", "bandit", "--world-param", "rewards=0,0.5,1", "--objective", "mu_grpo",
+                            "--param", "nav_scope=none", "--param", "tis_cap=none", "--updates", "2",
+                            "--eval-every", "1", "--out", str(out)], capsys)
+    assert code == 0, err
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["objective_params"]["nav_scope"] == "none" and stored["objective_params"]["tis_cap"] is None
+    assert stored["world_params"] == {"rewards": [0.0, 0.5, 1.0]} and stored["updates"] == 2
