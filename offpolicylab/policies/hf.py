@@ -414,13 +414,13 @@ def hf_policy_params() -> dict[str, Any]:
     }
 
 
-def make_hf_policy(task: Any, **params: Any) -> HFPolicy:
-    """The ``hf`` policy for a GSM8k-like ``task`` that names its model (``task.model``, ``task.gguf_file``):
-    a fresh LoRA adapter on that model, ``max_new_tokens = task.max_response_len``.  ``params`` are
+def make_hf_policy(world: Any, **params: Any) -> HFPolicy:
+    """The ``hf`` policy for a GSM8k-like ``world`` that names its model (``world.model``, ``world.gguf_file``):
+    a fresh LoRA adapter on that model, ``max_new_tokens = world.max_response_len``.  ``params`` are
     :func:`hf_policy_params` (already validated by the policy registry)."""
-    model = getattr(task, "model", None)
+    model = getattr(world, "model", None)
     if not model:
         raise ValueError("the hf policy needs a world that names its model (e.g. --world gsm8k "
                          "--world-param model=PATH)")
-    return HFPolicy.from_pretrained(model, gguf_file=getattr(task, "gguf_file", None),
-                                    max_new_tokens=task.max_response_len, **params)
+    return HFPolicy.from_pretrained(model, gguf_file=getattr(world, "gguf_file", None),
+                                    max_new_tokens=world.max_response_len, **params)

@@ -26,7 +26,7 @@ PITFALL_BEHAVIOR = (0.3, 0.6, 0.1)
 
 
 class SoftmaxBandit(EnumerableWorld):
-    """A K-arm bandit task.  ``behavior_probs`` (optional, [K]) is the world's suggested initial / behaviour
+    """A K-arm bandit world.  ``behavior_probs`` (optional, [K]) is the world's suggested initial / behaviour
     policy: :func:`offpolicylab.policies.make_policy` ("tabular", init="world") starts from it."""
 
     num_prompts = 1
@@ -53,7 +53,7 @@ class SoftmaxBandit(EnumerableWorld):
                                  f"got {list(behavior_probs)}")
             self.behavior_probs = p
 
-    # ------------------------------------------------------------------------------------------ Task
+    # ------------------------------------------------------------------------------------------ World
     def sample_prompts(self, n: int, generator: torch.Generator | None = None) -> Prompts:
         """``n`` copies of the single dummy prompt (token 0, index 0)."""
         if n < 1:

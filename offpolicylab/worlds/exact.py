@@ -4,7 +4,7 @@ distinct prefix, Σ_{t<T} V^t instead of T·V^T positions, when the policy has i
 
 Responses are enumerated in *canonical* form: after the first EOS every position holds the EOS id (the padding the
 policies write), so each distinct response appears once and Σ_y π(y|x) = 1.  With prompts x ~ uniform over the
-task's evaluation prompts:
+world's evaluation prompts:
 
     J(π)        = E_x Σ_y π(y|x) R(x, y)                          (exact return)
     J*          = E_x max_y R(x, y)                               (optimal return)
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.contracts import Prompts, Rollout
+from offpolicylab.contracts import PrefixTreePolicy, Prompts, Rollout
 
 MAX_ENUMERATION = 100_000
 
@@ -89,7 +89,7 @@ def sequence_logprobs(policy: Any, prompts: Prompts, ids: Tensor, mask: Tensor, 
     otherwise ``policy.score`` runs on all N·M pairs."""
     n, m = len(prompts), ids.shape[0]
     with torch.no_grad():
-        if vocab_size is None or not hasattr(policy, "prefix_tree_log_probs"):
+        if vocab_size is None or not isinstance(policy, PrefixTreePolicy):
             token_logp = policy.score(_all_pairs(prompts, ids, mask, temperature))[0].reshape(n, m, -1)
         else:
             table = policy.prefix_tree_log_probs(prompts, temperature)  # [N, K, V]
@@ -97,26 +97,26 @@ def sequence_logprobs(policy: Any, prompts: Prompts, ids: Tensor, mask: Tensor, 
     return (token_logp * mask).sum(-1).double()
 
 
-def reward_table(task: Any, prompts: Prompts, ids: Tensor, mask: Tensor) -> Tensor:
-    """R(x, y) [N, M] (expected reward for stochastic worlds, via ``task.expected_reward`` when it exists)."""
+def reward_table(world: Any, prompts: Prompts, ids: Tensor, mask: Tensor) -> Tensor:
+    """R(x, y) [N, M] (expected reward for stochastic worlds, via ``world.expected_reward`` when it exists)."""
     n, m = len(prompts), ids.shape[0]
-    fn = getattr(task, "expected_reward", None) or task.reward
+    fn = getattr(world, "expected_reward", None) or world.reward
     rewards = fn(prompts.index.repeat_interleave(m), ids.repeat(n, 1), mask.repeat(n, 1))
     return rewards.reshape(n, m).double()
 
 
 class Enumeration:
-    """Every (prompt, response) pair of a task's evaluation prompts, with rewards, built once and reused."""
+    """Every (prompt, response) pair of a world's evaluation prompts, with rewards, built once and reused."""
 
-    def __init__(self, task: Any, prompts: Prompts | None = None) -> None:
-        self.task = task
-        self.prompts = task.eval_prompts() if prompts is None else prompts
-        self.ids, self.mask = enumerate_responses(task.vocab_size, task.max_response_len, task.eos_id)
-        self.rewards = reward_table(task, self.prompts, self.ids, self.mask)
+    def __init__(self, world: Any, prompts: Prompts | None = None) -> None:
+        self.world = world
+        self.prompts = world.eval_prompts() if prompts is None else prompts
+        self.ids, self.mask = enumerate_responses(world.vocab_size, world.max_response_len, world.eos_id)
+        self.rewards = reward_table(world, self.prompts, self.ids, self.mask)
 
     def logprobs(self, policy: Any, temperature: float = 1.0) -> Tensor:
         """log π(y|x) [N, M] (float64, no grad) of every evaluation prompt × canonical response."""
-        return sequence_logprobs(policy, self.prompts, self.ids, self.mask, temperature, self.task.vocab_size)
+        return sequence_logprobs(policy, self.prompts, self.ids, self.mask, temperature, self.world.vocab_size)
 
     def expected_return(self, policy: Any, temperature: float = 1.0) -> float:
         """J(π) = E_x Σ_y π(y|x) R(x, y)."""

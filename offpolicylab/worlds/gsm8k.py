@@ -235,7 +235,7 @@ def make_gsm8k_world(
     test_split: str = "test",
     **options: Any,
 ) -> GSM8kWorld:
-    """The GSM8k task for ``tokenizer`` from ``data=PATH`` (file or directory) or, online, ``hub=NAME``.
+    """The GSM8k world for ``tokenizer`` from ``data=PATH`` (file or directory) or, online, ``hub=NAME``.
 
     ``options`` go to :class:`GSM8kWorld` (``max_response_len``, ``n_eval``, ``max_prompt_tokens``, ``system_prompt``,
     ``use_chat_template``, ``instruction``)."""
@@ -274,6 +274,6 @@ def build_gsm8k_world(model: str | None = None, gguf_file: str | None = None, **
     if not model:
         raise ValueError("gsm8k needs --world-param model=PATH (a hub id, a local directory or a .gguf file)")
     model, gguf_file = split_model_path(model, gguf_file)
-    task = make_gsm8k_world(load_tokenizer(model, gguf_file), **options)
-    task.model, task.gguf_file = model, gguf_file
-    return task
+    world = make_gsm8k_world(load_tokenizer(model, gguf_file), **options)
+    world.model, world.gguf_file = model, gguf_file
+    return world

@@ -31,10 +31,10 @@ class BanditEnv(gym.Env):
 
     def __init__(self, rewards: Sequence[float] = (0.1, 0.3, 0.5, 0.7, 0.9), bernoulli: bool = False,
                  behavior_probs: Sequence[float] | None = None) -> None:
-        self.task = SoftmaxBandit(rewards, bernoulli=bernoulli, behavior_probs=behavior_probs)
+        self.world = SoftmaxBandit(rewards, bernoulli=bernoulli, behavior_probs=behavior_probs)
         self.observation_space = spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32)
-        self.action_space = spaces.Discrete(self.task.vocab_size)
-        self._rewards = self.task.rewards.double().numpy()
+        self.action_space = spaces.Discrete(self.world.vocab_size)
+        self._rewards = self.world.rewards.double().numpy()
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -42,9 +42,9 @@ class BanditEnv(gym.Env):
 
     def step(self, action: int):
         if not self.action_space.contains(action):
-            raise ValueError(f"action must be an arm in [0, {self.task.vocab_size - 1}], got {action!r}")
+            raise ValueError(f"action must be an arm in [0, {self.world.vocab_size - 1}], got {action!r}")
         mean = float(self._rewards[int(action)])
-        reward = float(self.np_random.random() < mean) if self.task.bernoulli else mean
+        reward = float(self.np_random.random() < mean) if self.world.bernoulli else mean
         return np.zeros(1, dtype=np.float32), reward, True, False, {"expected_reward": mean}
 
 
@@ -54,11 +54,11 @@ class TokenMDPEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self, **world: Any) -> None:
-        self.task = TokenMDP(**world)
-        self.pad = max(self.task.prompt_vocab_size, self.task.vocab_size)
-        self.prompt_len, self.length = self.task.prompt_len, self.task.max_response_len
+        self.world = TokenMDP(**world)
+        self.pad = max(self.world.prompt_vocab_size, self.world.vocab_size)
+        self.prompt_len, self.length = self.world.prompt_len, self.world.max_response_len
         self.observation_space = spaces.MultiDiscrete(np.full(self.prompt_len + self.length, self.pad + 1))
-        self.action_space = spaces.Discrete(self.task.vocab_size)
+        self.action_space = spaces.Discrete(self.world.vocab_size)
         self._obs = np.full(self.prompt_len + self.length, self.pad, dtype=np.int64)
         self._prompt_index, self._t, self._done = 0, 0, True
 
@@ -66,31 +66,31 @@ class TokenMDPEnv(gym.Env):
         super().reset(seed=seed)
         index = (options or {}).get("prompt_index")
         if index is None:
-            index = int(self.np_random.integers(self.task.num_prompts))
-        elif not 0 <= int(index) < self.task.num_prompts:
-            raise ValueError(f"prompt_index must be in [0, {self.task.num_prompts - 1}], got {index!r}")
+            index = int(self.np_random.integers(self.world.num_prompts))
+        elif not 0 <= int(index) < self.world.num_prompts:
+            raise ValueError(f"prompt_index must be in [0, {self.world.num_prompts - 1}], got {index!r}")
         self._prompt_index, self._t, self._done = int(index), 0, False
         self._obs = np.full(self.prompt_len + self.length, self.pad, dtype=np.int64)
-        self._obs[: self.prompt_len] = self.task.prompt_tokens[self._prompt_index].numpy()
+        self._obs[: self.prompt_len] = self.world.prompt_tokens[self._prompt_index].numpy()
         return self._obs.copy(), {"prompt_index": self._prompt_index}
 
     def step(self, action: int):
         if self._done:
             raise RuntimeError("episode is over; call reset()")
         if not self.action_space.contains(action):
-            raise ValueError(f"action must be a token in [0, {self.task.vocab_size - 1}], got {action!r}")
+            raise ValueError(f"action must be a token in [0, {self.world.vocab_size - 1}], got {action!r}")
         self._obs[self.prompt_len + self._t] = int(action)
         self._t += 1
-        self._done = self._t == self.length or (self.task.eos_id is not None and int(action) == self.task.eos_id)
+        self._done = self._t == self.length or (self.world.eos_id is not None and int(action) == self.world.eos_id)
         reward = self._terminal_reward() if self._done else 0.0
         return self._obs.copy(), reward, self._done, False, {"prompt_index": self._prompt_index}
 
     def _terminal_reward(self) -> float:
-        fill = 0 if self.task.eos_id is None else self.task.eos_id
+        fill = 0 if self.world.eos_id is None else self.world.eos_id
         response = np.where(self._obs[self.prompt_len:] == self.pad, fill, self._obs[self.prompt_len:])
         mask = np.zeros(self.length, dtype=np.float32)
         mask[: self._t] = 1.0
-        reward = self.task.reward(torch.tensor([self._prompt_index]), torch.from_numpy(response)[None],
+        reward = self.world.reward(torch.tensor([self._prompt_index]), torch.from_numpy(response)[None],
                                   torch.from_numpy(mask)[None])
         return float(reward[0])
 

@@ -121,7 +121,7 @@ class TokenMDP(EnumerableWorld):
         self.fork_mask[positions] = True
         self.targets = torch.randint(self.vocab_size, (self.num_prompts, self.max_response_len), generator=generator)
 
-    # ------------------------------------------------------------------------------------------ Task
+    # ------------------------------------------------------------------------------------------ World
     def sample_prompts(self, n: int, generator: torch.Generator | None = None) -> Prompts:
         """``n`` prompts drawn uniformly with replacement."""
         if n < 1:

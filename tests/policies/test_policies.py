@@ -20,28 +20,28 @@ def _perturb(policy) -> None:
 
 
 @pytest.mark.parametrize("kind", ["tabular", "sequence_model"])
-@pytest.mark.parametrize("world,params", WORLDS)
+@pytest.mark.parametrize("name,params", WORLDS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sample_and_score_agree(kind, world, params, temperature):
-    task = make_world(world, **params)
-    policy = make_policy(kind, task)
+def test_sample_and_score_agree(kind, name, params, temperature):
+    world = make_world(name, **params)
+    policy = make_policy(kind, world)
     _perturb(policy)
     assert isinstance(policy, Policy)
     g = torch.Generator().manual_seed(0)
-    rollout = policy.sample(task.sample_prompts(5, g), 4, temperature, g)
+    rollout = policy.sample(world.sample_prompts(5, g), 4, temperature, g)
     assert len(rollout) == 20 and rollout.temperature == temperature
     assert rollout.group_ids.tolist() == [i // 4 for i in range(20)]
     logp, entropy = policy.score(rollout)
     assert logp.requires_grad and entropy.requires_grad
     diff = ((logp.detach() - rollout.behavior_logp) * rollout.response_mask).abs().max()
     assert float(diff) <= 1e-6
-    assert bool((entropy >= -1e-6).all()) and bool((entropy <= torch.log(torch.tensor(float(task.vocab_size))) + 1e-5).all())
+    assert bool((entropy >= -1e-6).all()) and bool((entropy <= torch.log(torch.tensor(float(world.vocab_size))) + 1e-5).all())
 
 
 def test_behavior_logp_is_at_the_sampling_temperature():
     policy = TabularSoftmaxPolicy.from_probs([0.7, 0.2, 0.1])
-    task = make_world("bandit", rewards="0,0.5,1")
-    rollout = policy.sample(task.sample_prompts(1), 50, 0.5, torch.Generator().manual_seed(0))
+    world = make_world("bandit", rewards="0,0.5,1")
+    rollout = policy.sample(world.sample_prompts(1), 50, 0.5, torch.Generator().manual_seed(0))
     tempered = torch.log_softmax(torch.log(torch.tensor([0.7, 0.2, 0.1])) / 0.5, -1)
     torch.testing.assert_close(rollout.behavior_logp[:, 0], tempered[rollout.response_ids[:, 0]], atol=1e-6, rtol=0)
     scored, _ = policy.score(rollout.with_(temperature=1.0))  # scoring at another temperature changes logp
@@ -50,9 +50,9 @@ def test_behavior_logp_is_at_the_sampling_temperature():
 
 
 def test_eos_masks_and_padding():
-    task = make_world("token_mdp", family="target", eos=True, vocab_size=3, length=6)
-    policy = make_policy("tabular", task)  # uniform: EOS (id 2) w.p. 1/3 at each step
-    rollout = policy.sample(task.sample_prompts(20, torch.Generator().manual_seed(0)), 5,
+    world = make_world("token_mdp", family="target", eos=True, vocab_size=3, length=6)
+    policy = make_policy("tabular", world)  # uniform: EOS (id 2) w.p. 1/3 at each step
+    rollout = policy.sample(world.sample_prompts(20, torch.Generator().manual_seed(0)), 5,
                             1.0, torch.Generator().manual_seed(1))
     ids, mask = rollout.response_ids, rollout.response_mask
     saw_early_eos = False
@@ -68,31 +68,31 @@ def test_eos_masks_and_padding():
 
 
 def test_sampler_noise_fills_sampler_logp():
-    task = make_world("token_mdp", family="forking")
-    policy = make_policy("tabular", task, sampler_noise_std=0.5)
+    world = make_world("token_mdp", family="forking")
+    policy = make_policy("tabular", world, sampler_noise_std=0.5)
     g = torch.Generator().manual_seed(0)
-    rollout = policy.sample(task.sample_prompts(8, g), 8, 1.0, g)
+    rollout = policy.sample(world.sample_prompts(8, g), 8, 1.0, g)
     assert rollout.sampler_logp is not None and rollout.sampler_logp.shape == rollout.behavior_logp.shape
     gap = (rollout.sampler_logp - rollout.behavior_logp).abs().mean()
     assert float(gap) > 0.05  # the noisy engine reports different log-probs
     logp, _ = policy.score(rollout)
     assert float((logp.detach() - rollout.behavior_logp).abs().max()) <= 1e-6  # behaviour stays the trainer-side value
-    assert make_policy("tabular", task).sample(task.sample_prompts(2, g), 2, 1.0, g).sampler_logp is None
+    assert make_policy("tabular", world).sample(world.sample_prompts(2, g), 2, 1.0, g).sampler_logp is None
 
 
 def test_sampling_is_deterministic_given_generator():
-    task = make_world("token_mdp")
-    policy = make_policy("sequence_model", task)
-    a = policy.sample(task.eval_prompts(), 3, 1.0, torch.Generator().manual_seed(5))
-    b = policy.sample(task.eval_prompts(), 3, 1.0, torch.Generator().manual_seed(5))
+    world = make_world("token_mdp")
+    policy = make_policy("sequence_model", world)
+    a = policy.sample(world.eval_prompts(), 3, 1.0, torch.Generator().manual_seed(5))
+    b = policy.sample(world.eval_prompts(), 3, 1.0, torch.Generator().manual_seed(5))
     assert torch.equal(a.response_ids, b.response_ids)
 
 
 def test_score_gradient_and_concat_select():
-    task = make_world("token_mdp", family="target")
-    policy = make_policy("sequence_model", task)
+    world = make_world("token_mdp", family="target")
+    policy = make_policy("sequence_model", world)
     g = torch.Generator().manual_seed(0)
-    parts = [policy.sample(task.sample_prompts(2, g), 2, 1.0, g) for _ in range(2)]
+    parts = [policy.sample(world.sample_prompts(2, g), 2, 1.0, g) for _ in range(2)]
     merged = Rollout.concat(parts)
     logp, _ = policy.score(merged)
     torch.testing.assert_close(logp * merged.response_mask, merged.behavior_logp, atol=1e-6, rtol=0)
@@ -104,15 +104,15 @@ def test_score_gradient_and_concat_select():
 
 @pytest.mark.parametrize("kind", ["tabular", "sequence_model"])
 def test_state_dict_round_trip_and_clone(kind):
-    task = make_world("token_mdp")
-    policy = make_policy(kind, task)
-    other = make_policy(kind, task)
+    world = make_world("token_mdp")
+    policy = make_policy(kind, world)
+    other = make_policy(kind, world)
     _perturb(policy)
     other.load_state_dict(policy.state_dict())
-    assert task.exact_kl(policy, other) == pytest.approx(0.0, abs=1e-6)
+    assert world.exact_kl(policy, other) == pytest.approx(0.0, abs=1e-6)
     frozen = policy.clone()
     _perturb(policy)
-    assert task.exact_kl(policy, frozen) > 1e-3
+    assert world.exact_kl(policy, frozen) > 1e-3
     with pytest.raises(ValueError):
         other.load_state_dict({"bogus": torch.zeros(1)})
 
@@ -124,14 +124,14 @@ def test_greedy_picks_argmax():
 
 
 def test_factory_errors():
-    task = make_world("token_mdp")
+    world = make_world("token_mdp")
     with pytest.raises(ValueError, match="valid: tabular, sequence_model"):
-        make_policy("lstm", task)
+        make_policy("lstm", world)
     with pytest.raises(ValueError, match="valid"):
-        make_policy("tabular", task, hidden_size=3)
+        make_policy("tabular", world, hidden_size=3)
     with pytest.raises(ValueError, match="valid"):
-        make_policy("sequence_model", task, hidden_size="big")
+        make_policy("sequence_model", world, hidden_size="big")
     with pytest.raises(ValueError, match="temperature"):
-        make_policy("tabular", task).sample(task.eval_prompts(), 1, 0.0, torch.Generator())
+        make_policy("tabular", world).sample(world.eval_prompts(), 1, 0.0, torch.Generator())
     with pytest.raises(ValueError, match="sum to 1"):
         TabularSoftmaxPolicy.from_probs([0.5, 0.6])

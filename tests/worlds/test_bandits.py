@@ -25,17 +25,17 @@ def _softmax(theta: np.ndarray) -> np.ndarray:
 
 
 def test_pitfall_preset_and_default_policy_is_behaviour():
-    task = three_arm_pitfall()
-    policy = make_policy("tabular", task)
+    world = three_arm_pitfall()
+    policy = make_policy("tabular", world)
     np.testing.assert_allclose(policy.bandit_probs().numpy(), PI_B, atol=1e-6)
-    assert task.exact_return(policy) == pytest.approx(float(PI_B @ R), abs=1e-6)  # 0.58
-    assert task.optimal_return() == pytest.approx(1.0)
+    assert world.exact_return(policy) == pytest.approx(float(PI_B @ R), abs=1e-6)  # 0.58
+    assert world.optimal_return() == pytest.approx(1.0)
 
 
 def test_rewards_fixed_and_bernoulli():
-    task = SoftmaxBandit([0.0, 0.8, 1.0])
+    world = SoftmaxBandit([0.0, 0.8, 1.0])
     arms = torch.tensor([[2], [0], [1]])
-    np.testing.assert_allclose(task.reward(torch.zeros(3, dtype=torch.long), arms, torch.ones(3, 1)).numpy(),
+    np.testing.assert_allclose(world.reward(torch.zeros(3, dtype=torch.long), arms, torch.ones(3, 1)).numpy(),
                                [1.0, 0.0, 0.8], atol=1e-7)
     bern = SoftmaxBandit([0.25, 0.75], bernoulli=True)
     g = torch.Generator().manual_seed(0)
@@ -46,12 +46,12 @@ def test_rewards_fixed_and_bernoulli():
 
 
 def test_exact_return_matches_monte_carlo():
-    task = SoftmaxBandit([0.2, 0.5, 0.9, 0.1])
+    world = SoftmaxBandit([0.2, 0.5, 0.9, 0.1])
     policy = _theta_policy(np.array([0.3, -0.2, 0.7, 0.0]))
     g = torch.Generator().manual_seed(1)
-    rollout = policy.sample(task.sample_prompts(1), 20000, 1.0, g)
-    mc = float(task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask).mean())
-    exact = task.exact_return(policy)
+    rollout = policy.sample(world.sample_prompts(1), 20000, 1.0, g)
+    mc = float(world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask).mean())
+    exact = world.exact_return(policy)
     assert exact == pytest.approx(float(_softmax(np.array([0.3, -0.2, 0.7, 0.0])) @ [0.2, 0.5, 0.9, 0.1]), abs=1e-6)
     assert mc == pytest.approx(exact, abs=0.01)  # std of the MC mean ≈ 0.002
 
@@ -59,8 +59,8 @@ def test_exact_return_matches_monte_carlo():
 @pytest.mark.parametrize("theta", [np.zeros(3), np.array([0.5, -1.0, 0.2])])
 def test_exact_gradient_reinforce_matches_hand_formula(theta):
     """∇_θj E_b[−A log π_θ(a)] = −Σ_a π_b(a)(r_a − r̄)(1[a=j] − π_θ(j)),  r̄ = Σ π_b r."""
-    task = three_arm_pitfall()
-    grad = task.exact_gradient(_theta_policy(theta), get_objective("reinforce"))
+    world = three_arm_pitfall()
+    grad = world.exact_gradient(_theta_policy(theta), get_objective("reinforce"))
     pi = _softmax(theta)
     adv = R - PI_B @ R
     expected = -np.array([np.sum(PI_B * adv * ((np.arange(3) == j) - pi[j])) for j in range(3)])
@@ -70,8 +70,8 @@ def test_exact_gradient_reinforce_matches_hand_formula(theta):
 def test_exact_gradient_no_trust_region_is_on_policy_gradient():
     """GRPO with ε = ∞: ℓ = −A π_θ(a)/π_b(a), so E_b[∇ℓ] = −Σ_a π_θ(a) A_a (1[a=j] − π_θ(j))."""
     theta = np.array([0.1, 0.4, -0.3])
-    task = three_arm_pitfall()
-    grad = task.exact_gradient(_theta_policy(theta), get_objective("grpo", eps_low=float("inf"), eps_high=float("inf")))
+    world = three_arm_pitfall()
+    grad = world.exact_gradient(_theta_policy(theta), get_objective("grpo", eps_low=float("inf"), eps_high=float("inf")))
     pi = _softmax(theta)
     adv = R - PI_B @ R
     expected = -np.array([np.sum(pi * adv * ((np.arange(3) == j) - pi[j])) for j in range(3)])
@@ -81,8 +81,8 @@ def test_exact_gradient_no_trust_region_is_on_policy_gradient():
 def test_exact_gradient_std_normalised_and_custom_behaviour():
     theta = np.array([0.2, 0.0, -0.1])
     probs = np.array([0.5, 0.25, 0.25])
-    task = three_arm_pitfall()
-    grad = task.exact_gradient(_theta_policy(theta), get_objective("reinforce"), probs, normalize_std=True)
+    world = three_arm_pitfall()
+    grad = world.exact_gradient(_theta_policy(theta), get_objective("reinforce"), probs, normalize_std=True)
     pi = _softmax(theta)
     adv = R - probs @ R
     adv = adv / (np.sqrt(probs @ adv ** 2) + 1e-6)
@@ -92,19 +92,19 @@ def test_exact_gradient_std_normalised_and_custom_behaviour():
 
 def test_reinforce_on_fixed_pitfall_data_prefers_the_08_arm():
     """Ascending the exact NoIS gradient on π_b data concentrates on arm 1 (r = 0.8), the REC pitfall."""
-    task = three_arm_pitfall()
-    policy = make_policy("tabular", task, init="uniform")
+    world = three_arm_pitfall()
+    policy = make_policy("tabular", world, init="uniform")
     objective = get_objective("reinforce")
     for _ in range(300):
-        grad = task.exact_gradient(policy, objective)
+        grad = world.exact_gradient(policy, objective)
         with torch.no_grad():
             policy.logits.view(-1).sub_(1.0 * grad)
     assert float(policy.bandit_probs()[1]) > 0.9
 
 
 def test_bandit_factory_and_bad_input():
-    task = make_world("bandit", rewards="0,0.5,1", behavior_probs="0.2,0.3,0.5")
-    assert task.vocab_size == 3 and task.behavior_probs is not None
+    world = make_world("bandit", rewards="0,0.5,1", behavior_probs="0.2,0.3,0.5")
+    assert world.vocab_size == 3 and world.behavior_probs is not None
     assert make_world("bandit", num_arms="4", seed="3").vocab_size == 4
     with pytest.raises(ValueError, match="valid"):
         make_world("bandit", arms=3)

@@ -16,12 +16,12 @@ def _scored_logprobs(policy, enumeration, temperature):
     return (logp * pairs.response_mask).sum(-1).reshape(enumeration.rewards.shape)
 
 
-def _policies(task):
+def _policies(world):
     gen = torch.Generator().manual_seed(7)
-    v, t = task.vocab_size, task.max_response_len
-    tabular = TabularSoftmaxPolicy(num_prompts=task.num_prompts, vocab_size=v, response_len=t, eos_id=task.eos_id,
-                                   init_logits=torch.randn(task.num_prompts, t, v + 1, v, generator=gen))
-    gru = SequenceModelPolicy(v, t, eos_id=task.eos_id, prompt_vocab_size=getattr(task, "prompt_vocab_size", None),
+    v, t = world.vocab_size, world.max_response_len
+    tabular = TabularSoftmaxPolicy(num_prompts=world.num_prompts, vocab_size=v, response_len=t, eos_id=world.eos_id,
+                                   init_logits=torch.randn(world.num_prompts, t, v + 1, v, generator=gen))
+    gru = SequenceModelPolicy(v, t, eos_id=world.eos_id, prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
                               hidden_size=16, embed_dim=8, num_layers=2, seed=3)
     with torch.no_grad():
         for p in gru.model.parameters():
@@ -29,13 +29,13 @@ def _policies(task):
     return [tabular, gru]
 
 
-@pytest.mark.parametrize("world", [dict(family="target"), dict(family="arithmetic", eos=True),
+@pytest.mark.parametrize("options", [dict(family="target"), dict(family="arithmetic", eos=True),
                                    dict(family="target", vocab_size=3, length=4, eos=True)])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_prefix_tree_matches_teacher_forced_score(world, temperature):
-    task = worlds.make_world("token_mdp", **world)
-    enumeration = task.enumeration
-    for policy in _policies(task):
+def test_prefix_tree_matches_teacher_forced_score(options, temperature):
+    world = worlds.make_world("token_mdp", **options)
+    enumeration = world.enumeration
+    for policy in _policies(world):
         tree = enumeration.logprobs(policy, temperature)
         scored = _scored_logprobs(policy, enumeration, temperature)
         assert tree.std() > 0.1  # a non-uniform policy (log π varies), so the comparison can fail
@@ -45,13 +45,13 @@ def test_prefix_tree_matches_teacher_forced_score(world, temperature):
 
 
 def test_incremental_gru_tree_matches_default_teacher_forced_tree():
-    task = worlds.make_world("token_mdp", family="arithmetic", eos=True)
-    gru = _policies(task)[1]
-    prompts = task.eval_prompts()
+    world = worlds.make_world("token_mdp", family="arithmetic", eos=True)
+    gru = _policies(world)[1]
+    prompts = world.eval_prompts()
     with torch.no_grad():
         incremental = gru.prefix_tree_logits(prompts.ids, prompts.mask, prompts.index)
         teacher_forced = super(SequenceModelPolicy, gru).prefix_tree_logits(prompts.ids, prompts.mask, prompts.index)
-    v, t = task.vocab_size, task.max_response_len
+    v, t = world.vocab_size, world.max_response_len
     assert incremental.shape == (len(prompts), sum(v ** s for s in range(t)), v)
     torch.testing.assert_close(incremental, teacher_forced, atol=1e-5, rtol=0)
 
@@ -64,13 +64,13 @@ def test_prefix_tree_nodes_by_hand():
 
 
 def test_policy_without_prefix_tree_falls_back_to_score():
-    task = worlds.make_world("token_mdp", family="target", vocab_size=3, length=3)
-    policy = _policies(task)[0]
+    world = worlds.make_world("token_mdp", family="target", vocab_size=3, length=3)
+    policy = _policies(world)[0]
 
     class ScoreOnly:
         score = staticmethod(policy.score)
 
-    enumeration = task.enumeration
+    enumeration = world.enumeration
     fallback = sequence_logprobs(ScoreOnly(), enumeration.prompts, enumeration.ids, enumeration.mask, 1.0,
-                                 task.vocab_size)
+                                 world.vocab_size)
     torch.testing.assert_close(fallback, enumeration.logprobs(policy), atol=1e-5, rtol=0)

@@ -1,4 +1,4 @@
-"""GSM8k task: answer extraction (incl. hypothesis properties and adversarial inputs), rewards, prompts, data."""
+"""GSM8k world: answer extraction (incl. hypothesis properties and adversarial inputs), rewards, prompts, data."""
 
 from __future__ import annotations
 
@@ -108,28 +108,28 @@ def data_dir(tmp_path) -> Path:
 
 
 def test_task_prompts_are_left_padded_chat_prompts(tokenizer, data_dir):
-    task = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2, max_response_len=16)
-    assert task.n_train == 3 and task.max_response_len == 16 and task.eos_id == tokenizer.eos_token_id
-    prompts = task.make_prompts(torch.tensor([0, 2]))
+    world = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2, max_response_len=16)
+    assert world.n_train == 3 and world.max_response_len == 16 and world.eos_id == tokenizer.eos_token_id
+    prompts = world.make_prompts(torch.tensor([0, 2]))
     short = prompts.mask[1] == 0
     assert short.any() and prompts.mask[0].eq(1).all() and prompts.ids[1][short].eq(tokenizer.pad_token_id).all()
     assert int(short.nonzero().max()) + 1 == int(short.sum())  # padding on the left only
     text = tokenizer.decode(prompts.ids[1][~short])
     assert text.startswith("<|user|>Hi?") and text.endswith("<|assistant|>") and "####" in text
-    evals = task.eval_prompts()
-    assert evals.index.tolist() == [3, 4] and torch.equal(task.eval_prompts().ids, evals.ids)
-    a = task.sample_prompts(5, torch.Generator().manual_seed(0))
-    b = task.sample_prompts(5, torch.Generator().manual_seed(0))
+    evals = world.eval_prompts()
+    assert evals.index.tolist() == [3, 4] and torch.equal(world.eval_prompts().ids, evals.ids)
+    a = world.sample_prompts(5, torch.Generator().manual_seed(0))
+    b = world.sample_prompts(5, torch.Generator().manual_seed(0))
     assert torch.equal(a.index, b.index) and a.index.max() < 3
 
 
 def test_plain_template_without_chat_template(tokenizer, data_dir):
-    task = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=1, use_chat_template=False)
-    assert task.prompt_text(0).startswith("Question: What is 2+3?") and task.prompt_text(0).endswith("Answer:")
+    world = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=1, use_chat_template=False)
+    assert world.prompt_text(0).startswith("Question: What is 2+3?") and world.prompt_text(0).endswith("Answer:")
 
 
 def test_reward_reads_only_unmasked_tokens(tokenizer, data_dir):
-    task = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2)
+    world = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2)
     texts = ["so #### 5", "#### 4", "five", "#### 1,001", "#### 16.0", "#### 1.5"]
     width = max(len(t) for t in texts) + 6
     ids = torch.full((len(texts), width), tokenizer.pad_token_id)
@@ -139,7 +139,7 @@ def test_reward_reads_only_unmasked_tokens(tokenizer, data_dir):
         ids[row, :len(tokens)] = torch.tensor(tokens)
         mask[row, :len(tokens)] = 1
     ids[2, -6:] = torch.tensor(tokenizer("#### 5")["input_ids"])  # garbage after EOS, masked out
-    rewards = task.reward(torch.tensor([0, 0, 0, 1, 3, 4]), ids, mask)
+    rewards = world.reward(torch.tensor([0, 0, 0, 1, 3, 4]), ids, mask)
     assert rewards.tolist() == pytest.approx([1.0, 0.1, 0.0, 1.0, 1.0, 1.0])
 
 
@@ -164,35 +164,34 @@ def test_real_gsm8k_files_parse():
 
 
 def test_task_rollout_to_rewards_end_to_end(make_policy, tokenizer, data_dir):
-    task = GSM8kWorld(tokenizer, load_problems(data_dir, "train"), load_problems(data_dir, "test"), n_eval=2,
+    world = GSM8kWorld(tokenizer, load_problems(data_dir, "train"), load_problems(data_dir, "test"), n_eval=2,
                      max_response_len=6)
-    policy = make_policy(max_new_tokens=task.max_response_len)
-    rollout = policy.sample(task.sample_prompts(2, torch.Generator().manual_seed(0)), 3, 1.0,
+    policy = make_policy(max_new_tokens=world.max_response_len)
+    rollout = policy.sample(world.sample_prompts(2, torch.Generator().manual_seed(0)), 3, 1.0,
                             torch.Generator().manual_seed(0))
-    rewards = task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)
+    rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)
     assert rewards.shape == (6,) and set(rewards.tolist()) <= {0.0, 0.1, 1.0}
 
 
 def test_world_builder_and_hf_policy_factory(tokenizer, data_dir, tmp_path):
-    """The wiring the trainer uses: build_gsm8k_world(model=DIR, ...) then make_hf_policy(task, **params)."""
-    from offpolicylab.policies.hf import BaseModelPolicy, hf_policy_params, make_hf_policy
-    from offpolicylab.worlds.gsm8k import build_gsm8k_world, gsm8k_params
-
-    from .tiny import build_model
+    """The wiring the trainer uses: build_gsm8k_world(model=DIR, ...) then make_hf_policy(world, **params)."""
+    from offpolicylab.policies import POLICIES
+    from offpolicylab.policies.hf import BaseModelPolicy, make_hf_policy
+    from offpolicylab.worlds import WORLDS
+    from offpolicylab.worlds.gsm8k import build_gsm8k_world
+    from tests.tiny_llm import build_model
 
     build_model(len(tokenizer), seed=0).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
-    specs = gsm8k_params()
-    options = {k: spec.validate(k, {"model": str(tmp_path / "tiny"), "data": str(data_dir), "n_eval": "2",
-                                    "max_response_len": "5"}.get(k, spec.default)) for k, spec in specs.items()}
-    task = build_gsm8k_world(**options)
-    assert task.model == str(tmp_path / "tiny") and task.max_response_len == 5
-    params = {k: spec.validate(k, {"lora_r": "4"}.get(k, spec.default)) for k, spec in hf_policy_params().items()}
-    policy = make_hf_policy(task, **params)
+    options = WORLDS.resolve("gsm8k", {"model": str(tmp_path / "tiny"), "data": str(data_dir), "n_eval": "2",
+                                       "max_response_len": "5"})
+    world = build_gsm8k_world(**options)
+    assert world.model == str(tmp_path / "tiny") and world.max_response_len == 5
+    policy = make_hf_policy(world, **POLICIES.resolve("hf", {"lora_r": "4"}))
     assert policy.lora.r == 4 and policy.max_new_tokens == 5
     assert isinstance(policy.clone(), BaseModelPolicy)  # fresh adapter: π_0 is the base model
-    rollout = policy.greedy(task.eval_prompts())
+    rollout = policy.greedy(world.eval_prompts())
     assert len(rollout) == 2 and rollout.response_ids.shape[1] <= 5
-    assert task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask).shape == (2,)
+    assert world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask).shape == (2,)
     with pytest.raises(ValueError, match="model=PATH"):
         build_gsm8k_world(data=str(data_dir))

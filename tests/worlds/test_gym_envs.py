@@ -25,7 +25,7 @@ def test_token_mdp_episode_reaches_the_target():
     env = gym.make("offpolicylab/TokenMDP-v0").unwrapped
     obs, info = env.reset(seed=0, options={"prompt_index": 3})
     assert info["prompt_index"] == 3
-    target = env.task.targets[3].tolist()
+    target = env.world.targets[3].tolist()
     rewards = []
     for t, token in enumerate(target):
         obs, reward, terminated, truncated, _ = env.step(token)
@@ -38,7 +38,7 @@ def test_token_mdp_episode_reaches_the_target():
 def test_eos_ends_the_episode_and_pitfall_rewards():
     env = gym.make("offpolicylab/TokenMDPEos-v0").unwrapped
     env.reset(seed=1)
-    _, _, terminated, _, _ = env.step(env.task.eos_id)
+    _, _, terminated, _, _ = env.step(env.world.eos_id)
     assert terminated
     pitfall = gym.make("offpolicylab/ThreeArmPitfall-v0")
     pitfall.reset(seed=0)
