@@ -135,3 +135,15 @@ def test_factory_errors():
         make_policy("tabular", world).sample(world.eval_prompts(), 1, 0.0, torch.Generator())
     with pytest.raises(ValueError, match="sum to 1"):
         TabularSoftmaxPolicy.from_probs([0.5, 0.6])
+
+
+def test_the_old_types_module_is_a_deprecated_alias_of_contracts() -> None:
+    import importlib
+    import sys
+
+    from offpolicylab import contracts
+
+    sys.modules.pop("offpolicylab.policies.base", None)
+    with pytest.warns(DeprecationWarning, match="offpolicylab.contracts"):
+        old = importlib.import_module("offpolicylab.policies.base")
+    assert (old.Prompts, old.Rollout, old.Policy) == (contracts.Prompts, contracts.Rollout, contracts.Policy)
