@@ -68,14 +68,11 @@ class TrainConfig:
     stop_on_collapse: bool = _f(Param(False, bool, doc="stop the run at the first detected collapse (a non-finite "
                                                        "loss always stops)"))
 
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Every field through its :class:`Param`: strings are parsed, ranges checked (``ValueError`` naming the
-        field and what is valid)."""
-        for f in fields(self):
-            setattr(self, f.name, f.metadata["param"].validate(f.name, getattr(self, f.name)))
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Every field goes through its :class:`Param` when it is set (at construction and after): strings are
+        parsed, ranges checked, ``ValueError`` names the field and what is valid."""
+        param = _PARAMS.get(name)
+        super().__setattr__(name, value if param is None else param.validate(name, value))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,9 +87,12 @@ class TrainConfig:
         return cls(**data)
 
 
+_PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(TrainConfig)}
+
+
 def config_params() -> dict[str, Param]:
     """{field name: its :class:`Param`} — the CLI's flags and help come from here."""
-    return {f.name: f.metadata["param"] for f in fields(TrainConfig)}
+    return dict(_PARAMS)
 
 
 def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:

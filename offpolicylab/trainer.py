@@ -156,7 +156,6 @@ def build(config: TrainConfig) -> Parts:
     from offpolicylab.policies import make_policy
     from offpolicylab.worlds import make_world
 
-    config.validate()  # the fields may have been assigned after construction
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
     world = make_world(config.world, **config.world_params)
