@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -146,19 +146,21 @@ def resolve(what: str, specs: Mapping[str, Param], given: Mapping[str, Any], *,
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
-    """A registered part: its name, builder, parameter specs and one-line description."""
+    """A registered part: its name, builder, parameter specs, one-line description and ``meta``, anything else a
+    kind of part records about its members (e.g. the training settings a world suggests)."""
 
     name: str
     builder: Callable[..., T]
     params: dict[str, Param]
     doc: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class Registry(Generic[T]):
     """Named parts of one kind (``"objective"``, ``"world"``, ...), in registration order.
 
-    ``register(name, builder, params, doc)`` adds one (a duplicate name raises); called with the name alone it is a
-    class decorator whose parameters come from the class's ``all_params()`` or ``params``.  ``build(name, *args,
+    ``register(name, builder, params, doc, **meta)`` adds one (a duplicate name raises); called with the name alone
+    it is a class decorator whose parameters come from the class's ``all_params()`` or ``params``.  ``build(name, *args,
     **params)`` validates ``params`` and calls ``builder(*args, **validated)``.
     """
 
@@ -168,17 +170,17 @@ class Registry(Generic[T]):
         self._on_missing = on_missing  # may register a part that lives in an optional module
 
     def register(self, name: str, builder: Callable[..., T] | None = None, params: Mapping[str, Param] | None = None,
-                 doc: str = "") -> Any:
+                 doc: str = "", **meta: Any) -> Any:
         if builder is None:
             def decorator(cls: Any) -> Any:
                 self._check_new(name)
                 cls.name = name
                 specs = cls.all_params() if hasattr(cls, "all_params") else getattr(cls, "params", {})
-                self.register(name, cls, specs, doc or (cls.__doc__ or "").strip().split("\n")[0])
+                self.register(name, cls, specs, doc or (cls.__doc__ or "").strip().split("\n")[0], **meta)
                 return cls
             return decorator
         self._check_new(name)
-        self._entries[name] = Entry(name, builder, dict(params or {}), doc)
+        self._entries[name] = Entry(name, builder, dict(params or {}), doc, dict(meta))
         return None
 
     def _check_new(self, name: str) -> None:

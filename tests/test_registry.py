@@ -49,11 +49,12 @@ def test_bad_values_name_the_parameter_and_what_is_valid(param: Param, value: ob
 def test_registry_builds_with_validated_parameters_and_defaults() -> None:
     reg: Registry[tuple] = Registry("widget")
     reg.register("box", lambda owner, size, tags: (owner, size, tags),
-                 {"size": Param(2, int, low=1), "tags": Param(None, list, optional=True)}, doc="a box")
+                 {"size": Param(2, int, low=1), "tags": Param(None, list, optional=True)}, doc="a box", colour="red")
     assert reg.names() == ["box"] and "box" in reg and list(reg) == ["box"]
     assert reg.build("box", "me", size="3") == ("me", 3, None)
     assert reg.resolve("box", {"tags": "1,2"}, fill_defaults=False) == {"tags": (1.0, 2.0)}
     assert reg.get("box").doc == "a box" and set(reg.params("box")) == {"size", "tags"}
+    assert reg.get("box").meta == {"colour": "red"}
     with pytest.raises(ValueError, match="unknown widget 'bag'; valid: box"):
         reg.build("bag")
     with pytest.raises(ValueError, match="widget 'box' has no parameter colour; valid: size, tags"):
