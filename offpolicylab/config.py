@@ -112,14 +112,15 @@ def field_help() -> dict[str, tuple[Any, str]]:
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value: JSON (numbers, true/false, null, lists) if it parses, then float ('inf'), else str."""
+    """A command-line value: JSON (numbers, true/false, null, lists) if it parses, then float ('inf'), else str.
+
+    ``none`` stays the string ``"none"``: it is a valid choice of string parameters (``nav_scope=none``), and
+    optional parameters read ``"none"`` as "not set" themselves."""
     try:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
         pass
     lowered = text.strip().lower()
-    if lowered in ("none",):
-        return None
     try:
         return float(lowered)
     except ValueError:

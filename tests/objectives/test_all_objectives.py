@@ -288,3 +288,26 @@ def test_every_design_objective_is_registered() -> None:
         "mu_grpo",
     }
     assert design <= set(list_objectives()), f"missing: {sorted(design - set(list_objectives()))}"
+
+
+# ------------------------------------------------------------------------------ documented values from the CLI
+def test_every_documented_choice_is_accepted_from_the_command_line() -> None:
+    """Each value a string-choice parameter lists (``nav_scope=none`` included) survives the CLI's ``k=v`` parsing
+    and builds the objective / policy with exactly that value; optional parameters read ``none`` as unset."""
+    from offpolicylab.config import parse_assignments
+    from offpolicylab.objectives.base import Param
+    from offpolicylab.policies import POLICY_PARAMS
+
+    specs: list[tuple[str, str, Param]] = [(n, k, p) for n in list_objectives()
+                                           for k, p in get_objective(n).all_params().items()]
+    specs += [(f"policy {kind}", k, p) for kind, params in POLICY_PARAMS.items() for k, p in params.items()]
+    checked = 0
+    for owner, key, spec in specs:
+        for choice in spec.choices or ():
+            value = parse_assignments([f"{key}={choice}"], "--param")[key]
+            assert spec.validate(key, value) == choice, (owner, key, choice)
+            checked += 1
+        if spec.optional:
+            assert spec.validate(key, parse_assignments([f"{key}=none"], "--param")[key]) is None
+    assert checked > 10
+    assert get_objective("mu_grpo", **parse_assignments(["nav_scope=none"], "--param")).nav_scope == "none"
