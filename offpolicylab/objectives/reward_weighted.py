@@ -46,6 +46,8 @@ class OPMD(Objective):
     regulariser's per-token value β/2·Δᵢ²/|yᵢ| (sequence) or β/2·Δᵢₜ² (token) averaged over valid tokens.
     """
 
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
+
     params = {
         "beta": Param(0.2, float, low=0.0, doc="weight β of the β/2·(log π − log π_old)² regulariser"),
         "form": Param("sequence", str, choices=OPMD_FORMS,
@@ -75,6 +77,8 @@ class AsymRE(Objective):
     β > 0 lowers the baseline, tilting updates towards positive samples.  Default β = 0.1, the paper's code
     (Trinity-RFT ``regularizer="forward-kl"``, coefficient 0.1, which adds −β·log π).
     """
+
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
     params = {"beta": Param(0.1, float, doc="baseline shift: baseline = r̄ − β (any finite value)")}
 
@@ -127,6 +131,8 @@ class REDDrop(Objective):
     of sequences dropped); ``mask_frac`` counts the dropped sequences' tokens, the ratio metrics cover kept ones.
     """
 
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
+
     def __call__(self, batch: TokenBatch) -> LossOutput:
         missing = [name for name in ("rewards", "group_ids") if getattr(batch, name) is None]
         if missing:
@@ -154,6 +160,8 @@ class REDWeight(Objective):
     Unnormalised weights, as in the paper's code (Trinity-RFT: "unnormalized version"); T = 1 by default.
     T = inf gives plain REINFORCE.  Reports ``weight_mean`` over valid tokens.
     """
+
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
     params = {"temperature": Param(1.0, float, low=0.0, low_open=True, doc="temperature T of w = exp(A/T)")}
 

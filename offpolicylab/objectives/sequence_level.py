@@ -71,6 +71,8 @@ class RECGSPO(Objective):
     seq-mean-token-mean aggregation; here ``agg`` is honoured (default ``token-mean``).  Reports ``clip_frac``.
     """
 
+    advantage = "mean"  # the REC paper: A = r − r̄, no std
+
     params = {
         "importance_sampling": Param(False, bool, doc="weight by the sequence ratio (IS) or not (NoIS)"),
         "eps_low": Param(REC_GSPO_EPS_LOW, float, low=0.0, high=1.0,
