@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # ============================================================================================ commands
 def cmd_list(args: argparse.Namespace) -> int:
     import envs
-    from offpolicylab.objectives import list_objectives, objective_params
+    from offpolicylab.objectives import get_objective, list_objectives, objective_params
     from offpolicylab.policies import POLICY_PARAMS
     from offpolicylab.staleness import SCHEDULE_FORMS
 
@@ -107,7 +107,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in envs.task_params(name).items()))
     print("objectives:")
     for name in list_objectives():
-        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in objective_params(name).items()))
+        print(f"  {name} (advantage {get_objective(name).advantage}): "
+              + ", ".join(f"{k}={_show(p.default)}" for k, p in objective_params(name).items()))
     print("schedules:\n  " + ", ".join(SCHEDULE_FORMS))
     print("policies:")
     for name, specs in POLICY_PARAMS.items():

@@ -13,6 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+ADVANTAGE_CHOICES = ("auto", "mean", "std")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -37,8 +38,9 @@ class TrainConfig:
     prompts_per_update: int = _f(8, "prompts per generated batch")
     group_size: int = _f(8, "responses per prompt (GRPO group size G)")
     temperature: float = _f(1.0, "sampling temperature (behavior_logp is recorded at this temperature)")
-    adv_std_norm: bool = _f(False, "divide group-relative advantages by the group's reward std (GRPO) instead of "
-                                   "the mean baseline alone")
+    advantage: str = _f("auto", "group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
+                                "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, RED, "
+                                "TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the one used")
     optimizer: str = _f("adam", "optimizer: adam, adamw or sgd")
     lr: float = _f(0.05, "learning rate")
     grad_clip: float = _f(1.0, "max global gradient norm (inf = no clipping)")
@@ -73,6 +75,8 @@ class TrainConfig:
                 raise ValueError(f"{name}={value!r} is invalid; valid: a finite number > 0")
         if not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
             raise ValueError(f"grad_clip={self.grad_clip!r} is invalid; valid: a number > 0 (inf = no clipping)")
+        if self.advantage not in ADVANTAGE_CHOICES:
+            raise ValueError(f"unknown advantage {self.advantage!r}; valid: {', '.join(ADVANTAGE_CHOICES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         for name in ("collapse_margin", "collapse_spike"):
@@ -112,14 +116,15 @@ def field_help() -> dict[str, tuple[Any, str]]:
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value: JSON (numbers, true/false, null, lists) if it parses, then float ('inf'), else str."""
+    """A command-line value: JSON (numbers, true/false, null, lists) if it parses, then float ('inf'), else str.
+
+    ``none`` stays the string ``"none"``: it is a valid choice of string parameters (``nav_scope=none``), and
+    optional parameters read ``"none"`` as "not set" themselves."""
     try:
         return json.loads(text)
     except (json.JSONDecodeError, ValueError):
         pass
     lowered = text.strip().lower()
-    if lowered in ("none",):
-        return None
     try:
         return float(lowered)
     except ValueError:
