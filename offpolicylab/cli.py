@@ -100,17 +100,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     from offpolicylab.staleness import SCHEDULE_FORMS
     from offpolicylab.worlds import WORLDS
 
-    for title, registry in (("worlds", WORLDS), ("objectives", OBJECTIVES)):
-        _print_registry(title, registry)
+    _print_registry("worlds", WORLDS)
+    _print_registry("objectives", OBJECTIVES, lambda name: f" (advantage {OBJECTIVES.get(name).builder.advantage})")
     print("schedules:\n  " + ", ".join(SCHEDULE_FORMS))
     _print_registry("policies", POLICIES)
     return 0
 
 
-def _print_registry(title: str, registry: Registry[Any]) -> None:
+def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name: "") -> None:
     print(f"{title}:")
     for name in registry.names():
-        print(f"  {name}: " + ", ".join(f"{k}={_show(p.default)}" for k, p in registry.params(name).items()))
+        print(f"  {name}{note(name)}: "
+              + ", ".join(f"{k}={_show(p.default)}" for k, p in registry.params(name).items()))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

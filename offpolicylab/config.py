@@ -15,6 +15,7 @@ from typing import Any
 from offpolicylab.registry import Param
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+ADVANTAGE_CHOICES = ("auto", "mean", "std")
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
 
@@ -42,8 +43,11 @@ class TrainConfig:
     group_size: int = _f(Param(8, int, low=1, doc="responses per prompt (GRPO group size G)"))
     temperature: float = _f(Param(1.0, float, **_POSITIVE,
                                   doc="sampling temperature (behavior_logp is recorded at this temperature)"))
-    adv_std_norm: bool = _f(Param(False, bool, doc="divide group-relative advantages by the group's reward std "
-                                                   "(GRPO) instead of the mean baseline alone"))
+    advantage: str = _f(Param("auto", str, choices=ADVANTAGE_CHOICES,
+                              doc="group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
+                                  "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
+                                  "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
+                                  "one used"))
     optimizer: str = _f(Param("adam", str, choices=OPTIMIZERS, doc="optimizer"))
     lr: float = _f(Param(0.05, float, **_POSITIVE, doc="learning rate"))
     grad_clip: float = _f(Param(1.0, float, low=0.0, low_open=True,

@@ -397,8 +397,9 @@ def acceptance_vs_m2(runs: Sequence[Run]) -> Figure:
 
 
 def acceptance_target(update: np.ndarray, a_start: float, a_end: float, warmup: int) -> np.ndarray:
-    """AC-MIS-PO target acceptance A*_k: linear from a_start to a_end over ``warmup`` updates, then a_end."""
-    progress = np.clip(np.asarray(update, dtype=float) / max(warmup, 1), 0.0, 1.0)
+    """AC-MIS-PO target acceptance A*_k at each 0-based ``update`` (k = update + 1 controller steps taken):
+    a_start + (a_end − a_start)·min(k/warmup, 1), the paper's eq. 8."""
+    progress = np.clip((np.asarray(update, dtype=float) + 1.0) / max(warmup, 1), 0.0, 1.0)
     return a_start + (a_end - a_start) * progress
 
 

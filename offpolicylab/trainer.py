@@ -8,8 +8,10 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
                   (:mod:`offpolicylab.staleness`); the batch consumed at ``u`` is taken from the buffer.  Old weights
                   are never kept — stale data is data generated earlier, not a copy of an earlier policy.
 2. **rollout**    ``policy.sample(prompts, G, temperature)`` records ``behavior_logp``; ``world.reward`` scores it.
-3. **advantages** group-relative: A_i = r_i − mean_{j∈g(i)} r_j  (÷ std_{j∈g(i)} r_j + 1e-6 with ``adv_std_norm``,
-                  Shao et al. 2024, DeepSeekMath GRPO), one per sequence, broadcast over its tokens.
+3. **advantages** group-relative, one per sequence, broadcast over its tokens: ``mean`` A_i = r_i − mean_{j∈g(i)} r_j
+                  (REC paper, Yao et al. 2025) or ``std`` A_i = (r_i − r̄)/(std_{j∈g(i)} r_j + 1e-6) (GRPO, Shao et
+                  al. 2024, DeepSeekMath); ``config.advantage = "auto"`` takes the objective's paper's choice
+                  (:attr:`Objective.advantage`) and config.json records the estimator used.
 4. **TokenBatch** ``policy.score`` gives ``logp`` (with grad) and ``entropy``; staleness = u − version per sequence.
 5. **objective**  ``objective.update(batch)`` once per optimizer update, then ``objective(batch)`` → loss, metrics.
 6. **step**       backward, global-norm gradient clipping, optimizer step (skipped, and the run stopped as
@@ -62,6 +64,7 @@ class Parts:
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     detector: CollapseDetector
+    advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
     frozen_initial: Policy | None = None  # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
@@ -105,7 +108,7 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             parts.buffer.pop(key, None)
         # 3-4. advantages → TokenBatch
         with watch("other"):
-            advantages = group_advantages(rollout.rewards, rollout.group_ids, cfg.adv_std_norm)
+            advantages = group_advantages(rollout.rewards, rollout.group_ids, parts.advantage == "std")
         with watch("policy_forward"):
             logp, entropy = policy.score(rollout)
         with watch("other"):
@@ -169,6 +172,7 @@ def build(config: TrainConfig) -> Parts:
         generator=torch.Generator().manual_seed(config.seed),
         detector=CollapseDetector(margin=config.collapse_margin, factor=config.collapse_spike,
                                   window=config.collapse_window),
+        advantage=objective.advantage if config.advantage == "auto" else config.advantage,
         frozen_initial=frozen,
     )
 
@@ -207,14 +211,15 @@ def open_run(run: RunDir, parts: Parts, resume: bool) -> int:
 
 
 def resolved_config(parts: Parts) -> dict[str, Any]:
-    """The config as stored in config.json: the objective's parameters filled in (defaults included), the world's
-    and the policy's given parameters as their validated values."""
+    """The config as stored in config.json: the objective's parameters filled in (defaults included), ``advantage``
+    resolved to the estimator used, the world's and the policy's given parameters as their validated values."""
     from offpolicylab.policies import POLICIES
     from offpolicylab.worlds import WORLDS
 
     cfg = parts.config
     resolved = cfg.to_dict()
     resolved["objective_params"] = dict(parts.objective.config)
+    resolved["advantage"] = parts.advantage
     resolved["world_params"] = WORLDS.resolve(cfg.world, cfg.world_params, fill_defaults=False)
     resolved["policy_params"] = POLICIES.resolve(cfg.policy, cfg.policy_params, fill_defaults=False)
     return json.loads(json.dumps(resolved))

@@ -3,8 +3,9 @@
 
 Toy analogue: world ``token_mdp`` (family ``forking``: a near-deterministic prior on filler tokens, uniform on two
 decision tokens; V = 4, T = 5, 8 prompts), tabular policy, Adam lr 0.05, 8 prompts × 8 responses per update,
-schedules ``on_policy`` and ``stale_k:S`` (S = 64 here: at this scale the policy reaches the optimum in ~100
-on-policy updates, so S = 256 would be all-offline).  Measured: exact return J(π) by enumeration, its peak and final
+schedules ``on_policy``, ``stale_k:64`` (at this scale the policy reaches the optimum in ~100 on-policy
+updates) and the paper's ``stale_k:256`` (here the first 256 of the 300 updates all consume data of the initial
+policy).  Measured: exact return J(π) by enumeration, its peak and final
 value, and collapse events from the trainer's detector.
 
     python paper_figures/claim_b_prosperity_before_collapse.py [--small]
@@ -18,6 +19,7 @@ from common import NO_TRUST_REGION
 from offpolicylab import plots
 
 STALE = "stale_k:64"
+PAPER_STALE = "stale_k:256"
 OBJECTIVES = [
     {"label": "grpo_eps0.2", "objective": "grpo"},
     {"label": "grpo_no_tr", "objective": "grpo", "objective_params": NO_TRUST_REGION},
@@ -30,7 +32,8 @@ def grid(small: bool) -> dict:
         "base": {"world": "token_mdp", "world_params": {"family": "forking"}, "updates": 12 if small else 300,
                  "lr": 0.05, "eval_every": 4 if small else 10, "sample_every": 4 if small else 25,
                  "checkpoint_every": 1000},
-        "axes": {"objective": OBJECTIVES, "schedule": ["on_policy", "stale_k:4" if small else STALE],
+        "axes": {"objective": OBJECTIVES,
+                 "schedule": ["on_policy", "stale_k:4"] if small else ["on_policy", STALE, PAPER_STALE],
                  "seed": [0] if small else [0, 1]},
     }
 

@@ -2,10 +2,15 @@
 while P3O, which has no ε (its ratio cap is the batch's own ESS), needs no such tuning.
 
 Toy analogue: world ``token_mdp`` (family ``forking``), tabular policy, Adam lr 0.05, 8 prompts × 8 responses per
-update, two settings in which clipping binds: ``stale_k:64`` (stale data, one pass per batch) and ``epochs:8``
-(PPO-style: each batch is consumed by 8 consecutive updates).  GRPO with symmetric ε ∈ {0.2, 0.4, 0.6} against P3O.
-Measured: exact return J(π) at the middle and end of training, mean clipped-token fraction and ESS, and for GRPO
-the spread (max − min over ε) of the seed-mean returns, to set against P3O's value.
+update, GRPO-style std-normalised advantages for both.  Settings: ``stale_k:64`` (stale data, one pass per batch),
+``epochs:8`` (PPO-style: each batch is consumed by 8 consecutive updates), and the P3O paper's own kinds of
+off-policy data: ``mixture:0.5`` (half of each batch's prompts answered by another policy, the frozen π_0) and
+``mismatch`` (on-policy schedule sampled at temperature 1.2 by a noisy engine, ``sampler_noise_std = 1``: the
+sampler draws from softmax(z/1.2 + ε), ε ~ N(0, 1), while the ratios use the trainer's log-probs — the FP8-rollout /
+high-temperature mismatch of the paper, exaggerated so that it is visible at T = 5; fixed before any run).
+GRPO with symmetric ε ∈ {0.2, 0.4, 0.6} against P3O.  Measured: exact return J(π) at the middle, peak and end of
+training (P3O's rise-then-fall is peak − final), mean clipped-token fraction and ESS, and for GRPO the spread
+(max − min over ε) of the seed-mean returns, to set against P3O's value.
 
     python paper_figures/claim_f_p3o_vs_grpo_eps.py [--small]
 """
@@ -13,8 +18,12 @@ the spread (max − min over ε) of the seed-mean returns, to set against P3O's 
 from __future__ import annotations
 
 import common
+import pandas as pd
 
 EPSILONS = (0.2, 0.4, 0.6)
+#: the engine-mismatch setting (label, config overrides)
+MISMATCH = ("mismatch_T1.2_noise1", {"schedule": "on_policy", "temperature": 1.2,
+                                     "policy_params": {"sampler_noise_std": 1.0}})
 
 
 def objectives(small: bool) -> list[dict]:
@@ -29,18 +38,28 @@ def grid(small: bool) -> dict:
         "base": {"world": "token_mdp", "world_params": {"family": "forking"}, "updates": 12 if small else 250,
                  "lr": 0.05, "eval_every": 4 if small else 10, "sample_every": 0, "checkpoint_every": 1000},
         "axes": {"objective": objectives(small),
-                 "schedule": ["stale_k:4", "epochs:2"] if small else ["stale_k:64", "epochs:8"],
+                 "schedule": ["stale_k:4", "epochs:2"] if small else ["stale_k:64", "epochs:8", "mixture:0.5"],
                  "seed": [0] if small else [0, 1]},
     }
+
+
+def mismatch_grid(small: bool) -> dict:
+    settings = grid(small)
+    return {"base": {**settings["base"], **MISMATCH[1]},
+            "axes": {"objective": settings["axes"]["objective"], "seed": settings["axes"]["seed"]}}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__.split("\n")[0], argv)
     out = common.claim_dir(args, "f_p3o_vs_grpo_eps")
     runs = common.sweep(grid(args.small), out / "runs", args.workers)
+    mismatch_runs = common.sweep(mismatch_grid(args.small), out / "runs_mismatch", args.workers)
     table = common.run_table(runs, ("clip_frac", "ess"))
+    mismatch = common.run_table(mismatch_runs, ("clip_frac", "ess")).assign(staleness=MISMATCH[0])
+    table = pd.concat([table, mismatch], ignore_index=True)
+    runs = runs + mismatch_runs
     mean = common.seed_mean(table)
-    keys = ("return_at_half", "final", "clip_frac", "ess")
+    keys = ("return_at_half", "peak", "final", "clip_frac", "ess")
     result: dict = common.rounded_by_cell(mean, keys)
     for schedule, group in mean.groupby("staleness"):
         grpo = group[group["label"].str.startswith("grpo")]
@@ -48,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         result[f"spread @ {schedule}"] = {
             **{f"grpo_{k}_max_minus_min": round(float(grpo[k].max() - grpo[k].min()), 4)
                for k in ("return_at_half", "final")},
+            "p3o_peak_minus_final": round(float(p3o["peak"] - p3o["final"]), 4),
             **{f"p3o_minus_best_grpo_{k}": round(float(p3o[k] - grpo[k].max()), 4)
                for k in ("return_at_half", "final")},
         }

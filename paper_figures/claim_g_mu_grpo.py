@@ -1,11 +1,13 @@
 """Claim (g), Mu-GRPO (Tian, Xie, Wei 2026, arXiv:2605.17570): with a few large generation–optimization stages (µ updates per stage), the
 standard clip [0.8, 1.2] learns slowly, the relaxed clip [0, 5] learns faster, and the negative-advantage veto keeps
-the relaxed clip safe; the veto scopes (trigger tokens, post-trigger suffix, whole response) are compared.
+the relaxed clip safe; the veto scopes (trigger tokens, the non-trigger suffix H_κ, post-trigger suffix, whole
+response) are compared.
 
 Toy analogue: world ``token_mdp`` (family ``forking``), tabular policy, Adam lr 0.05, 8 prompts × 8 responses per
 update, schedules ``stages:16`` and ``stages:64`` (staleness 0 … µ − 1 inside a stage).  Objectives: GRPO with
 [0.8, 1.2]; ``mu_grpo`` with the relaxed range [0, 5] and no veto (``nav_scope = none``); ``mu_grpo`` with the veto
-(κ = 2, our choice: the paper's κ is not public) at scopes ``trigger``, ``suffix`` and ``response``.  Measured: exact
+(κ = 2, our choice: the paper's κ is not public) at scopes ``trigger``, ``nontrigger_suffix`` (the paper's H_κ),
+``suffix`` and ``response``.  Measured: exact
 return J(π) at the middle and end of training, updates until J ≥ 0.9, mean clipped fraction and mean vetoed-token
 fraction ``nav_frac``.
 
@@ -16,11 +18,11 @@ from __future__ import annotations
 
 import common
 
-SCOPES = ("trigger", "suffix", "response")
+SCOPES = ("trigger", "nontrigger_suffix", "suffix", "response")
 
 
 def objectives(small: bool) -> list[dict]:
-    scopes = SCOPES[1:2] if small else SCOPES
+    scopes = SCOPES[2:3] if small else SCOPES
     return [
         {"label": "grpo_0.8_1.2", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
         {"label": "mu_grpo_0_5_noveto", "objective": "mu_grpo", "objective_params": {"nav_scope": "none"}},

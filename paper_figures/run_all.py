@@ -2,7 +2,7 @@
 
 Runs the claim scripts in order (claim (c) re-uses the runs of claim (b)); outputs land in ``paper_figures/out/``.
 ``--docs`` then copies each claim's headline figure to ``docs/figures/`` (full settings only; each must stay under
-300 KB).  Full settings took 9 min 18 s wall on 2 CPU cores shared with other jobs (see README.md); ``--small``
+300 KB).  Full settings took 29 min 57 s wall on 2 CPU cores shared with other jobs (see README.md); ``--small``
 takes seconds per claim (CI smoke test)."""
 
 from __future__ import annotations

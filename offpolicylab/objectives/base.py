@@ -18,6 +18,10 @@ from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.registry import Param, Registry, resolve
 
+#: Group-relative advantage estimators (see the trainer): ``mean`` A_i = r_i − r̄_g (REC paper, Yao et al. 2025,
+#: arXiv:2509.24203), ``std`` A_i = (r_i − r̄_g)/(σ_g + 1e-6) (GRPO, Shao et al. 2024, arXiv:2402.03300).
+ADVANTAGES = ("mean", "std")
+
 COMMON_PARAMS: dict[str, Param] = {
     "agg": Param("token-mean", str, choices=AGG_MODES, doc="loss aggregation mode"),
     "tis_cap": Param(
@@ -31,6 +35,8 @@ class Objective:
     """Base class: validated parameters, TIS weighting, aggregation and standard metrics.
 
     Subclasses set ``name``, ``params`` (their own :class:`Param` specs) and implement :meth:`token_loss`.
+    ``advantage`` names the group-relative advantage estimator of the objective's paper (one of
+    :data:`ADVANTAGES`); the trainer uses it unless the run config chooses another.
     Stateful objectives override :meth:`update`, :meth:`state_dict` and :meth:`load_state_dict`; ``update`` is
     called once per optimizer update, before the loss of that update is computed.
     """
@@ -38,6 +44,7 @@ class Objective:
     name: ClassVar[str] = ""
     params: ClassVar[dict[str, Param]] = {}
     stateful: ClassVar[bool] = False
+    advantage: ClassVar[str] = "std"
 
     def __init__(self, **kwargs: Any) -> None:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)

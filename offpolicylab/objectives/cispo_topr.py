@@ -60,6 +60,8 @@ class TOPR(Objective):
     in A < 0 samples whose weight was truncated (ratio > 1).
     """
 
+    advantage = "mean"  # the paper: reward minus a baseline, no std normalisation
+
     params = {
         "ratio_level": Param("sequence", str, choices=TOPR_LEVELS, doc="trajectory ratio (paper) or per-token"),
     }

@@ -81,11 +81,11 @@ class MISPO(Objective):
 
 
 def target_acceptance(k: int, a_start: float, a_end: float, warmup: int) -> float:
-    """A*_k = a_start + (a_end − a_start)·min((k − 1)/warmup, 1) for update k ≥ 1 (A*_1 = a_start; a_end from update
-    warmup + 1 on; warmup = 0 means a_end at once)."""
+    """A*_k = a_start + (a_end − a_start)·min(k/K, 1) for update k ≥ 1, K = ``warmup`` (the AC-MIS-PO paper's eq. 8:
+    A*_K = a_end at update K; A*_0 = a_start would be the target before the first update; K = 0 means a_end at once)."""
     if warmup <= 0:
         return a_end
-    progress = min(max(k - 1, 0) / warmup, 1.0)
+    progress = min(max(k, 0) / warmup, 1.0)
     return a_start + (a_end - a_start) * progress
 
 

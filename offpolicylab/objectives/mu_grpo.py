@@ -16,16 +16,18 @@ from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
 from offpolicylab.objectives.policy_gradient import ppo_clip_loss
 
-NAV_SCOPES = ("none", "trigger", "suffix", "response")
+NAV_SCOPES = ("none", "trigger", "nontrigger_suffix", "suffix", "response")
 
 
 def negative_advantage_veto(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: float, scope: str) -> Tensor:
     """[B, T] bool: tokens removed by the negative-advantage veto.
 
     Trigger tokens: valid tokens with A < 0 and r > κ (compared as log r > log κ).  Scopes:
-    ``none`` → nothing; ``trigger`` → every trigger token; ``suffix`` → from the first trigger of a response to
-    its end (cumulative sum along T > 0); ``response`` → every valid token of a response that has a trigger.  The scopes
-    are nested: trigger ⊆ suffix ⊆ response.  Padding is never vetoed.
+    ``none`` → nothing; ``trigger`` → every trigger token; ``nontrigger_suffix`` → H_κ, the tokens after the first
+    trigger of a response that are not triggers themselves; ``suffix`` → from the first trigger of a response to its
+    end (cumulative sum along T > 0), i.e. trigger ∪ H_κ from there on; ``response`` → every valid token of a response
+    that has a trigger.  Nesting: trigger ⊆ suffix, nontrigger_suffix ⊆ suffix ⊆ response, trigger ∩
+    nontrigger_suffix = ∅.  Padding is never vetoed.
     """
     if scope not in NAV_SCOPES:
         raise ValueError(f"unknown nav_scope {scope!r}; valid: {', '.join(NAV_SCOPES)}")
@@ -35,8 +37,11 @@ def negative_advantage_veto(log_ratio: Tensor, advantages: Tensor, mask: Tensor,
     trigger = valid & (advantages < 0) & (log_ratio.detach() > math.log(kappa))
     if scope == "trigger":
         return trigger
+    suffix = valid & (torch.cumsum(trigger.to(torch.int32), dim=-1) > 0)
     if scope == "suffix":
-        return valid & (torch.cumsum(trigger.to(torch.int32), dim=-1) > 0)
+        return suffix
+    if scope == "nontrigger_suffix":
+        return suffix & ~trigger
     return valid & trigger.any(dim=-1, keepdim=True)
 
 
@@ -46,8 +51,11 @@ class MuGRPO(Objective):
     (ε_low = 1, ε_high = 4), and ℓ = 0 on tokens removed by the negative-advantage veto: in a response with A < 0
     the first token whose ratio exceeds κ is the trigger, and ``nav_scope`` decides what is removed —
     ``trigger`` (the trigger tokens: *all* tokens with r > κ in A < 0 responses, our reading, so that no exploding
-    token is left in the gradient and the scopes nest), ``suffix`` (the first trigger and everything after it; the
-    default, our reading of the paper), ``response`` (the whole response) or ``none``.
+    token is left in the gradient and the scopes nest), ``nontrigger_suffix`` (the paper's H_κ alone: the tokens
+    after the first trigger that are not triggers; the trigger tokens keep their clipped-PPO gradient), ``suffix``
+    (the first trigger and everything after it, H_κ plus the triggers; the default), ``response`` (the whole
+    response) or ``none``.  The paper (Figure 3) reports that masking the triggers alone still collapses while
+    masking H_κ, or more, keeps training stable.
 
     κ: the paper's value is not public; the default κ = 2 is our choice (the upper token bound of MIS-PO, and well
     inside the relaxed clip range); ``nav_kappa = inf`` disables the veto.  Vetoed tokens count in the ``agg``

@@ -20,6 +20,8 @@ class Reinforce(Objective):
     """ℓ = −A · log π_θ(a|s)  (Williams 1992).  No importance weight: on stale data this is the biased
     "NoIS" gradient whose fixed point is the 3-arm pitfall of REC (Yao et al. 2025, arXiv:2509.24203)."""
 
+    advantage = "mean"  # group-mean baseline, no std (the REC paper's REINFORCE)
+
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         return -batch.advantages * batch.logp, torch.ones_like(batch.mask), {}
 

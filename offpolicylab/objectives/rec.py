@@ -81,6 +81,8 @@ class REC(Objective):
     Reports ``clip_frac``: share of valid tokens the mask removed.
     """
 
+    advantage = "mean"  # the paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
+
     params = {
         "mask": Param("one_side", str, choices=REC_MASKS, doc="REC clipping mask"),
         "importance_sampling": Param(False, bool, doc="keep the ratio weight (IS) or drop it (NoIS)"),

@@ -4,7 +4,8 @@ arXiv:2509.24203): regularised and data-reshaped REINFORCE.
 Source: Yao, Chen et al. 2025, "Group-Relative REINFORCE Is Secretly an Off-Policy Algorithm" (arXiv:2509.24203),
 which re-reads OPMD (Kimi k1.5) and AsymRE as regularised REINFORCE and proposes RED-Drop / RED-Weight; reference
 code: Trinity-RFT ``RECPolicyLossFn`` / ``RECGroupedAdvantage`` (``examples/rec_gsm8k``).
-The advantage is A_i = r_i − r̄ (group mean, no std), given by the caller in ``batch.advantages``.
+The advantage is A_i = r_i − r̄ (group mean, no std: the objectives' ``advantage = "mean"``), given by the caller
+in ``batch.advantages``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
-from offpolicylab.objectives.batch import TokenBatch
+from offpolicylab.objectives.batch import LossOutput, TokenBatch
 
 
 def _require_finite(name: str, value: float) -> None:
@@ -24,24 +25,47 @@ def _require_finite(name: str, value: float) -> None:
         raise ValueError(f"parameter {name}={value!r} is invalid; valid: a finite float")
 
 
+OPMD_FORMS = ("sequence", "token")
+
+
 @register("opmd")
 class OPMD(Objective):
-    """ℓ = −A·log π_θ + β/2·(log π_θ − log π_old)²,  A = r_i − r̄
-    (online policy mirror descent, Kimi k1.5, arXiv:2501.12599; as REP in Yao et al. 2025, arXiv:2509.24203).
+    """ℓ = −(1/K) Σᵢ Aᵢ·log π_θ(yᵢ) + β/(2K) Σᵢ (log π_θ(yᵢ) − log π_old(yᵢ))²,  Aᵢ = rᵢ − r̄
+    (online policy mirror descent, Kimi k1.5, arXiv:2501.12599; as REP in Yao et al. 2025, arXiv:2509.24203, §4.2).
 
-    log π_old is ``behavior_logp``.  Default β = 0.2: the paper's code (Trinity-RFT ``regularizer="k2"``) writes the
-    term as c·Δ² with c = 0.1 ("the 1/2 absorbed into τ"), i.e. β/2 = 0.1.  Trinity's older standalone
-    ``opmd`` loss instead divides −A·log π by (1 + τ); we follow the paper's form.  Reports ``opmd_reg`` (mean
-    β/2·Δ² over valid tokens).
+    ``form="sequence"`` (default, the paper's form): the regulariser acts on the *sequence* log-ratio
+    Δᵢ = Σₜ (log π_θ(yᵢₜ) − log π_old(yᵢₜ)).  In the token-level contract it is written as β/2·Δᵢ²/|yᵢ| on each of
+    yᵢ's |yᵢ| tokens, so that a sequence's tokens sum to β/2·Δᵢ²: with ``agg="seq-mean-token-sum"`` the loss is the
+    formula above exactly, and every ``agg`` keeps the paper's weight of the regulariser relative to the
+    policy term (each sequence's two terms are scaled alike).  Per-token gradient: −Aᵢ + β·Δᵢ.
+    ``form="token"`` (the reference code's choice, Trinity-RFT ``regularizer="k2"``): β/2·Σₜ Δᵢₜ² per token
+    Δᵢₜ = log π_θ(yᵢₜ) − log π_old(yᵢₜ); equal to the sequence form only when every response has one token.
+
+    β: default 0.2.  The paper's Figure 10 "regularization coefficient 0.1" is β/2, not β: the figure's runs use
+    the reference code's OPMD config (``regularizer_coef: 0.1``), and that code writes the term as coef·Δ² with the
+    comment that Kimi's 1/2 is absorbed into the coefficient, i.e. coef = β/2 = 0.1.  Reports ``opmd_reg``, the
+    regulariser's per-token value β/2·Δᵢ²/|yᵢ| (sequence) or β/2·Δᵢₜ² (token) averaged over valid tokens.
     """
 
-    params = {"beta": Param(0.2, float, low=0.0, doc="weight β of the β/2·(log π − log π_old)² regulariser")}
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
+
+    params = {
+        "beta": Param(0.2, float, low=0.0, doc="weight β of the β/2·(log π − log π_old)² regulariser"),
+        "form": Param("sequence", str, choices=OPMD_FORMS,
+                      doc="regulariser on sequence log-ratios (the paper) or per token (the reference code)"),
+    }
 
     def check_params(self) -> None:
         _require_finite("beta", self.beta)
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        regulariser = 0.5 * self.beta * batch.log_ratio.square()
+        log_ratio = batch.log_ratio
+        if self.form == "sequence":
+            tokens = batch.mask.sum(dim=-1, keepdim=True)
+            sequence_delta = log_ratio.sum(dim=-1, keepdim=True)
+            regulariser = (0.5 * self.beta * sequence_delta.square() / tokens.clamp_min(1.0)).expand_as(log_ratio)
+        else:
+            regulariser = 0.5 * self.beta * log_ratio.square()
         loss = -batch.advantages * batch.logp + regulariser
         return loss, torch.ones_like(batch.mask), {"opmd_reg": stats.masked_mean(regulariser.detach(), batch.mask)}
 
@@ -54,6 +78,8 @@ class AsymRE(Objective):
     β > 0 lowers the baseline, tilting updates towards positive samples.  Default β = 0.1, the paper's code
     (Trinity-RFT ``regularizer="forward-kl"``, coefficient 0.1, which adds −β·log π).
     """
+
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
     params = {"beta": Param(0.1, float, doc="baseline shift: baseline = r̄ − β (any finite value)")}
 
@@ -92,19 +118,23 @@ def red_drop_advantages(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Ten
 
 @register("red_drop")
 class REDDrop(Objective):
-    """ℓ = −A'_i·log π_θ on kept sequences, 0 on dropped ones, A'_i = r_i − r̄_g(kept) (RED-Drop, Yao et al. 2025,
-    arXiv:2509.24203; Trinity-RFT ``RECGroupedAdvantage(drop="balance")``).
+    """L = −(1/|S|) Σ_{i∈S} A'ᵢ·log π_θ(yᵢ),  A'ᵢ = rᵢ − r̄_g(kept), S = the kept sequences (RED-Drop, Yao et al.
+    2025, arXiv:2509.24203, eq. 10 and App. B.6; Trinity-RFT ``RECGroupedAdvantage(drop="balance")``).
 
-    Within each group (``group_ids``), surplus negatives (r_i < r̄_g) are dropped so that negatives never outnumber
-    positives, and the baseline is recomputed on what is kept (see :func:`red_drop_advantages`).  Needs
+    Within each group (``group_ids``), surplus negatives (rᵢ < r̄_g) are dropped so that negatives never outnumber
+    positives, and the baseline is recomputed on what is kept (see :func:`red_drop_advantages`).  Dropped sequences
+    leave the batch: ``agg`` averages over the kept sequences' tokens only (|S| in the paper's normaliser), so a
+    group of 1 positive and 7 negatives gets the gradient of a 2-sample group, not 2/8 of it.  Needs
     ``batch.rewards`` and ``batch.group_ids``; ``batch.advantages`` is ignored (recomputed from rewards).
     Differences from Trinity-RFT: Trinity drops a *random* subset of the negatives; we drop all but the first n_pos
     in batch order — samples of a group are exchangeable, so the distribution is the same and the objective stays
     deterministic.  A single-sample group gets A' = 0 (Trinity uses r̄ = 0 there).  Reports ``drop_frac`` (share
-    of sequences dropped).
+    of sequences dropped); ``mask_frac`` counts the dropped sequences' tokens, the ratio metrics cover kept ones.
     """
 
-    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
+
+    def __call__(self, batch: TokenBatch) -> LossOutput:
         missing = [name for name in ("rewards", "group_ids") if getattr(batch, name) is None]
         if missing:
             raise ValueError(
@@ -112,10 +142,15 @@ class REDDrop(Objective):
                 "got None"
             )
         advantages, keep = red_drop_advantages(batch.rewards, batch.group_ids)
-        advantages = advantages.to(batch.logp.dtype)[:, None]
-        token_keep = keep[:, None].expand_as(batch.mask).to(batch.mask.dtype)
-        drop_frac = 1.0 - keep.to(batch.logp.dtype).mean()
-        return -advantages * batch.logp, token_keep, {"drop_frac": drop_frac}
+        kept_mask = batch.mask * keep[:, None].to(batch.mask.dtype)
+        out = super().__call__(batch.replace(advantages=advantages.to(batch.logp.dtype), mask=kept_mask))
+        out.metrics["mask_frac"] = 1.0 - kept_mask.sum() / batch.mask.sum().clamp_min(1.0)
+        out.metrics["drop_frac"] = 1.0 - keep.to(batch.logp.dtype).mean()
+        return out
+
+    def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """−A'·log π on a batch whose ``advantages`` and ``mask`` :meth:`__call__` has already set to RED-Drop's."""
+        return -batch.advantages * batch.logp, torch.ones_like(batch.mask), {}
 
 
 @register("red_weight")
@@ -126,6 +161,8 @@ class REDWeight(Objective):
     Unnormalised weights, as in the paper's code (Trinity-RFT: "unnormalized version"); T = 1 by default.
     T = inf gives plain REINFORCE.  Reports ``weight_mean`` over valid tokens.
     """
+
+    advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
     params = {"temperature": Param(1.0, float, low=0.0, low_open=True, doc="temperature T of w = exp(A/T)")}
 

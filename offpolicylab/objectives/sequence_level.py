@@ -17,6 +17,9 @@ from offpolicylab.objectives.policy_gradient import ppo_clip_loss
 
 GSPO_EPS_LOW = 3e-4
 GSPO_EPS_HIGH = 4e-4
+#: REC-GSPO's clip edges in Yao et al. 2025 (arXiv:2509.24203), App. B.7: twice GSPO's.
+REC_GSPO_EPS_LOW = 6e-4
+REC_GSPO_EPS_HIGH = 8e-4
 
 
 def gspo_token_log_ratio(batch: TokenBatch) -> tuple[Tensor, Tensor]:
@@ -62,15 +65,19 @@ class RECGSPO(Objective):
     - IS:   ℓ_it = −k_i·A_it·s_it   (s_it the GSPO token form: value s_i, gradient s_i·∇logπ_it)
     - NoIS: ℓ_it = −k_i·A_it·log π_θ(y_it)
 
-    Defaults ε_l = 3e-4, ε_h = 4e-4 (REC-GSPO configs of the paper's code, GSPO's values).  Differences from
+    Defaults ε_l = 6e-4, ε_h = 8e-4, the REC paper's REC-GSPO settings (App. B.7); GSPO's own 3e-4 / 4e-4 are the
+    ``gspo`` defaults.  Differences from
     Trinity-RFT: Trinity writes IS as −k·A·sg(s_i)·logπ (same gradient; we use the surrogate value) and forces
     seq-mean-token-mean aggregation; here ``agg`` is honoured (default ``token-mean``).  Reports ``clip_frac``.
     """
 
+    advantage = "mean"  # the REC paper: A = r − r̄, no std
+
     params = {
         "importance_sampling": Param(False, bool, doc="weight by the sequence ratio (IS) or not (NoIS)"),
-        "eps_low": Param(GSPO_EPS_LOW, float, low=0.0, high=1.0, doc="keep A ≤ 0 sequences with s ≥ 1 − eps_low"),
-        "eps_high": Param(GSPO_EPS_HIGH, float, low=0.0, doc="keep A ≥ 0 sequences with s ≤ 1 + eps_high"),
+        "eps_low": Param(REC_GSPO_EPS_LOW, float, low=0.0, high=1.0,
+                         doc="keep A ≤ 0 sequences with s ≥ 1 − eps_low"),
+        "eps_high": Param(REC_GSPO_EPS_HIGH, float, low=0.0, doc="keep A ≥ 0 sequences with s ≤ 1 + eps_high"),
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.objectives import AGG_MODES, TokenBatch, get_objective, list_objectives
+from offpolicylab.objectives.reward_weighted import red_drop_advantages
 
 # Non-default configurations worth running through the same properties (only those whose objective is registered).
 EXTRA_CONFIGS: list[tuple[str, dict[str, Any]]] = [
@@ -119,8 +120,6 @@ def effective_advantages(name: str, obj: Any, fields: dict[str, Tensor]) -> Tens
     if name == "red_weight":
         return torch.exp(advantages / obj.temperature) * advantages
     if name == "red_drop":
-        from offpolicylab.objectives.reward_weighted import red_drop_advantages
-
         dropped_aware, _ = red_drop_advantages(fields["rewards"], fields["group_ids"])
         return dropped_aware.to(advantages.dtype)[:, None].expand_as(advantages)
     return advantages
@@ -134,6 +133,9 @@ def test_gradient_at_ratio_one_equals_reinforce(name: str, params: dict[str, Any
     obj = get_objective(name, agg=agg, **params)
     out, grad = _run(obj, fields)
     reference_fields = {**fields, "advantages": effective_advantages(name, obj, fields)}
+    if name == "red_drop":  # eq. 10 averages over the kept sequences only
+        _, keep = red_drop_advantages(fields["rewards"], fields["group_ids"])
+        reference_fields["mask"] = fields["mask"] * keep[:, None].to(fields["mask"].dtype)
     _, expected = _run(get_objective("reinforce", agg=agg), reference_fields)
     torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-12)
     assert expected.abs().sum() > 0  # the comparison is not vacuous
@@ -286,3 +288,28 @@ def test_every_design_objective_is_registered() -> None:
         "mu_grpo",
     }
     assert design <= set(list_objectives()), f"missing: {sorted(design - set(list_objectives()))}"
+
+
+# ------------------------------------------------------------------------------ documented values from the CLI
+def test_every_documented_choice_is_accepted_from_the_command_line() -> None:
+    """Each value a string-choice parameter lists (``nav_scope=none`` included) survives the CLI's ``k=v`` parsing
+    and builds the objective / policy with exactly that value; optional parameters read ``none`` as unset."""
+    from offpolicylab.config import parse_assignments
+    from offpolicylab.policies import POLICIES
+    from offpolicylab.registry import Param
+    from offpolicylab.worlds import WORLDS
+
+    specs: list[tuple[str, str, Param]] = [(n, k, p) for n in list_objectives()
+                                           for k, p in get_objective(n).all_params().items()]
+    specs += [(f"{registry.kind} {name}", k, p) for registry in (POLICIES, WORLDS) for name in registry.names()
+              for k, p in registry.params(name).items()]
+    checked = 0
+    for owner, key, spec in specs:
+        for choice in spec.choices or ():
+            value = parse_assignments([f"{key}={choice}"], "--param")[key]
+            assert spec.validate(key, value) == choice, (owner, key, choice)
+            checked += 1
+        if spec.optional:
+            assert spec.validate(key, parse_assignments([f"{key}=none"], "--param")[key]) is None
+    assert checked > 10
+    assert get_objective("mu_grpo", **parse_assignments(["nav_scope=none"], "--param")).nav_scope == "none"

@@ -90,9 +90,12 @@ def test_finite_at_extreme_log_ratios(name: str) -> None:
 
 # ------------------------------------------------------------------------------------------ AC-MIS-PO controller
 def test_target_schedule() -> None:
-    assert target_acceptance(1, 0.4, 0.2, 200) == pytest.approx(0.4)
-    assert target_acceptance(101, 0.4, 0.2, 200) == pytest.approx(0.3)
-    assert target_acceptance(201, 0.4, 0.2, 200) == pytest.approx(0.2)
+    """The paper's eq. 8, A*_k = a_start + (a_end − a_start)·min(k/K, 1), by hand for K = 200: update 1 already
+    moves by 1/200 of the way (0.4 − 0.2/200 = 0.399), update K = 200 reaches a_end."""
+    assert target_acceptance(1, 0.4, 0.2, 200) == pytest.approx(0.399)
+    assert target_acceptance(100, 0.4, 0.2, 200) == pytest.approx(0.3)
+    assert target_acceptance(199, 0.4, 0.2, 200) == pytest.approx(0.201)
+    assert target_acceptance(200, 0.4, 0.2, 200) == pytest.approx(0.2)
     assert target_acceptance(900, 0.4, 0.2, 200) == pytest.approx(0.2)
     assert target_acceptance(1, 0.4, 0.2, 0) == pytest.approx(0.2)
 

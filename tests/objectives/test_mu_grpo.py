@@ -37,6 +37,7 @@ MASK = [
 EXPECTED_VETO = {
     "none": [],
     "trigger": [(1, 2), (1, 4), (3, 1)],
+    "nontrigger_suffix": [(1, 3), (1, 5), (3, 2)],  # H_κ: after the first trigger, triggers excluded
     "suffix": [(1, 2), (1, 3), (1, 4), (1, 5), (3, 1), (3, 2)],
     "response": [(1, t) for t in range(6)] + [(3, 0), (3, 1), (3, 2)],
 }
@@ -61,7 +62,7 @@ def relaxed_clip_reference(veto: np.ndarray) -> tuple[float, np.ndarray]:
     return per_token.sum() / N_VALID, grad
 
 
-@pytest.mark.parametrize("scope", ["none", "trigger", "suffix", "response"])
+@pytest.mark.parametrize("scope", ["none", "trigger", "nontrigger_suffix", "suffix", "response"])
 def test_each_scope_masks_exactly_the_named_tokens(scope: str) -> None:
     batch, logp = make_batch(RATIOS, ADVANTAGES, MASK)
     out = get_objective("mu_grpo", nav_kappa=2.0, nav_scope=scope)(batch)
@@ -87,13 +88,15 @@ def test_scopes_nest_and_spare_positive_advantages() -> None:
     mask = (torch.arange(20)[None, :] < torch.randint(1, 21, (32,), generator=gen)[:, None]).float()
     adv_tok = adv[:, None].expand(32, 20)
     vetoes = {scope: negative_advantage_veto(log_ratio, adv_tok, mask, 2.0, scope) for scope in
-              ("none", "trigger", "suffix", "response")}
+              ("none", "trigger", "nontrigger_suffix", "suffix", "response")}
     assert not vetoes["none"].any()
     assert (vetoes["trigger"] <= vetoes["suffix"]).all() and (vetoes["suffix"] <= vetoes["response"]).all()
     for veto in vetoes.values():
         assert not (veto & (adv_tok >= 0)).any()
         assert not (veto & (mask == 0)).any()
     assert vetoes["trigger"].sum() < vetoes["suffix"].sum() < vetoes["response"].sum()
+    assert not (vetoes["trigger"] & vetoes["nontrigger_suffix"]).any()
+    assert torch.equal(vetoes["trigger"] | vetoes["nontrigger_suffix"], vetoes["suffix"])
     # suffix: per row, vetoed ⇔ valid and at/after the first trigger (a loop reference)
     for row in range(32):
         triggers = [t for t in range(20) if bool(vetoes["trigger"][row, t])]
@@ -118,7 +121,7 @@ def test_defaults() -> None:
     assert (objective.eps_low, objective.eps_high, objective.nav_kappa, objective.nav_scope) == (1.0, 4.0, 2.0, "suffix")
 
 
-@pytest.mark.parametrize("scope", ["none", "trigger", "suffix", "response"])
+@pytest.mark.parametrize("scope", ["none", "trigger", "nontrigger_suffix", "suffix", "response"])
 def test_finite_at_extreme_log_ratios(scope: str) -> None:
     ratios = np.exp(np.array([[50.0, -50.0, 0.0], [-50.0, 50.0, 0.1]]))
     batch, logp = make_batch(ratios, [1.0, -1.0], np.ones((2, 3)))

@@ -1,7 +1,8 @@
 """Golden tests for ``opmd``, ``asymre``, ``red_drop`` and ``red_weight`` (Yao et al. 2025, arXiv:2509.24203).
 
-Hand-derived per-token forms: OPMD ℓ = −A·logp + β/2·Δ², ∂ℓ/∂logp = −A + β·Δ; AsymRE ∂ℓ/∂logp = −(A + β);
-RED-Weight ∂ℓ/∂logp = −A·e^{A/T}; RED-Drop's effective advantages are worked out by hand below.
+Hand-derived forms: OPMD (paper, sequence form) −A·log π(y) + β/2·(Σₜ Δₜ)² per sequence, ∂/∂logpₜ = −A + β·Σₜ Δₜ;
+OPMD token form ℓ = −A·logp + β/2·Δ², ∂ℓ/∂logp = −A + β·Δ; AsymRE ∂ℓ/∂logp = −(A + β);
+RED-Weight ∂ℓ/∂logp = −A·e^{A/T}; RED-Drop's effective advantages and |S| normaliser are worked out by hand below.
 At ratio 1 these objectives are REINFORCE on their *effective* advantages (A + β, A·e^{A/T}, the RED-Drop A'),
 which is what the ratio-1 tests compare against.
 """
@@ -25,22 +26,68 @@ from tests.objectives._golden import (
 
 
 @pytest.mark.parametrize("agg", AGG_MODES)
-def test_opmd_golden(agg: str) -> None:
+def test_opmd_token_form_golden(agg: str) -> None:
     data = random_batch(seed=1)
     beta = 0.3
     delta = data["logp"] - data["behavior_logp"]
     adv = data["advantages"][:, None]
     per_token = -adv * data["logp"] + 0.5 * beta * delta**2
     want_loss, want_grad = expected(per_token, -adv + beta * delta, data["mask"], agg)
-    loss, grad, out = run("opmd", data, beta=beta, agg=agg)
+    loss, grad, out = run("opmd", data, beta=beta, form="token", agg=agg)
     assert loss == pytest.approx(want_loss, rel=1e-12)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
     reg = (0.5 * beta * delta**2 * data["mask"]).sum() / data["mask"].sum()
     assert float(out.metrics["opmd_reg"]) == pytest.approx(reg, rel=1e-12)
 
 
+def test_opmd_sequence_form_is_the_papers_loss() -> None:
+    """The paper's L = −(1/K) Σᵢ Aᵢ log π(yᵢ) + β/(2K) Σᵢ (log π(yᵢ) − log π_old(yᵢ))², sequence log-probs summed
+    over valid tokens in NumPy; it is our loss with agg = seq-mean-token-sum, gradient (1/K)(−Aᵢ + β·Δᵢ) per token."""
+    data = random_batch(seed=11, batch=5, length=7)
+    beta = 0.2
+    mask = data["mask"]
+    seq_logp = (data["logp"] * mask).sum(axis=1)
+    seq_delta = ((data["logp"] - data["behavior_logp"]) * mask).sum(axis=1)
+    adv, k = data["advantages"], len(data["advantages"])
+    paper = -(adv * seq_logp).sum() / k + beta / (2 * k) * (seq_delta**2).sum()
+    loss, grad, _ = run("opmd", data, agg="seq-mean-token-sum")
+    assert get_objective("opmd").form == "sequence"
+    assert loss == pytest.approx(paper, rel=1e-12)
+    np.testing.assert_allclose(grad, mask * ((-adv + beta * seq_delta) / k)[:, None], rtol=1e-12, atol=1e-15)
+    # the token form differs at T > 1 (Σ Δₜ² ≠ (Σ Δₜ)²)
+    token_loss, _, _ = run("opmd", data, form="token", agg="seq-mean-token-sum")
+    assert abs(token_loss - paper) > 1e-3
+
+
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_opmd_sequence_form_keeps_the_papers_weighting_under_every_agg(agg: str) -> None:
+    """Each sequence's two terms scale alike: per token ℓ = −A·logpₜ + β/2·Δ²/|y|, gradient −A + β·Δ."""
+    data = random_batch(seed=12, batch=4, length=5)
+    beta = 0.4
+    mask = data["mask"]
+    length = mask.sum(axis=1, keepdims=True)
+    seq_delta = ((data["logp"] - data["behavior_logp"]) * mask).sum(axis=1, keepdims=True)
+    adv = data["advantages"][:, None]
+    per_token = -adv * data["logp"] + 0.5 * beta * seq_delta**2 / length
+    want_loss, want_grad = expected(per_token, -adv + beta * seq_delta, mask, agg)
+    loss, grad, _ = run("opmd", data, beta=beta, agg=agg)
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_opmd_forms_agree_for_one_token_responses() -> None:
+    data = random_batch(seed=13, batch=6, length=1)
+    data["mask"] = np.ones_like(data["mask"])
+    seq_loss, seq_grad, _ = run("opmd", data)
+    tok_loss, tok_grad, _ = run("opmd", data, form="token")
+    assert seq_loss == pytest.approx(tok_loss, rel=1e-12)
+    np.testing.assert_allclose(seq_grad, tok_grad, rtol=1e-12)
+
+
 def test_opmd_defaults_and_validation() -> None:
     assert get_objective("opmd").beta == 0.2  # β/2 = 0.1, the paper's code's coefficient
+    with pytest.raises(ValueError, match="form"):
+        get_objective("opmd", form="seq")
     for bad in (-0.1, float("inf")):
         with pytest.raises(ValueError, match="beta"):
             get_objective("opmd", beta=bad)
@@ -94,15 +141,30 @@ def _red_batch(seed: int = 4) -> dict:
 def test_red_drop_golden(agg: str) -> None:
     data = _red_batch()
     adv = RED_ADVANTAGES[:, None]
-    want_loss, want_grad = expected(-adv * data["logp"], -adv * np.ones_like(data["logp"]), data["mask"], agg)
+    kept_mask = data["mask"] * RED_KEEP[:, None]  # eq. 10: the mean runs over the kept sequences S only
+    want_loss, want_grad = expected(-adv * data["logp"], -adv * np.ones_like(data["logp"]), kept_mask, agg)
     loss, grad, out = run("red_drop", data, agg=agg)
     assert loss == pytest.approx(want_loss, rel=1e-12, abs=1e-15)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
     np.testing.assert_array_equal(out.token_mask.numpy(), RED_KEEP[:, None] * data["mask"])
     assert float(out.metrics["drop_frac"]) == pytest.approx(2 / 8)
-    # ratio-independent, so it is REINFORCE on the effective advantages A' at any ratio
-    _, reinforce_grad, _ = run("reinforce", dict(data, advantages=RED_ADVANTAGES), agg=agg)
+    # ratio-independent, so it is REINFORCE on the effective advantages A' over the kept sequences at any ratio
+    _, reinforce_grad, _ = run("reinforce", dict(data, advantages=RED_ADVANTAGES, mask=kept_mask), agg=agg)
     np.testing.assert_allclose(grad, reinforce_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_red_drop_one_positive_seven_negatives_by_hand() -> None:
+    """Eq. 10 by hand, T = 1: rewards [1, 0 × 7] keep S = {the positive, the first negative}, r̄_S = 0.5,
+    A' = ±0.5, L = −(1/|S|)·(0.5·log π(y₊) − 0.5·log π(y₋)) → ∂L/∂logp = −0.25 / +0.25, 0 for the dropped six
+    (normalising by all 8 sequences instead would give ∓0.0625, 4× too small)."""
+    logp = np.log(np.full((8, 1), 0.3))
+    data = {"logp": logp, "behavior_logp": logp - 0.1, "advantages": np.zeros(8), "mask": np.ones((8, 1)),
+            "rewards": np.array([1.0] + [0.0] * 7), "group_ids": torch.zeros(8, dtype=torch.long)}
+    loss, grad, out = run("red_drop", data)
+    np.testing.assert_allclose(grad[:, 0], [-0.25, 0.25, 0, 0, 0, 0, 0, 0], atol=1e-15)
+    assert loss == pytest.approx(-(0.5 * np.log(0.3) - 0.5 * np.log(0.3)) / 2, abs=1e-15)
+    assert float(out.metrics["drop_frac"]) == pytest.approx(6 / 8)
+    assert float(out.metrics["mask_frac"]) == pytest.approx(6 / 8)
 
 
 def test_red_drop_balanced_groups_equal_reinforce_at_ratio_one() -> None:
@@ -139,7 +201,8 @@ def test_red_drop_works_in_float32_with_float_group_ids() -> None:
     data = _red_batch()
     data["group_ids"] = torch.tensor(RED_GROUPS, dtype=torch.float32)
     _, grad, _ = run("red_drop", data, dtype=torch.float32)
-    want = -RED_ADVANTAGES[:, None] * data["mask"] / data["mask"].sum()
+    kept_mask = data["mask"] * RED_KEEP[:, None]
+    want = -RED_ADVANTAGES[:, None] * kept_mask / kept_mask.sum()
     np.testing.assert_allclose(grad, want, rtol=1e-6, atol=1e-7)
 
 

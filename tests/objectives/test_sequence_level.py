@@ -88,6 +88,19 @@ def test_rec_gspo_golden(importance_sampling: bool, agg: str) -> None:
     assert float(out.metrics["clip_frac"]) == pytest.approx(1.0 - (keep * MASK).sum() / MASK.sum())
 
 
+def test_rec_gspo_default_band_is_the_rec_papers() -> None:
+    """REC paper App. B.7: ε_l = 6e-4, ε_h = 8e-4.  Mean log-ratios ±7e-4 give s = e^{±7e-4} ≈ 1.00070 / 0.99930,
+    so by hand: A > 0 at s = 1.00070 ≤ 1 + 8e-4 is kept (GSPO's 1 + 4e-4 masks it); A < 0 at s = 0.99930 <
+    1 − 6e-4 = 0.9994 is masked by both."""
+    log_ratio = np.array([[7e-4, 7e-4], [-7e-4, -7e-4]])
+    logp = np.log(np.array([[0.4, 0.5], [0.3, 0.6]]))
+    data = batch_data(logp, logp - log_ratio, np.array([1.0, -1.0]), np.ones((2, 2)))
+    _, _, out = run("rec_gspo", data)
+    np.testing.assert_array_equal(out.token_mask.numpy(), [[1.0, 1.0], [0.0, 0.0]])
+    _, _, narrow = run("rec_gspo", data, eps_low=3e-4, eps_high=4e-4)
+    np.testing.assert_array_equal(narrow.token_mask.numpy(), [[0.0, 0.0], [0.0, 0.0]])
+
+
 def test_gspo_token_form_equals_sequence_objective() -> None:
     """With sequence advantages and seq-mean-token-mean, GSPO-token's loss and gradient equal those of GSPO's
     sequence objective L = (1/B) Σ_i max(−A_i·s_i, −A_i·clip(s_i)), s_i = exp(mean_t log r_it), differentiated
@@ -132,7 +145,7 @@ def test_defaults() -> None:
     gspo = get_objective("gspo")
     assert (gspo.eps_low, gspo.eps_high, gspo.agg) == (3e-4, 4e-4, "token-mean")
     rec_gspo = get_objective("rec_gspo")
-    assert (rec_gspo.eps_low, rec_gspo.eps_high, rec_gspo.importance_sampling) == (3e-4, 4e-4, False)
+    assert (rec_gspo.eps_low, rec_gspo.eps_high, rec_gspo.importance_sampling) == (6e-4, 8e-4, False)
     with pytest.raises(ValueError, match="eps_low"):
         get_objective("rec_gspo", eps_low=2.0)
     with pytest.raises(ValueError, match="eps_high"):

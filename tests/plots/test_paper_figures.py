@@ -77,8 +77,12 @@ def test_run_all_small(paper, tmp_path: Path) -> None:
         assert json.loads((folder / "result.json").read_text()), claim
         assert list(folder.glob("*.csv")), claim
     pitfall = json.loads((tmp_path / "a_three_arm_pitfall_small" / "result.json").read_text())
-    assert set(pitfall) == {"reinforce", "grpo_eps0.2", "grpo_eps_inf"}
-    assert all(0.0 <= value <= 1.0 for value in pitfall.values())  # exact returns of r ∈ [0, 1]
+    assert set(pitfall) == {"advantage", "expected_gradient", "sampled_sgd", "sampled_adam"}
+    labels = {"reinforce", "grpo_eps0.2", "grpo_eps_inf"}
+    assert pitfall["advantage"] == {"reinforce": "mean", "grpo_eps0.2": "std", "grpo_eps_inf": "std"}
+    for returns in (pitfall["sampled_sgd"], pitfall["sampled_adam"], *pitfall["expected_gradient"].values()):
+        assert set(returns) == labels
+        assert all(0.0 <= value <= 1.0 for value in returns.values())  # exact returns of r ∈ [0, 1]
     tau = json.loads((tmp_path / "d_m2po_tau_small" / "result.json").read_text())
     assert {"m2po_tau0.01", "m2po_tau0.16", "m2po_spread_over_tau"} <= set(tau)
     assert all(0.0 <= tau[k]["final"] <= 1.0 for k in ("m2po_tau0.01", "m2po_tau0.16"))

@@ -114,8 +114,9 @@ def test_collapse_marker_at_event_update(full_runs: list[Path]) -> None:
 
 
 def test_acceptance_target_schedule() -> None:
-    np.testing.assert_allclose(plots.acceptance_target(np.array([0, 100, 200, 400]), 0.4, 0.2, 200),
-                               [0.4, 0.3, 0.2, 0.2])
+    # 0-based update u has taken k = u + 1 controller steps; eq. 8: 0.4 − 0.2·min(k/200, 1)
+    np.testing.assert_allclose(plots.acceptance_target(np.array([0, 99, 199, 400]), 0.4, 0.2, 200),
+                               [0.399, 0.3, 0.2, 0.2])
 
 
 def test_labels_and_staleness_order() -> None:

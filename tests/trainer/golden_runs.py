@@ -36,7 +36,7 @@ GOLDEN_RUNS: dict[str, dict[str, Any]] = {
         group_size=4, optimizer="sgd", lr=0.5, eval_every=4, sample_every=0, checkpoint_every=100, seed=2),
     "tabular_ac_mispo_mixture": dict(
         world="token_mdp", world_params={**_SMALL_MDP, "family": "arithmetic", "eos": True}, objective="ac_mispo",
-        schedule="mixture:0.5", updates=10, prompts_per_update=2, group_size=4, adv_std_norm=True,
+        schedule="mixture:0.5", updates=10, prompts_per_update=2, group_size=4, advantage="std",
         policy_params={"sampler_noise_std": 0.1}, eval_every=5, sample_every=0, checkpoint_every=100, seed=4),
     "tabular_mu_grpo_stages": dict(
         world="token_mdp", world_params=_SMALL_MDP, objective="mu_grpo", schedule="stages:3", updates=9,

@@ -15,6 +15,11 @@ world's hidden targets:
     R = [(1/|F|) Σ_{t∈F} 1[y_t = y*_t]] · (1/|F^c|) Σ_{t∉F} 1[y_t = y*_t]   (forking)
 
 J* = 1 in every family (the target response is always reachable).
+
+Both group-relative advantage estimators are tested: ``mean`` (r − r̄, the estimator the budget was calibrated on)
+and ``std`` ((r − r̄)/σ, GRPO's own and the ``grpo`` default).  One case is a measured negative result, kept as a
+strict xfail: the sequence model on the forking family with ``std`` plateaus at J = 0.875 from update 30 to 119
+(seed 0; ``mean`` reaches 0.998 by update 40 with the same budget).
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ WORLD = {"vocab_size": 4, "length": 5, "num_prompts": 4}
 SHARE_OF_OPTIMUM = 0.9
 
 
-def learning_config(family: str, policy: str) -> TrainConfig:
+def learning_config(family: str, policy: str, advantage: str) -> TrainConfig:
     """The stated budget: on-policy grpo (ε = 0.2), BUDGET_UPDATES updates of 4 prompts × 8 responses."""
     return TrainConfig(world="token_mdp", world_params={"family": family, **WORLD}, objective="grpo",
+                       advantage=advantage,
                        policy=policy, schedule="on_policy", updates=BUDGET_UPDATES, prompts_per_update=4,
                        group_size=8, lr=0.1, seed=0, eval_every=BUDGET_UPDATES, sample_every=0,
                        checkpoint_every=BUDGET_UPDATES)
@@ -67,10 +73,18 @@ def numpy_exact_return(logits: np.ndarray, world: TokenMDP) -> float:
     return total / n
 
 
+STD_PLATEAU = pytest.mark.xfail(strict=True, reason="measured: sequence_model on forking with std-normalised "
+                                                    "advantages plateaus at J = 0.875 (update 30 to 119, seed 0)")
+
+
 @pytest.mark.parametrize("family", ["target", "arithmetic", "forking"])
 @pytest.mark.parametrize("policy", ["tabular", "sequence_model"])
-def test_on_policy_grpo_reaches_90_percent_of_optimum(policy: str, family: str, tmp_path: Path) -> None:
-    config = learning_config(family, policy)
+@pytest.mark.parametrize("advantage", ["mean", "std"])
+def test_on_policy_grpo_reaches_90_percent_of_optimum(advantage: str, policy: str, family: str, tmp_path: Path,
+                                                      request: pytest.FixtureRequest) -> None:
+    if (advantage, policy, family) == ("std", "sequence_model", "forking"):
+        request.applymarker(STD_PLATEAU)
+    config = learning_config(family, policy, advantage)
     summary = train(config, tmp_path)
     assert summary["status"] == "completed"
     assert summary["optimal_return"] == pytest.approx(1.0)

@@ -37,6 +37,44 @@ def test_constant_group_has_zero_advantage_even_normalised() -> None:
     assert torch.equal(got, torch.zeros(4))
 
 
+@pytest.mark.parametrize(("objective", "choice", "used"), [
+    ("grpo", "auto", "std"),  # GRPO (Shao et al. 2024): (r − r̄)/σ
+    ("rec", "auto", "mean"),  # REC (Yao et al. 2025): r − r̄
+    ("opmd", "auto", "mean"),
+    ("m2po", "auto", "std"),
+    ("grpo", "mean", "mean"),  # an explicit choice overrides the paper's
+    ("rec", "std", "std"),
+])
+def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, objective: str,
+                                                  choice: str, used: str) -> None:
+    """The batch's advantages are the NumPy group formula of the estimator used, and config.json names it."""
+    seen = []
+    original = trainer.token_batch
+
+    def spy(rollout, logp, entropy, advantages, update):
+        seen.append((rollout.rewards.numpy().astype(np.float64), rollout.group_ids.numpy(), advantages.numpy()))
+        return original(rollout, logp, entropy, advantages, update)
+
+    monkeypatch.setattr(trainer, "token_batch", spy)
+    trainer.train(mdp_config(objective=objective, advantage=choice, updates=2, checkpoint_every=2), tmp_path / "r")
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["advantage"] == used
+    informative = 0
+    for rewards, groups, advantages in seen:
+        for g in np.unique(groups):
+            r = rewards[groups == g]
+            want = r - r.mean()
+            if used == "std":
+                want = want / (r.std() + 1e-6)
+            informative += int(r.std() > 0)
+            np.testing.assert_allclose(advantages[groups == g], want, rtol=1e-5, atol=1e-6)
+    assert informative > 0  # some group had distinct rewards, so mean and std differ
+
+
+def test_unknown_advantage_is_rejected() -> None:
+    with pytest.raises(ValueError, match="valid: auto, mean, std"):
+        mdp_config(advantage="zscore")
+
+
 # ------------------------------------------------------------------------------------------------ the pitfall
 def _final_probs(run: Path) -> torch.Tensor:
     state = RunDir(run).load_checkpoint()
