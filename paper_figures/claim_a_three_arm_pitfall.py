@@ -60,8 +60,8 @@ def grid(small: bool, optimizer: str) -> dict:
 
 def expected_gradient_return(objective: str, params: dict, optimizer: str, steps: int) -> float:
     """J(π) after ``steps`` optimizer steps on the exact expected gradient E_{a~π_b}[∇_θ L] from θ = log π_b."""
-    from offpolicylab.worlds.bandits import three_arm_pitfall
     from offpolicylab.policies.tabular import TabularSoftmaxPolicy
+    from offpolicylab.worlds.bandits import three_arm_pitfall
 
     world = three_arm_pitfall()
     policy = TabularSoftmaxPolicy.from_probs(world.behavior_probs.double())
