@@ -71,7 +71,7 @@ def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, monkeypatch: p
 
 
 def test_unknown_advantage_is_rejected() -> None:
-    with pytest.raises(ValueError, match="valid: auto, mean, std"):
+    with pytest.raises(ValueError, match="valid: one of auto, mean, std"):
         mdp_config(advantage="zscore")
 
 
@@ -222,6 +222,7 @@ def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path, monkeypatch:
 
     class NanAfterTwo:
         config: dict = {}
+        advantage = real.advantage
         calls = 0
 
         def update(self, batch: object) -> None:
