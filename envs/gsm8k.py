@@ -29,7 +29,10 @@ from offpolicylab.policies.base import Prompts
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
 
-INSTRUCTION = "Solve the problem step by step. Write the final answer as a number after '####', like '#### 42'."
+# No example answer: a literal "#### 42" in the instruction is copied by small models (3 of 6 SmolLM2 samples at
+# T = 0.7), earning the format reward and, on problems whose answer is 42, the full one.
+INSTRUCTION = ("Solve the problem step by step. End your response with a line that starts with '####' followed by "
+               "the final answer as a plain number.")
 PLAIN_TEMPLATE = "Question: {question}\n{instruction}\nAnswer:"
 
 _NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
