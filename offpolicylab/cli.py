@@ -23,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
-from offpolicylab.config import TrainConfig, field_help, parse_assignments, parse_value
+from offpolicylab.config import TrainConfig, field_help, parse_assignments, parse_value, scalar_kind
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
             flag = "--" + _DICT_FLAGS[f.name].replace("_", "-")
             run.add_argument(flag, dest=f.name, action="append", metavar="K=V", help=f"{text} (repeatable)")
         else:
-            run.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=f.type.upper(),
+            run.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar=scalar_kind(f.type).upper(),
                              help=f"{text} (default: {default})")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     try:
-        summary = train(config, args.out, resume=args.resume, progress=sys.stderr.isatty())
+        summary = train(config, args.out, resume=args.resume,
+                        progress="bar" if sys.stderr.isatty() else "lines")
     except TrainingFailed as exc:
         print(f"offpolicylab: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -152,12 +153,28 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             merged.update(parse_assignments(value, "--" + _DICT_FLAGS[f.name].replace("_", "-")))
             data[f.name] = merged
         else:
-            data[f.name] = _scalar(f.name, f.type, value)
+            data[f.name] = _scalar(f.name, scalar_kind(f.type), value)
     if getattr(args, "model", None):
         data["world_params"] = {**data.get("world_params", {}), "model": args.model}
         if args.policy is None:
             data["policy"] = "hf"
+    if data.get("world_params"):
+        data["world_params"] = absolute_paths(data["world_params"])
     return TrainConfig.from_dict(data)
+
+
+PATH_PARAMS = ("model", "data")
+
+
+def absolute_paths(params: dict[str, Any]) -> dict[str, Any]:
+    """World parameters that name a local file or directory (:data:`PATH_PARAMS`; a hub id stays as given) made
+    absolute, so that config.json names the same files from any working directory (a resume from elsewhere)."""
+    out = dict(params)
+    for key in PATH_PARAMS:
+        value = out.get(key)
+        if isinstance(value, str) and value and Path(value).expanduser().exists():
+            out[key] = str(Path(value).expanduser().resolve())
+    return out
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

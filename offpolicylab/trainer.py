@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,15 +68,19 @@ class Parts:
 
 
 # ================================================================================================ the loop
-def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = False,
+def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool | str = False,
           stopwatch: Stopwatch | None = None) -> dict[str, Any]:
     """Train as ``config`` says, writing the run directory ``run_dir``; returns the summary.
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
-    uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched."""
+    uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
+    ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
+    either prints the policy-dependent defaults it filled in first."""
     parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
     start = open_run(run, parts, resume)
+    if progress:
+        _log(describe_defaults(config))
     watch = stopwatch or Stopwatch()
     try:
         status = run_updates(parts, run, start, watch, progress)
@@ -140,6 +145,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
                 run.event("collapse", update, reason=reason)
             if cfg.sample_every and update % cfg.sample_every == 0:
                 run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
+            if progress == "lines":
+                _log(progress_line(row, cfg.updates))
         if not finite or (reason is not None and cfg.stop_on_collapse):
             return "collapsed"
         with watch("checkpoint"):
@@ -155,6 +162,7 @@ def build(config: TrainConfig) -> Parts:
     from offpolicylab.policies import make_policy
 
     config.validate_scalars()
+    config, _ = config.with_defaults()
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
     task = envs.make_task(config.world, **config.world_params)
@@ -467,8 +475,35 @@ def _mean_reward(task: Any, rollout: Rollout, gen: torch.Generator) -> float:
     return float(rewards.float().mean())
 
 
-def _progress(updates: range, total: int, start: int, enabled: bool) -> Any:
-    if not enabled:
+def describe_defaults(config: TrainConfig) -> str:
+    """One line naming the run and the defaults that depend on its policy (those it did not set)."""
+    resolved, filled = config.with_defaults()
+    text = f"offpolicylab: {resolved.world} / {resolved.policy} / {resolved.objective} / {resolved.schedule}"
+    if filled:
+        text += f"; defaults for policy {resolved.policy}: " + ", ".join(f"{k}={v:g}" for k, v in filled.items())
+    return text
+
+
+PROGRESS_COLUMNS = ("reward_mean", "loss", "grad_norm", "response_len", "eval_reward_greedy", "eval_reward_sampled")
+
+
+def progress_line(row: dict[str, Any], total: int) -> str:
+    """``update 3/30  reward_mean 0.125  loss …  12.3 s``: the row's main numbers (evaluation ones when present)."""
+    parts = [f"update {row['update'] + 1}/{total}"]
+    for key in PROGRESS_COLUMNS:
+        value = row.get(key)
+        if value is not None and not (isinstance(value, float) and math.isnan(value)):
+            parts.append(f"{key} {value:.4g}")
+    parts.append(f"{row['time_update_s']:.1f} s")
+    return "  ".join(parts)
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _progress(updates: range, total: int, start: int, enabled: bool | str) -> Any:
+    if enabled not in (True, "bar"):
         return updates
     from tqdm.auto import tqdm
 

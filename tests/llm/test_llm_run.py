@@ -174,3 +174,50 @@ def test_a_generator_on_the_model_device_is_used_as_is() -> None:
     device gets a generator there, seeded from one draw of this one: that branch needs an accelerator)."""
     generator = torch.Generator().manual_seed(0)
     assert device_generator(generator, torch.device("cpu")) is generator
+
+
+def test_relative_paths_are_stored_absolute_and_policy_defaults_are_printed(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Model and data given relative to the working directory, no --lr / --eval-samples: config.json holds absolute
+    paths and the hf policy's defaults (lr 1e-4, one sampled evaluation response), stderr (not a terminal) names those
+    defaults and has one line per update, and a run cut after its first checkpoint resumes from another directory."""
+    args = run_args(files, tmp_path / "rel", updates=2)
+    for flag in ("--lr", "--eval-samples"):
+        del args[args.index(flag):args.index(flag) + 2]
+    args[args.index(str(files["model"]))] = "model"
+    args[args.index(f"data={files['data']}")] = "data=gsm8k"
+    monkeypatch.chdir(files["model"].parent)
+    save = RunDir.save_checkpoint
+
+    def dies_at_second(self: RunDir, state: dict) -> None:
+        if state["next_update"] == 2:
+            raise KeyboardInterrupt
+        save(self, state)
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args)
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    config = json.loads((tmp_path / "rel" / "config.json").read_text())
+    assert config["world_params"]["model"] == str(files["model"].resolve())
+    assert config["world_params"]["data"] == str(files["data"].resolve())
+    assert config["lr"] == 1e-4 and config["eval_samples"] == 1
+    err = capsys.readouterr().err
+    assert "defaults for policy hf: lr=0.0001, eval_samples=1" in err
+    assert [line.split("  ")[0] for line in err.splitlines() if line.startswith("update ")] == ["update 1/2",
+                                                                                              "update 2/2"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--out", "rel", "--resume"]) == 0
+    assert len(read_rows(tmp_path / "rel")) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a torch without a usable GPU")
+def test_cuda_device_without_cuda_is_one_line_exit_2(files: dict[str, Path], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*run_args(files, tmp_path / "gpu"), "--policy-param", "device=cuda"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "device='cuda' is not available" in err and "valid: cpu" in err
+    assert not (tmp_path / "gpu").exists()
