@@ -48,6 +48,10 @@ class TrainConfig:
     temperature: float = _f(1.0, "sampling temperature (behavior_logp is recorded at this temperature)")
     adv_std_norm: bool = _f(False, "divide group-relative advantages by the group's reward std (GRPO) instead of "
                                    "the mean baseline alone")
+    recompute_behavior_logp: bool = _f(False, "score each generated batch with the training forward (no grad) and "
+                                              "use that as behavior_logp (verl's recompute of old_log_prob); the "
+                                              "sampler's numbers are kept as sampler_logp, so log_ratio measures "
+                                              "staleness alone and sampler_log_ratio the numeric mismatch")
     optimizer: str = _f("adam", "optimizer: adam, adamw or sgd")
     lr: float | None = _f(None, "learning rate (none: the policy's default, POLICY_DEFAULTS: 0.05 for the toy "
                                 "policies, 1e-4 for the LoRA policy hf)")

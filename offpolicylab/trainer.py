@@ -234,12 +234,26 @@ def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
         prompts = parts.task.sample_prompts(count, gen)
         with watch("policy_forward"):
             rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, gen)
+            if cfg.recompute_behavior_logp:
+                rollout = recompute_behavior_logp(policy, rollout)
         device = rollout.response_ids.device
         pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device)))
     rollout = pieces[0] if len(pieces) == 1 else Rollout.concat(pieces)
     with watch("other"):
         rewards = parts.task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
     return rollout.with_(rewards=rewards.to(torch.float32))
+
+
+def recompute_behavior_logp(policy: Any, rollout: Rollout) -> Rollout:
+    """behavior_logp ← log π(y_t | x, y_<t) from the policy's training forward (``score``, no grad), as verl's
+    recompute of old_log_prob; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
+    reported one).  The objective's log-ratio logp − behavior_logp then measures staleness alone and
+    behavior_logp − sampler_logp the sampler/trainer numeric mismatch (Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training")."""
+    with torch.no_grad():
+        logp, _ = policy.score(rollout)
+    sampler = rollout.sampler_logp if rollout.sampler_logp is not None else rollout.behavior_logp
+    return rollout.with_(behavior_logp=logp.detach() * rollout.response_mask, sampler_logp=sampler)
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:
@@ -274,6 +288,10 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         "response_len": batch.mask.sum(-1).mean(),
         **{key: value for key, value in metrics.items() if value.numel() == 1},
     }
+    if batch.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
+        mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
+        named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
+        named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
     tensors = [v if v.dim() == 0 else v.reshape(()) for v in named.values()]
     if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
         tensors = [t.to(torch.float64) for t in tensors]

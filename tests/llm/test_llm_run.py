@@ -221,3 +221,23 @@ def test_cuda_device_without_cuda_is_one_line_exit_2(files: dict[str, Path], tmp
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
     assert "device='cuda' is not available" in err and "valid: cpu" in err
     assert not (tmp_path / "gpu").exists()
+
+
+def test_recomputed_behavior_logp_separates_staleness_from_numeric_mismatch(files: dict[str, Path],
+                                                                            tmp_path: Path) -> None:
+    """bf16 on the CPU: sampling and scoring log-probs of the same tokens differ.  On-policy, without recompute the
+    objective's |log ratio| at update 0 is that numeric mismatch; with recompute it is 0 (the same training forward
+    on both sides) and the mismatch moves to sampler_log_ratio_abs_mean, equal to the first run's |log ratio|."""
+    runs = {}
+    for name, extra in (("plain", []), ("recompute", ["--recompute-behavior-logp", "true"])):
+        out = tmp_path / name
+        args = run_args(files, out, schedule="on_policy", updates=1)
+        assert cli.main([*args, "--policy-param", "dtype=bfloat16", *extra]) == 0
+        runs[name] = read_rows(out)[0]
+    plain, recompute = runs["plain"], runs["recompute"]
+    assert plain["response_len"] == recompute["response_len"] and plain["reward_mean"] == recompute["reward_mean"]
+    assert float(plain["log_ratio_abs_mean"]) > 0.0 and "sampler_log_ratio_abs_mean" not in plain
+    assert float(recompute["log_ratio_abs_mean"]) == 0.0
+    assert float(recompute["sampler_log_ratio_abs_mean"]) == pytest.approx(float(plain["log_ratio_abs_mean"]),
+                                                                           rel=1e-5)
+    assert float(recompute["sampler_log_ratio_abs_max"]) >= float(recompute["sampler_log_ratio_abs_mean"])
