@@ -6,6 +6,7 @@
                      [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
+    offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated.  A run that fails while training exits with code 1 (its summary.json
@@ -79,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="with --engine ray: the cluster to join (default: $RAY_ADDRESS, else a local Ray)")
 
+    convert = sub.add_parser("convert-gguf", help="write a GGUF model file as a plain model directory (weights "
+                                                  "dequantized, tokenizer and chat template included)")
+    convert.add_argument("gguf", metavar="IN", help="the .gguf file")
+    convert.add_argument("out", metavar="OUT", help="the model directory to create (must not exist or be empty)")
+    convert.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                         help="weight dtype of the directory (default float32)")
+
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
     return parser
@@ -90,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _plot(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
+        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
+                "convert-gguf": cmd_convert_gguf}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
 
@@ -203,6 +212,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _print_table(rows)
     print(f"figure: {figure}")
     return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
+
+
+def cmd_convert_gguf(args: argparse.Namespace) -> int:
+    from offpolicylab.policies.hf_loading import convert_gguf
+
+    out = convert_gguf(args.gguf, args.out, dtype=args.dtype)
+    print(f"{args.gguf} -> {out} (load it with --model {out})")
+    return 0
 
 
 def _plot(argv: list[str]) -> int:

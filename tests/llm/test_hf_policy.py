@@ -285,3 +285,38 @@ def test_offline_hub_id_fails_with_a_clear_message(monkeypatch):
         load_model_and_tokenizer("no-such-org/no-such-model-xyz")
     with pytest.raises(ValueError, match="no such GGUF"):
         load_model_and_tokenizer("/nonexistent/model.gguf")
+
+
+def test_convert_gguf_writes_a_plain_model_directory(tmp_path, capsys):
+    """A tiny GGUF written in the test: the converted directory has no GGUF quantization entry, gives the same
+    logits as the GGUF loaded directly, and its tokenizer encodes, templates and ends responses the same way."""
+    import json
+
+    from offpolicylab import cli
+    from offpolicylab.policies.hf_loading import load_model_and_tokenizer
+
+    from .tiny import write_tiny_gguf
+
+    pytest.importorskip("gguf")
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(str(gguf_path))
+    assert cli.main(["convert-gguf", str(gguf_path), str(tmp_path / "plain")]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    original, original_tok = load_model_and_tokenizer(str(gguf_path))
+    plain, plain_tok = load_model_and_tokenizer(str(tmp_path / "plain"))
+    assert not (tmp_path / "plain" / "tiny.gguf").exists()
+    messages = [{"role": "user", "content": "What is 12 + 30? Think."}]
+    text = original_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert plain_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == text
+    ids = original_tok(text)["input_ids"]
+    assert plain_tok(text)["input_ids"] == ids and "<|im_start|>" in plain_tok.convert_ids_to_tokens(ids)
+    assert plain_tok.eos_token == original_tok.eos_token == "<|im_end|>"
+    with torch.no_grad():
+        expected = original(input_ids=torch.tensor([ids])).logits
+        torch.testing.assert_close(plain(input_ids=torch.tensor([ids])).logits, expected, rtol=0, atol=0)
+    with pytest.raises(SystemExit) as exit_info:  # an existing, non-empty OUT is refused
+        cli.main(["convert-gguf", str(gguf_path), str(tmp_path / "plain")])
+    assert exit_info.value.code == 2 and "not an empty directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["convert-gguf", str(tmp_path / "plain" / "config.json"), str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()
