@@ -83,6 +83,31 @@ def test_eos_ends_response_and_padding_is_masked(make_policy, prompts, tokenizer
     assert torch.equal(policy.score(rollout)[0][real], policy.score(noisy)[0][real])
 
 
+@pytest.mark.parametrize("micro_batch", [None, 5])
+def test_rows_that_end_leave_the_batch_without_changing_the_numbers(make_policy, prompts, micro_batch):
+    """The sampler drops a row from the batch (and its KV cache) once it emits EOS, prefills a group's identical
+    prompts once and, with micro-batches, batches rows by prompt length: the log-probs still equal an independent
+    forward of each row alone, rows come back in the caller's order, and greedy tokens are each step's argmax."""
+    policy = make_policy(max_new_tokens=8, eos_ids=list(range(5, 103))[::4], sample_micro_batch=micro_batch)
+    _nudge_lora(policy)
+    rollout = policy.sample(prompts, 4, 1.0, torch.Generator().manual_seed(2))
+    lengths = rollout.response_mask.sum(1)
+    assert lengths.min() < lengths.max()  # rows ended at different steps
+    assert torch.equal(rollout.prompt_ids, prompts.ids.repeat_interleave(4, 0))
+    mask = rollout.response_mask > 0
+    independent = reference_logp(policy.model, prompts, rollout, 1.0)
+    assert (rollout.behavior_logp - independent)[mask].abs().max() <= 1e-4
+    assert rollout.response_ids[~mask].eq(policy.pad_id).all()
+    greedy = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0), greedy=True)
+    for row in range(len(greedy)):
+        prompt = greedy.prompt_ids[row][greedy.prompt_mask[row] > 0]
+        length = int(greedy.response_mask[row].sum())
+        ids = torch.cat([prompt, greedy.response_ids[row, :length]])[None]
+        with torch.no_grad():
+            argmax = policy.model(input_ids=ids).logits[0, len(prompt) - 1:-1].argmax(-1)
+        assert torch.equal(argmax, greedy.response_ids[row, :length])
+
+
 def test_all_rows_finishing_stops_generation(make_policy, prompts):
     policy = make_policy(max_new_tokens=20, eos_ids=list(range(103)))  # every token is EOS
     rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
