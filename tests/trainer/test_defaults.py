@@ -1,9 +1,19 @@
-"""Policy-dependent defaults of TrainConfig: unset fields are filled per policy, set ones are kept."""
+"""Policy-dependent defaults of TrainConfig (unset fields filled per policy, set ones kept), progress lines, and the
+GPU bookkeeping of the trainer that a CPU can check (section synchronization, CUDA RNG state in checkpoints)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+import torch
+
+from offpolicylab import trainer
 from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig
-from offpolicylab.trainer import describe_defaults, progress_line
+from offpolicylab.runs import RunDir
+from offpolicylab.trainer import Stopwatch, describe_defaults, progress_line
+
+from .conftest import mdp_config
 
 
 def test_unset_fields_take_the_policy_default() -> None:
@@ -23,3 +33,28 @@ def test_defaults_and_progress_lines_read_well() -> None:
            "eval_reward_greedy": float("nan"), "time_update_s": 12.34}
     assert progress_line(row, 30) == ("update 3/30  reward_mean 0.125  loss -0.5  grad_norm 1  response_len 40"
                                       "  12.3 s")
+
+
+def test_stopwatch_synchronizes_around_each_section() -> None:
+    calls: list[str] = []
+    watch = Stopwatch(synchronize=lambda: calls.append("sync"))
+    with watch("policy_forward"):
+        calls.append("work")
+    assert calls == ["sync", "work", "sync"] and watch.seconds["policy_forward"] >= 0.0
+    assert Stopwatch().synchronize is (torch.cuda.synchronize if torch.cuda.is_available() else None)
+
+
+def test_checkpoint_carries_the_cuda_rng_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dropout on a GPU draws from the CUDA generators: their states go into the checkpoint (through the
+    weights-only loader) and come back on restore (CUDA faked here; the machine has none)."""
+    states = [torch.arange(16, dtype=torch.uint8), torch.arange(16, 32, dtype=torch.uint8)]
+    restored: list[list[torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    parts = trainer.build(mdp_config())
+    run = RunDir(tmp_path / "run")
+    trainer.open_run(run, parts, resume=False)
+    run.save_checkpoint(trainer.checkpoint_state(parts, 1))
+    trainer.restore_state(parts, run.load_checkpoint())
+    assert len(restored) == 1 and all(torch.equal(a, b) for a, b in zip(restored[0], states, strict=True))
