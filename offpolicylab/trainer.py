@@ -128,10 +128,15 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
         if finite:
             with watch("policy_backward"):
                 parts.optimizer.step()
+        if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
+            _log(progress_line(row, cfg.updates, time.perf_counter() - tick))
         # 7. diagnostics
         with watch("eval"):
-            row.update(evaluate(parts, update) if finite and is_due(update, cfg.eval_every, cfg.updates)
-                       else dict.fromkeys(eval_columns(parts)))
+            eval_tick = time.perf_counter()
+            due = finite and is_due(update, cfg.eval_every, cfg.updates)
+            row.update(evaluate(parts, update) if due else dict.fromkeys(eval_columns(parts)))
+            if due and progress == "lines":
+                _log(eval_line(row, time.perf_counter() - eval_tick))
         with watch("other"):
             now = time.perf_counter()
             row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
@@ -145,8 +150,6 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
                 run.event("collapse", update, reason=reason)
             if cfg.sample_every and update % cfg.sample_every == 0:
                 run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
-            if progress == "lines":
-                _log(progress_line(row, cfg.updates))
         if not finite or (reason is not None and cfg.stop_on_collapse):
             return "collapsed"
         with watch("checkpoint"):
@@ -515,18 +518,21 @@ def describe_defaults(config: TrainConfig) -> str:
     return text
 
 
-PROGRESS_COLUMNS = ("reward_mean", "loss", "grad_norm", "response_len", "eval_reward_greedy", "eval_reward_sampled")
+PROGRESS_COLUMNS = ("reward_mean", "loss", "grad_norm", "response_len")
 
 
-def progress_line(row: dict[str, Any], total: int) -> str:
-    """``update 3/30  reward_mean 0.125  loss …  12.3 s``: the row's main numbers (evaluation ones when present)."""
+def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
+    """``update 3/30  reward_mean 0.125  loss …  12.3 s``: the main training numbers of an update."""
     parts = [f"update {row['update'] + 1}/{total}"]
-    for key in PROGRESS_COLUMNS:
-        value = row.get(key)
-        if value is not None and not (isinstance(value, float) and math.isnan(value)):
-            parts.append(f"{key} {value:.4g}")
-    parts.append(f"{row['time_update_s']:.1f} s")
-    return "  ".join(parts)
+    parts += [f"{key} {row[key]:.4g}" for key in PROGRESS_COLUMNS if key in row]
+    return "  ".join([*parts, f"{seconds:.1f} s"])
+
+
+def eval_line(row: dict[str, Any], seconds: float) -> str:
+    """``  eval  eval_reward_sampled 0.1  eval_reward_greedy 0.05  8.0 s``: the evaluation numbers of an update."""
+    parts = [f"{key} {value:.4g}" for key, value in row.items()
+             if key.startswith(("eval_", "exact_")) and value is not None and not math.isnan(value)]
+    return "  ".join(["  eval", *parts, f"{seconds:.1f} s"])
 
 
 def _log(text: str) -> None:

@@ -11,7 +11,7 @@ import torch
 from offpolicylab import trainer
 from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig
 from offpolicylab.runs import RunDir
-from offpolicylab.trainer import Stopwatch, describe_defaults, progress_line
+from offpolicylab.trainer import Stopwatch, describe_defaults, eval_line, progress_line
 
 from .conftest import mdp_config
 
@@ -29,10 +29,10 @@ def test_unset_fields_take_the_policy_default() -> None:
 def test_defaults_and_progress_lines_read_well() -> None:
     line = describe_defaults(TrainConfig(world="gsm8k", policy="hf", objective="m2po", lr=2e-4))
     assert line == "offpolicylab: gsm8k / hf / m2po / on_policy; defaults for policy hf: eval_samples=1"
-    row = {"update": 2, "reward_mean": 0.125, "loss": -0.5, "grad_norm": 1.0, "response_len": 40.0,
-           "eval_reward_greedy": float("nan"), "time_update_s": 12.34}
-    assert progress_line(row, 30) == ("update 3/30  reward_mean 0.125  loss -0.5  grad_norm 1  response_len 40"
-                                      "  12.3 s")
+    row = {"update": 2, "reward_mean": 0.125, "loss": -0.5, "grad_norm": 1.0, "response_len": 40.0}
+    assert progress_line(row, 30, 12.34) == "update 3/30  reward_mean 0.125  loss -0.5  grad_norm 1  response_len 40  12.3 s"
+    row.update(eval_reward_sampled=0.25, eval_reward_greedy=float("nan"))
+    assert eval_line(row, 3.0) == "  eval  eval_reward_sampled 0.25  3.0 s"
 
 
 def test_stopwatch_synchronizes_around_each_section() -> None:
