@@ -79,6 +79,22 @@ def without_time(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
+def killed_before_second_checkpoint(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CLI with ``args`` and die (like a kill: no summary) after update 1's metrics row but before its
+    checkpoint."""
+    save = RunDir.save_checkpoint
+
+    def dies_at_second(self: RunDir, state: dict) -> None:
+        if state["next_update"] == 2:
+            raise KeyboardInterrupt
+        save(self, state)
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args)
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+
+
 @pytest.fixture(scope="module")
 def stale_run(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stale") / "run"
@@ -133,17 +149,7 @@ def test_interrupted_run_resumes_to_identical_metrics(
 ) -> None:
     """Die after update 1's metrics row but before its checkpoint (like a kill: no summary); --resume restores the
     adapter, Adam, RNGs and the pending stale batch, redoes update 1, and ends with the uninterrupted metrics."""
-    save = RunDir.save_checkpoint
-
-    def dies_at_second(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 2:
-            raise KeyboardInterrupt
-        save(self, state)
-
-    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_second)
-    with pytest.raises(KeyboardInterrupt):
-        cli.main(run_args(files, tmp_path / "cut"))
-    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    killed_before_second_checkpoint(run_args(files, tmp_path / "cut"), monkeypatch)
     assert len(read_rows(tmp_path / "cut")) == 2 and not (tmp_path / "cut" / "summary.json").exists()
     assert RunDir(tmp_path / "cut").load_checkpoint()["buffer"], "stale_k:1 leaves a pending batch to restore"
     assert cli.main(["run", "--out", str(tmp_path / "cut"), "--resume"]) == 0
@@ -188,17 +194,7 @@ def test_relative_paths_are_stored_absolute_and_policy_defaults_are_printed(
     args[args.index(str(files["model"]))] = "model"
     args[args.index(f"data={files['data']}")] = "data=gsm8k"
     monkeypatch.chdir(files["model"].parent)
-    save = RunDir.save_checkpoint
-
-    def dies_at_second(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 2:
-            raise KeyboardInterrupt
-        save(self, state)
-
-    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_second)
-    with pytest.raises(KeyboardInterrupt):
-        cli.main(args)
-    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    killed_before_second_checkpoint(args, monkeypatch)
     config = json.loads((tmp_path / "rel" / "config.json").read_text())
     assert config["world_params"]["model"] == str(files["model"].resolve())
     assert config["world_params"]["data"] == str(files["data"].resolve())
