@@ -2,7 +2,8 @@
 (kept below as :func:`previous_generate`: one forward per token over every row, finished rows included, each
 prompt copy prefilled separately), side by side in one process, interleaved, same prompts.
 
-Tokens/s counts response tokens (EOS included, padding after EOS excluded) per second of sampling.  Greedy decoding
+Tokens/s counts response tokens (EOS included, padding after EOS excluded) per second of sampling, by the wall clock
+and per second of this process's CPU time (steadier on a shared, busy machine).  Greedy decoding
 gives both samplers the same tokens (the same work); sampled decoding at T = 1 is reported as well (the samplers then
 draw different responses once a row has ended: the previous one drew for finished rows too).
 
@@ -55,10 +56,11 @@ def previous_generate(policy: HFPolicy, ids: Tensor, mask: Tensor, temperature: 
     return torch.stack(tokens, 1), response_mask, torch.stack(logps, 1) * response_mask
 
 
-def timed(policy: HFPolicy, prompts, group: int, greedy: bool, seed: int, previous: bool) -> tuple[float, int, Tensor]:
-    """(seconds, response tokens, response ids) of one sampling call."""
+def timed(policy: HFPolicy, prompts, group: int, greedy: bool, seed: int,
+          previous: bool) -> tuple[float, float, int, Tensor]:
+    """(wall seconds, process CPU seconds, response tokens, response ids) of one sampling call."""
     gen = torch.Generator().manual_seed(seed)
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     if previous:
         ids = prompts.ids.repeat_interleave(group, 0)
         mask = prompts.mask.long().repeat_interleave(group, 0)
@@ -67,8 +69,8 @@ def timed(policy: HFPolicy, prompts, group: int, greedy: bool, seed: int, previo
     else:
         rollout = policy.sample(prompts, group, 1.0, gen, greedy=greedy)
         response, response_mask = rollout.response_ids, rollout.response_mask
-    seconds = time.perf_counter() - start
-    return seconds, int(response_mask.sum()), response * response_mask.long()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    return seconds, cpu, int(response_mask.sum()), response * response_mask.long()
 
 
 def main() -> None:
@@ -88,24 +90,29 @@ def main() -> None:
     print(json.dumps({"threads": torch.get_num_threads(), "rows": args.prompts * args.group,
                       "max_new": args.max_new}), flush=True)
     for greedy in (True, False):
-        rates: dict[str, list[float]] = {"previous": [], "current": []}
+        rates: dict[str, list[float]] = {"previous": [], "current": [], "previous_cpu": [], "current_cpu": []}
         same = True
         for repeat in range(args.repeats):
             outputs = {}
             for name in ("previous", "current"):
-                seconds, count, response = timed(policy, prompts, args.group, greedy, repeat, name == "previous")
+                seconds, cpu, count, response = timed(policy, prompts, args.group, greedy, repeat, name == "previous")
                 rates[name].append(count / seconds)
+                rates[name + "_cpu"].append(count / cpu)
                 outputs[name] = (count, response)
                 print(json.dumps({"decoding": "greedy" if greedy else "T=1", "sampler": name, "repeat": repeat,
-                                  "s": round(seconds, 2), "tokens": count, "tokens_per_s": round(count / seconds, 1)}),
-                      flush=True)
+                                  "s": round(seconds, 2), "cpu_s": round(cpu, 2), "tokens": count,
+                                  "tokens_per_s": round(count / seconds, 1),
+                                  "tokens_per_cpu_s": round(count / cpu, 1)}), flush=True)
             if greedy:
                 a, b = outputs["previous"][1], outputs["current"][1]
                 width = min(a.shape[1], b.shape[1])
                 same &= torch.equal(a[:, :width], b[:, :width]) and outputs["previous"][0] == outputs["current"][0]
-        old, new = statistics.median(rates["previous"]), statistics.median(rates["current"])
-        print(json.dumps({"decoding": "greedy" if greedy else "T=1", "median_tokens_per_s_previous": round(old, 1),
-                          "median_tokens_per_s_current": round(new, 1), "ratio": round(new / old, 2),
+        medians = {key: statistics.median(values) for key, values in rates.items()}
+        print(json.dumps({"decoding": "greedy" if greedy else "T=1",
+                          **{f"median_tokens_per_{'cpu_s' if k.endswith('_cpu') else 's'}_{k.removesuffix('_cpu')}":
+                             round(v, 1) for k, v in medians.items()},
+                          "ratio": round(medians["current"] / medians["previous"], 2),
+                          "ratio_cpu": round(medians["current_cpu"] / medians["previous_cpu"], 2),
                           **({"same_greedy_tokens": same} if greedy else {})}), flush=True)
 
 
