@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
+
+# Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
+DEFAULTS: dict[str, Any] = {"lr": 0.05, "eval_samples": 4}
+# LoRA on a pretrained LM: lr 1e-4, the order LoRA fine-tuning uses (Hu et al. 2021, arXiv:2106.09685: 2e-4 for
+# GPT-2; Dettmers et al. 2023, QLoRA, arXiv:2305.14314: 2e-4 up to 13B, 1e-4 above) and the low end of that range
+# because an RL step on stale data must keep the ratio π/π_b near 1; the toy worlds' 0.05 made ratio_max 53 in one
+# Adam step on SmolLM2.  One sampled response per evaluation question (plus the greedy one) keeps an evaluation
+# about the cost of one update.
+POLICY_DEFAULTS: dict[str, dict[str, Any]] = {"hf": {"lr": 1e-4, "eval_samples": 1}}
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -41,12 +50,18 @@ class TrainConfig:
     advantage: str = _f("auto", "group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
                                 "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, RED, "
                                 "TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the one used")
+    recompute_behavior_logp: bool = _f(False, "score each generated batch with the training forward (no grad) and "
+                                              "use that as behavior_logp (verl's recompute of old_log_prob); the "
+                                              "sampler's numbers are kept as sampler_logp, so log_ratio measures "
+                                              "staleness alone and sampler_log_ratio the numeric mismatch")
     optimizer: str = _f("adam", "optimizer: adam, adamw or sgd")
-    lr: float = _f(0.05, "learning rate")
+    lr: float | None = _f(None, "learning rate (none: the policy's default, POLICY_DEFAULTS: 0.05 for the toy "
+                                "policies, 1e-4 for the LoRA policy hf)")
     grad_clip: float = _f(1.0, "max global gradient norm (inf = no clipping)")
     seed: int = _f(0, "random seed (policy init, prompts, sampling, rewards)")
     eval_every: int = _f(10, "evaluate greedy / sampled reward (and exact return where enumerable) every N updates")
-    eval_samples: int = _f(4, "sampled responses per evaluation prompt")
+    eval_samples: int | None = _f(None, "sampled responses per evaluation prompt (none: the policy's default, 4 "
+                                        "for the toy policies, 1 for hf)")
     sample_every: int = _f(25, "write ratio/entropy samples for histograms every N updates (0 = never)")
     checkpoint_every: int = _f(50, "write the checkpoint every N updates and after the last (a resumed run replays "
                                    "at most N-1 updates from it and ends identical; each write costs ~5-10 ms)")
@@ -58,6 +73,12 @@ class TrainConfig:
     collapse_window: int = _f(20, "updates a spike stays relevant to the collapse test")
     stop_on_collapse: bool = _f(False, "stop the run at the first detected collapse (a non-finite loss always stops)")
 
+    def with_defaults(self) -> tuple[TrainConfig, dict[str, Any]]:
+        """(a copy with every unset field filled from :data:`POLICY_DEFAULTS` for ``policy``, the filled values)."""
+        defaults = {**DEFAULTS, **POLICY_DEFAULTS.get(self.policy, {})}
+        filled = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        return replace(self, **filled), filled
+
     def __post_init__(self) -> None:
         self.validate_scalars()
 
@@ -66,11 +87,14 @@ class TrainConfig:
         positive_ints = ("updates", "prompts_per_update", "group_size", "eval_every", "eval_samples",
                          "checkpoint_every", "collapse_window")
         for name in positive_ints:
-            _check_int(name, getattr(self, name), 1)
+            if not (name in DEFAULTS and getattr(self, name) is None):
+                _check_int(name, getattr(self, name), 1)
         _check_int("sample_every", self.sample_every, 0)
         _check_int("seed", self.seed, 0)
         for name in ("temperature", "lr"):
             value = getattr(self, name)
+            if name in DEFAULTS and value is None:
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name}={value!r} is invalid; valid: a finite number > 0")
         if not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
@@ -98,8 +122,9 @@ class TrainConfig:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
         values = dict(data)
         for f in fields(cls):  # coerce CLI-ish strings of scalar fields
-            if f.name in values and isinstance(values[f.name], str) and f.type in ("int", "float", "bool"):
-                values[f.name] = _coerce_field(f.name, f.type, values[f.name])
+            kind = scalar_kind(f.type)
+            if f.name in values and isinstance(values[f.name], str) and kind in ("int", "float", "bool"):
+                values[f.name] = _coerce_field(f.name, kind, values[f.name])
         return cls(**values)
 
     def to_json(self) -> str:
@@ -113,6 +138,12 @@ def field_help() -> dict[str, tuple[Any, str]]:
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
         out[f.name] = (default, f.metadata.get("help", ""))
     return out
+
+
+def scalar_kind(annotation: Any) -> str:
+    """A field's type annotation (a string under postponed evaluation) without ``| None``: ``"float | None"`` →
+    ``"float"``."""
+    return str(annotation).removesuffix(" | None")
 
 
 def parse_value(text: str) -> Any:
