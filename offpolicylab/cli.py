@@ -6,6 +6,7 @@
                      [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
+    offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated.  A run that fails while training exits with code 1 (its summary.json
@@ -23,6 +24,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
+from offpolicylab import calibrate as calibrate_command
 from offpolicylab.config import TrainConfig, field_help, parse_assignments, parse_value
 
 EXIT_BAD_INPUT = 2
@@ -79,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="with --engine ray: the cluster to join (default: $RAY_ADDRESS, else a local Ray)")
 
+    calibrate = sub.add_parser("calibrate", help="token-statistics profile of a real LM sampling GSM8k answers")
+    calibrate_command.add_arguments(calibrate)
+
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
     return parser
@@ -90,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _plot(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
+        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
+                "calibrate": calibrate_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
 
