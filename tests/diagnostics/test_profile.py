@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -13,6 +14,7 @@ from offpolicylab.diagnostics.profile import (
     SHARE_KEYS,
     compare_profiles,
     format_comparison,
+    load_profile,
     profiles_match,
     token_entropy,
     token_profile,
@@ -125,3 +127,28 @@ def test_compare_profiles_refuses_different_bin_edges():
     other["entropy_bin_edges"] = other["entropy_bin_edges"][1:]
     with pytest.raises(ValueError, match="bin edges"):
         compare_profiles(_profile(0.6, 0.2, 0.01), other)
+
+
+def test_committed_smollm2_profile_is_packaged_complete_and_self_consistent():
+    doc = load_profile("smollm2_135m_instruct_gsm8k")
+    profile, sampling = doc["profile"], doc["sampling"]
+    assert len(doc["data"]["prompt_indices"]) >= 64 and sampling["temperature"] == 1.0
+    for flag in (f"--n-prompts {len(doc['data']['prompt_indices'])}", f"--max-new-tokens {sampling['max_new_tokens']}",
+                 f"--seed {sampling['seed']}", "--temperature 1 "):
+        assert flag in doc["command"]
+    edges, hist = profile["entropy_bin_edges"], np.array(profile["entropy_histogram"])
+    assert edges[:-1] == list(ENTROPY_BIN_EDGES[:-1]) and hist.sum() == pytest.approx(1.0)
+    assert hist[: edges.index(0.1)].sum() == pytest.approx(profile["share_entropy_below_0.1"])
+    assert hist[edges.index(1.0):].sum() == pytest.approx(profile["share_entropy_at_least_1"])
+    assert all(0.0 <= profile[k] <= 1.0 for k in SHARE_KEYS)
+    assert profile["n_tokens"] == round(doc["responses"]["mean_length"] * doc["responses"]["n_responses"])
+    assert doc["checks"]["max_abs_logp_sampling_vs_scoring"] < 1e-3
+    assert profiles_match(compare_profiles(doc, doc))  # a whole calibration file is accepted as a profile
+
+
+def test_load_profile_reads_a_path_and_names_the_packaged_ones_on_a_bad_name(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(_profile(0.5, 0.2, 0.01)))
+    assert load_profile(path)["share_entropy_at_least_1"] == 0.2
+    with pytest.raises(ValueError, match="smollm2_135m_instruct_gsm8k"):
+        load_profile("no_such_profile")
