@@ -7,6 +7,7 @@
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
+    offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated.  A run that fails while training exits with code 1 (its summary.json
@@ -24,6 +25,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, NoReturn
 
+from offpolicylab import calibrate as calibrate_command
 from offpolicylab.config import TrainConfig, field_help, parse_assignments, parse_value, scalar_kind
 
 EXIT_BAD_INPUT = 2
@@ -86,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("out", metavar="OUT", help="the model directory to create (must not exist or be empty)")
     convert.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                          help="weight dtype of the directory (default float32)")
+    calibrate = sub.add_parser("calibrate", help="token-statistics profile of a real LM sampling GSM8k answers")
+    calibrate_command.add_arguments(calibrate)
 
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
@@ -99,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
-                "convert-gguf": cmd_convert_gguf}[args.command](args)
+                "convert-gguf": cmd_convert_gguf,
+                "calibrate": calibrate_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
 
