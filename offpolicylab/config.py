@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from offpolicylab.registry import Param
@@ -17,6 +17,15 @@ from offpolicylab.registry import Param
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
+
+# Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
+DEFAULTS: dict[str, Any] = {"lr": 0.05, "eval_samples": 4}
+# LoRA on a pretrained LM: lr 1e-4, the order LoRA fine-tuning uses (Hu et al. 2021, arXiv:2106.09685: 2e-4 for
+# GPT-2; Dettmers et al. 2023, QLoRA, arXiv:2305.14314: 2e-4 up to 13B, 1e-4 above) and the low end of that range
+# because an RL step on stale data must keep the ratio π/π_b near 1; the toy worlds' 0.05 made ratio_max 53 in one
+# Adam step on SmolLM2.  One sampled response per evaluation question (plus the greedy one) keeps an evaluation
+# about the cost of one update.
+POLICY_DEFAULTS: dict[str, dict[str, Any]] = {"hf": {"lr": 1e-4, "eval_samples": 1}}
 
 
 def _f(param: Param) -> Any:
@@ -48,14 +57,23 @@ class TrainConfig:
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
                                   "one used"))
+    recompute_behavior_logp: bool = _f(Param(False, bool, doc="score each generated batch with the training forward "
+                                                              "(no grad) and use that as behavior_logp (verl's "
+                                                              "recompute of old_log_prob); the sampler's numbers are "
+                                                              "kept as sampler_logp, so log_ratio measures staleness "
+                                                              "alone and sampler_log_ratio the numeric mismatch"))
     optimizer: str = _f(Param("adam", str, choices=OPTIMIZERS, doc="optimizer"))
-    lr: float = _f(Param(0.05, float, **_POSITIVE, doc="learning rate"))
+    lr: float | None = _f(Param(None, float, **_POSITIVE, optional=True,
+                                doc="learning rate (none: the policy's default, POLICY_DEFAULTS: 0.05 for the toy "
+                                    "policies, 1e-4 for the LoRA policy hf)"))
     grad_clip: float = _f(Param(1.0, float, low=0.0, low_open=True,
                                 doc="max global gradient norm (inf = no clipping)"))
     seed: int = _f(Param(0, int, low=0, doc="random seed (policy init, prompts, sampling, rewards)"))
     eval_every: int = _f(Param(10, int, low=1, doc="evaluate greedy / sampled reward (and exact return where "
                                                    "enumerable) every N updates"))
-    eval_samples: int = _f(Param(4, int, low=1, doc="sampled responses per evaluation prompt"))
+    eval_samples: int | None = _f(Param(None, int, low=1, optional=True,
+                                        doc="sampled responses per evaluation prompt (none: the policy's default, 4 "
+                                            "for the toy policies, 1 for hf)"))
     sample_every: int = _f(Param(25, int, low=0, doc="write ratio/entropy samples for histograms every N updates "
                                                      "(0 = never)"))
     checkpoint_every: int = _f(Param(50, int, low=1, doc="write the checkpoint every N updates and after the last "
@@ -71,6 +89,12 @@ class TrainConfig:
     collapse_window: int = _f(Param(20, int, low=1, doc="updates a spike stays relevant to the collapse test"))
     stop_on_collapse: bool = _f(Param(False, bool, doc="stop the run at the first detected collapse (a non-finite "
                                                        "loss always stops)"))
+
+    def with_defaults(self) -> tuple[TrainConfig, dict[str, Any]]:
+        """(a copy with every unset field filled from :data:`POLICY_DEFAULTS` for ``policy``, the filled values)."""
+        defaults = {**DEFAULTS, **POLICY_DEFAULTS.get(self.policy, {})}
+        filled = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        return replace(self, **filled), filled
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Every field goes through its :class:`Param` when it is set (at construction and after): strings are

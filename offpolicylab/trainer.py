@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,15 +72,19 @@ class Parts:
 
 
 # ================================================================================================ the loop
-def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = False,
+def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool | str = False,
           stopwatch: Stopwatch | None = None) -> dict[str, Any]:
     """Train as ``config`` says, writing the run directory ``run_dir``; returns the summary.
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
-    uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched."""
+    uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
+    ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
+    either prints the policy-dependent defaults it filled in first."""
     parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
     start = open_run(run, parts, resume)
+    if progress:
+        _log(describe_defaults(config))
     watch = stopwatch or Stopwatch()
     try:
         status = run_updates(parts, run, start, watch, progress)
@@ -127,10 +132,15 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
         if finite:
             with watch("policy_backward"):
                 parts.optimizer.step()
+        if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
+            _log(progress_line(row, cfg.updates, time.perf_counter() - tick))
         # 7. diagnostics
         with watch("eval"):
-            row.update(evaluate(parts, update) if finite and is_due(update, cfg.eval_every, cfg.updates)
-                       else dict.fromkeys(eval_columns(parts)))
+            eval_tick = time.perf_counter()
+            due = finite and is_due(update, cfg.eval_every, cfg.updates)
+            row.update(evaluate(parts, update) if due else dict.fromkeys(eval_columns(parts)))
+            if due and progress == "lines":
+                _log(eval_line(row, time.perf_counter() - eval_tick))
         with watch("other"):
             now = time.perf_counter()
             row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
@@ -159,6 +169,7 @@ def build(config: TrainConfig) -> Parts:
     from offpolicylab.policies import make_policy
     from offpolicylab.worlds import make_world
 
+    config, _ = config.with_defaults()
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
     world = make_world(config.world, **config.world_params)
@@ -239,12 +250,26 @@ def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
         prompts = parts.world.sample_prompts(count, gen)
         with watch("policy_forward"):
             rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, gen)
+            if cfg.recompute_behavior_logp:
+                rollout = recompute_behavior_logp(policy, rollout)
         device = rollout.response_ids.device
         pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device)))
     rollout = pieces[0] if len(pieces) == 1 else Rollout.concat(pieces)
     with watch("other"):
         rewards = parts.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
     return rollout.with_(rewards=rewards.to(torch.float32))
+
+
+def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
+    """behavior_logp ← log π(y_t | x, y_<t) from the policy's training forward (``score``, no grad), as verl's
+    recompute of old_log_prob; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
+    reported one).  The objective's log-ratio logp − behavior_logp then measures staleness alone and
+    behavior_logp − sampler_logp the sampler/trainer numeric mismatch (Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training")."""
+    with torch.no_grad():
+        logp, _ = policy.score(rollout)
+    sampler = rollout.sampler_logp if rollout.sampler_logp is not None else rollout.behavior_logp
+    return rollout.with_(behavior_logp=logp.detach() * rollout.response_mask, sampler_logp=sampler)
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:
@@ -279,6 +304,10 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         "response_len": batch.mask.sum(-1).mean(),
         **{key: value for key, value in metrics.items() if value.numel() == 1},
     }
+    if batch.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
+        mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
+        named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
+        named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
     tensors = [v if v.dim() == 0 else v.reshape(()) for v in named.values()]
     if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
         tensors = [t.to(torch.float64) for t in tensors]
@@ -357,6 +386,7 @@ def checkpoint_state(parts: Parts, next_update: int) -> dict[str, Any]:
         "objective": parts.objective.state_dict(),
         "generator": parts.generator.get_state(),
         "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],  # dropout on a GPU
         "buffer": pack_buffer(parts.buffer),
         "detector": parts.detector.state_dict(),
     }
@@ -369,6 +399,8 @@ def restore_state(parts: Parts, state: dict[str, Any]) -> None:
         parts.objective.load_state_dict(state["objective"])
         parts.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
         parts.buffer = unpack_buffer(state["buffer"], device=_policy_device(parts.policy))
         parts.detector.load_state_dict(state["detector"])
     except (KeyError, RuntimeError, ValueError, TypeError) as exc:
@@ -439,27 +471,37 @@ def unpack_buffer(packed: dict[str, Tensor], device: torch.device | str = "cpu")
 
 # ================================================================================================ small helpers
 class Stopwatch:
-    """Wall-clock seconds per named section: ``with watch("policy_forward"): ...`` (sections do not nest)."""
+    """Wall-clock seconds per named section: ``with watch("policy_forward"): ...`` (sections do not nest).
 
-    def __init__(self) -> None:
+    ``synchronize`` is called when a section starts and ends (default: ``torch.cuda.synchronize`` when CUDA is
+    available, else nothing), so that GPU work queued in a section is charged to it rather than to the next one."""
+
+    def __init__(self, synchronize: Any = "auto") -> None:
         self.seconds: dict[str, float] = {}
+        if synchronize == "auto":
+            synchronize = torch.cuda.synchronize if torch.cuda.is_available() else None
+        self.synchronize = synchronize
 
     def __call__(self, name: str) -> _Section:
-        return _Section(self.seconds, name)
+        return _Section(self.seconds, name, self.synchronize)
 
 
 class _Section:
     """One timed ``with`` block of a :class:`Stopwatch` (a plain class: cheaper to enter than a contextmanager)."""
 
-    __slots__ = ("name", "seconds", "start")
+    __slots__ = ("name", "seconds", "start", "synchronize")
 
-    def __init__(self, seconds: dict[str, float], name: str) -> None:
-        self.seconds, self.name, self.start = seconds, name, 0.0
+    def __init__(self, seconds: dict[str, float], name: str, synchronize: Any = None) -> None:
+        self.seconds, self.name, self.start, self.synchronize = seconds, name, 0.0, synchronize
 
     def __enter__(self) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
         self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (time.perf_counter() - self.start)
 
 
@@ -478,8 +520,38 @@ def _mean_reward(world: World, rollout: Rollout, gen: torch.Generator) -> float:
     return float(rewards.float().mean())
 
 
-def _progress(updates: range, total: int, start: int, enabled: bool) -> Any:
-    if not enabled:
+def describe_defaults(config: TrainConfig) -> str:
+    """One line naming the run and the defaults that depend on its policy (those it did not set)."""
+    resolved, filled = config.with_defaults()
+    text = f"offpolicylab: {resolved.world} / {resolved.policy} / {resolved.objective} / {resolved.schedule}"
+    if filled:
+        text += f"; defaults for policy {resolved.policy}: " + ", ".join(f"{k}={v:g}" for k, v in filled.items())
+    return text
+
+
+PROGRESS_COLUMNS = ("reward_mean", "loss", "grad_norm", "response_len")
+
+
+def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
+    """``update 3/30  reward_mean 0.125  loss …  12.3 s``: the main training numbers of an update."""
+    parts = [f"update {row['update'] + 1}/{total}"]
+    parts += [f"{key} {row[key]:.4g}" for key in PROGRESS_COLUMNS if key in row]
+    return "  ".join([*parts, f"{seconds:.1f} s"])
+
+
+def eval_line(row: dict[str, Any], seconds: float) -> str:
+    """``  eval  eval_reward_sampled 0.1  eval_reward_greedy 0.05  8.0 s``: the evaluation numbers of an update."""
+    parts = [f"{key} {value:.4g}" for key, value in row.items()
+             if key.startswith(("eval_", "exact_")) and value is not None and not math.isnan(value)]
+    return "  ".join(["  eval", *parts, f"{seconds:.1f} s"])
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _progress(updates: range, total: int, start: int, enabled: bool | str) -> Any:
+    if enabled not in (True, "bar"):
         return updates
     from tqdm.auto import tqdm
 

@@ -61,3 +61,68 @@ def encode_prompts(tokenizer: transformers.PreTrainedTokenizerBase, texts: list[
         ids[i, width - len(row) :] = torch.tensor(row)
         mask[i, width - len(row) :] = 1
     return Prompts(ids, mask, torch.arange(len(rows)))
+
+
+GGUF_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+GGUF_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_tiny_gguf(path: str, seed: int = 0, hidden: int = 32, layers: int = 2) -> None:
+    """A tiny random Llama as a GGUF file (float32 tensors, llama.cpp names) with a byte-level BPE tokenizer (the
+    256 byte symbols, two merges, three control tokens, EOS ``<|im_end|>``) and a chat template, written with the
+    ``gguf`` package, as llama.cpp's converter lays one out."""
+    import gguf
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())
+    tokens = symbols + ["Ġt", "Ġth", *GGUF_SPECIAL]
+    merges = ["Ġ t", "Ġt h"]
+    heads, kv_heads, ffn = 4, 2, 2 * hidden
+    head_dim = hidden // heads
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int, scale: float = 0.2) -> np.ndarray:
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - len(GGUF_SPECIAL)) + [3] * len(GGUF_SPECIAL))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_chat_template(GGUF_CHAT_TEMPLATE)
+    writer.add_tensor("token_embd.weight", weight(len(tokens), hidden))
+    for layer in range(layers):
+        prefix = f"blk.{layer}."
+        writer.add_tensor(prefix + "attn_norm.weight", 1.0 + weight(hidden, scale=0.1))
+        writer.add_tensor(prefix + "attn_q.weight", weight(hidden, hidden))
+        writer.add_tensor(prefix + "attn_k.weight", weight(kv_heads * head_dim, hidden))
+        writer.add_tensor(prefix + "attn_v.weight", weight(kv_heads * head_dim, hidden))
+        writer.add_tensor(prefix + "attn_output.weight", weight(hidden, hidden))
+        writer.add_tensor(prefix + "ffn_norm.weight", 1.0 + weight(hidden, scale=0.1))
+        writer.add_tensor(prefix + "ffn_gate.weight", weight(ffn, hidden))
+        writer.add_tensor(prefix + "ffn_up.weight", weight(ffn, hidden))
+        writer.add_tensor(prefix + "ffn_down.weight", weight(hidden, ffn))
+    writer.add_tensor("output_norm.weight", 1.0 + weight(hidden, scale=0.1))
+    writer.add_tensor("output.weight", weight(len(tokens), hidden, scale=1.0))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()

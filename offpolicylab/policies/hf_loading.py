@@ -40,6 +40,27 @@ def split_model_path(model: str, gguf_file: str | None = None) -> tuple[str, str
     return model, gguf_file
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a torch device, or a ValueError that says why it cannot be used (unknown name, no CUDA in this
+    torch build, no visible GPU, index out of range)."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is invalid ({exc}); valid: cpu, cuda, cuda:N") from None
+    if resolved.type == "cuda":
+        if torch.version.cuda is None:
+            raise ValueError(f"device={str(device)!r} is not available: this torch build ({torch.__version__}) has "
+                             "no CUDA support; valid: cpu (or install a CUDA build of torch)")
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={str(device)!r} is not available: no CUDA GPU is visible; valid: cpu")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device={str(device)!r} is not available: {torch.cuda.device_count()} GPU(s) visible; "
+                             f"valid: cpu, cuda:0 … cuda:{torch.cuda.device_count() - 1}")
+    elif resolved.type != "cpu" and not getattr(getattr(torch, resolved.type, None), "is_available", bool)():
+        raise ValueError(f"device={str(device)!r} is not available in this torch build; valid: cpu")
+    return resolved
+
+
 def is_local(model: str) -> bool:
     return Path(model).exists()
 
@@ -83,6 +104,7 @@ def load_model_and_tokenizer(
     """
     from transformers import AutoModelForCausalLM
 
+    device = check_device(device)
     model, gguf_file = split_model_path(model, gguf_file)
     torch_dtype = resolve_dtype(dtype)
     kwargs: dict[str, Any] = {"dtype": torch_dtype}
@@ -123,3 +145,44 @@ class _offline_errors:
         why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached or has no such model"
         raise ValueError(f"cannot load model {self.model!r} from the Hugging Face hub ({why}: {exc}); "
                          + OFFLINE_HELP) from exc
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "float32") -> Path:
+    """Write a GGUF file as a plain model directory: ``config.json`` + ``model.safetensors`` (weights dequantized to
+    ``dtype``), the generation config, and the tokenizer with its chat template.
+
+    transformers dequantizes GGUF on load but refuses to ``save_pretrained`` the result ("quantized with gguf and is
+    not serializable"); the weights are copied into a model built from the same config without the GGUF
+    quantization entry instead.  The directory loads faster than the GGUF file and can be quantized with
+    ``load_in_4bit``.  ``out_dir`` must not exist or be empty; it is written to a temporary sibling first and
+    renamed at the end, so a failure leaves nothing half-written."""
+    import copy
+    import shutil
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    source, out = Path(gguf_path), Path(out_dir)
+    if source.suffix.lower() != ".gguf" or not source.is_file():
+        raise ValueError(f"convert-gguf: {str(source)!r} is not a .gguf file")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"convert-gguf: {str(out)!r} exists and is not an empty directory; valid: a new directory")
+    lm, tokenizer = load_model_and_tokenizer(str(source), dtype=dtype)
+    config = copy.deepcopy(lm.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(dtype))
+    plain.load_state_dict(lm.state_dict(), strict=True)
+    plain.generation_config = copy.deepcopy(lm.generation_config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        plain.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out

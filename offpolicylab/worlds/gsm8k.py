@@ -29,7 +29,10 @@ from offpolicylab.contracts import Prompts
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
 
-INSTRUCTION = "Solve the problem step by step. Write the final answer as a number after '####', like '#### 42'."
+# No example answer: a literal "#### 42" in the instruction is copied by small models (3 of 6 SmolLM2 samples at
+# T = 0.7), earning the format reward and, on problems whose answer is 42, the full one.
+INSTRUCTION = ("Solve the problem step by step. End your response with a line that starts with '####' followed by "
+               "the final answer as a plain number.")
 PLAIN_TEMPLATE = "Question: {question}\n{instruction}\nAnswer:"
 
 _NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
@@ -144,7 +147,7 @@ class GSM8kWorld:
         test: Sequence[Problem],
         *,
         max_response_len: int = 200,
-        n_eval: int = 64,
+        n_eval: int = 16,
         max_prompt_tokens: int = 512,
         system_prompt: str | None = None,
         use_chat_template: bool = True,
@@ -260,7 +263,8 @@ def gsm8k_params() -> dict[str, Any]:
         "data": Param(None, str, optional=True, doc="a .jsonl file or a directory with train.jsonl / test.jsonl"),
         "hub": Param(None, str, optional=True, doc="hub dataset name (e.g. openai/gsm8k; needs the network)"),
         "max_response_len": Param(200, int, low=1, doc="longest response T (the policy's max_new_tokens)"),
-        "n_eval": Param(64, int, low=1, doc="fixed held-out test questions for evaluation"),
+        "n_eval": Param(16, int, low=1, doc="fixed held-out test questions for evaluation (each costs one greedy "
+                                                "and eval_samples sampled responses)"),
         "max_prompt_tokens": Param(512, int, low=8, doc="prompts are cut from the left to this many tokens"),
         "use_chat_template": Param(True, bool, doc="use the tokenizer's chat template when it has one"),
     }

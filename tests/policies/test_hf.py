@@ -8,7 +8,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 import torch
 
-from offpolicylab.contracts import Policy, Prompts
+from offpolicylab.contracts import Policy, Prompts, Rollout
 from offpolicylab.objectives import TokenBatch, get_objective, list_objectives
 from tests.tiny_llm import build_model, encode_prompts
 
@@ -83,6 +83,31 @@ def test_eos_ends_response_and_padding_is_masked(make_policy, prompts, tokenizer
                                                    torch.randint_like(rollout.response_ids, 5, 100)))
     real = rollout.response_mask > 0
     assert torch.equal(policy.score(rollout)[0][real], policy.score(noisy)[0][real])
+
+
+@pytest.mark.parametrize("micro_batch", [None, 5])
+def test_rows_that_end_leave_the_batch_without_changing_the_numbers(make_policy, prompts, micro_batch):
+    """The sampler drops a row from the batch (and its KV cache) once it emits EOS, prefills a group's identical
+    prompts once and, with micro-batches, batches rows by prompt length: the log-probs still equal an independent
+    forward of each row alone, rows come back in the caller's order, and greedy tokens are each step's argmax."""
+    policy = make_policy(max_new_tokens=8, eos_ids=list(range(5, 103))[::4], sample_micro_batch=micro_batch)
+    _nudge_lora(policy)
+    rollout = policy.sample(prompts, 4, 1.0, torch.Generator().manual_seed(2))
+    lengths = rollout.response_mask.sum(1)
+    assert lengths.min() < lengths.max()  # rows ended at different steps
+    assert torch.equal(rollout.prompt_ids, prompts.ids.repeat_interleave(4, 0))
+    mask = rollout.response_mask > 0
+    independent = reference_logp(policy.model, prompts, rollout, 1.0)
+    assert (rollout.behavior_logp - independent)[mask].abs().max() <= 1e-4
+    assert rollout.response_ids[~mask].eq(policy.pad_id).all()
+    greedy = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0), greedy=True)
+    for row in range(len(greedy)):
+        prompt = greedy.prompt_ids[row][greedy.prompt_mask[row] > 0]
+        length = int(greedy.response_mask[row].sum())
+        ids = torch.cat([prompt, greedy.response_ids[row, :length]])[None]
+        with torch.no_grad():
+            argmax = policy.model(input_ids=ids).logits[0, len(prompt) - 1:-1].argmax(-1)
+        assert torch.equal(argmax, greedy.response_ids[row, :length])
 
 
 def test_all_rows_finishing_stops_generation(make_policy, prompts):
@@ -218,27 +243,62 @@ def test_bad_arguments_raise(make_policy, prompts):
         make_policy(lora=__import__("offpolicylab.policies.hf", fromlist=["LoraSpec"]).LoraSpec(r=0))
 
 
-def test_four_bit_path_runs_on_cpu(tokenizer, prompts, tmp_path):
+@pytest.fixture
+def four_bit_policy(tokenizer, tmp_path):
+    """A 4-bit NF4 tiny Llama (bitsandbytes' CPU 4-bit kernels need in_features >= its block size 64: hidden 64)
+    with a LoRA adapter whose B is non-zero, so that every LoRA parameter gets a gradient."""
     pytest.importorskip("bitsandbytes")
     from offpolicylab.policies.hf import HFPolicy, LoraSpec
     from offpolicylab.policies.hf_loading import load_model_and_tokenizer
 
-    # bitsandbytes' CPU 4-bit kernels need in_features >= its block size 64: hidden 64 here
     build_model(len(tokenizer), seed=0, hidden=64).save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
     model, tok = load_model_and_tokenizer(str(tmp_path / "tiny"), load_in_4bit=True)
     assert any(type(m).__name__ == "Linear4bit" for m in model.modules())
     policy = HFPolicy(model, tok, lora=LoraSpec(r=4, alpha=8.0), max_new_tokens=5, quantized=True)
+    _nudge_lora(policy, scale=0.1)
+    return policy
+
+
+def test_four_bit_path_runs_on_cpu(four_bit_policy, prompts):
+    policy = four_bit_policy
     rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
     logp, _ = policy.score(rollout)
     mask = rollout.response_mask > 0
-    assert (logp - rollout.behavior_logp)[mask].abs().max() <= 1e-3
+    assert (logp - rollout.behavior_logp)[mask].abs().max() <= 1e-4
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
     get_objective("grpo")(token_batch(policy, rollout, torch.linspace(0, 1, len(rollout)))).loss.backward()
     optimizer.step()
     changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
+
+
+def test_four_bit_gradients_are_the_same_after_sampling(four_bit_policy, prompts):
+    """bitsandbytes repacks 4-bit weights for a CPU inference kernel without backward on the first eval-mode no-grad
+    forward; the LoRA gradients of one fixed rollout must be the same before and after sampling."""
+    policy = four_bit_policy
+    gen = torch.Generator().manual_seed(1)
+    ids = prompts.ids.repeat_interleave(2, 0)
+    response = torch.randint(10, 60, (ids.shape[0], 6), generator=gen)
+    rollout = Rollout(prompt_ids=ids, prompt_mask=prompts.mask.repeat_interleave(2, 0), response_ids=response,
+                      response_mask=torch.ones(response.shape), behavior_logp=torch.zeros(response.shape),
+                      group_ids=torch.arange(3).repeat_interleave(2), prompt_index=torch.arange(3).repeat_interleave(2))
+    weights = torch.randn(response.shape, generator=gen)
+
+    def gradients() -> list[torch.Tensor]:
+        policy.model.zero_grad(set_to_none=True)
+        logp, _ = policy.score(rollout)
+        (logp * weights).sum().backward()
+        return [p.grad.clone() for p in policy.trainable_parameters()]
+
+    first = gradients()
+    assert all(g.abs().sum() > 0 for g in first)
+    policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
+    policy.greedy(prompts)
+    second = gradients()
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
 
 def test_offline_hub_id_fails_with_a_clear_message(monkeypatch):
@@ -252,3 +312,37 @@ def test_offline_hub_id_fails_with_a_clear_message(monkeypatch):
         load_model_and_tokenizer("no-such-org/no-such-model-xyz")
     with pytest.raises(ValueError, match="no such GGUF"):
         load_model_and_tokenizer("/nonexistent/model.gguf")
+
+
+def test_convert_gguf_writes_a_plain_model_directory(tmp_path, capsys):
+    """A tiny GGUF written in the test: the converted directory has no GGUF quantization entry, gives the same
+    logits as the GGUF loaded directly, and its tokenizer encodes, templates and ends responses the same way."""
+    import json
+
+    from offpolicylab import cli
+    from offpolicylab.policies.hf_loading import load_model_and_tokenizer
+    from tests.tiny_llm import write_tiny_gguf
+
+    pytest.importorskip("gguf")
+    gguf_path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(str(gguf_path))
+    assert cli.main(["convert-gguf", str(gguf_path), str(tmp_path / "plain")]) == 0
+    assert "quantization_config" not in json.loads((tmp_path / "plain" / "config.json").read_text())
+    original, original_tok = load_model_and_tokenizer(str(gguf_path))
+    plain, plain_tok = load_model_and_tokenizer(str(tmp_path / "plain"))
+    assert not (tmp_path / "plain" / "tiny.gguf").exists()
+    messages = [{"role": "user", "content": "What is 12 + 30? Think."}]
+    text = original_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert plain_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == text
+    ids = original_tok(text)["input_ids"]
+    assert plain_tok(text)["input_ids"] == ids and "<|im_start|>" in plain_tok.convert_ids_to_tokens(ids)
+    assert plain_tok.eos_token == original_tok.eos_token == "<|im_end|>"
+    with torch.no_grad():
+        expected = original(input_ids=torch.tensor([ids])).logits
+        torch.testing.assert_close(plain(input_ids=torch.tensor([ids])).logits, expected, rtol=0, atol=0)
+    with pytest.raises(SystemExit) as exit_info:  # an existing, non-empty OUT is refused
+        cli.main(["convert-gguf", str(gguf_path), str(tmp_path / "plain")])
+    assert exit_info.value.code == 2 and "not an empty directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["convert-gguf", str(tmp_path / "plain" / "config.json"), str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()

@@ -81,6 +81,22 @@ def without_time(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
+def killed_before_second_checkpoint(args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CLI with ``args`` and die (like a kill: no summary) after update 1's metrics row but before its
+    checkpoint."""
+    save = RunDir.save_checkpoint
+
+    def dies_at_second(self: RunDir, state: dict) -> None:
+        if state["next_update"] == 2:
+            raise KeyboardInterrupt
+        save(self, state)
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(args)
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+
+
 @pytest.fixture(scope="module")
 def stale_run(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("stale") / "run"
@@ -135,17 +151,7 @@ def test_interrupted_run_resumes_to_identical_metrics(
 ) -> None:
     """Die after update 1's metrics row but before its checkpoint (like a kill: no summary); --resume restores the
     adapter, Adam, RNGs and the pending stale batch, redoes update 1, and ends with the uninterrupted metrics."""
-    save = RunDir.save_checkpoint
-
-    def dies_at_second(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 2:
-            raise KeyboardInterrupt
-        save(self, state)
-
-    monkeypatch.setattr(RunDir, "save_checkpoint", dies_at_second)
-    with pytest.raises(KeyboardInterrupt):
-        cli.main(run_args(files, tmp_path / "cut"))
-    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    killed_before_second_checkpoint(run_args(files, tmp_path / "cut"), monkeypatch)
     assert len(read_rows(tmp_path / "cut")) == 2 and not (tmp_path / "cut" / "summary.json").exists()
     assert RunDir(tmp_path / "cut").load_checkpoint()["buffer"], "stale_k:1 leaves a pending batch to restore"
     assert cli.main(["run", "--out", str(tmp_path / "cut"), "--resume"]) == 0
@@ -176,3 +182,60 @@ def test_a_generator_on_the_model_device_is_used_as_is() -> None:
     device gets a generator there, seeded from one draw of this one: that branch needs an accelerator)."""
     generator = torch.Generator().manual_seed(0)
     assert device_generator(generator, torch.device("cpu")) is generator
+
+
+def test_relative_paths_are_stored_absolute_and_policy_defaults_are_printed(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Model and data given relative to the working directory, no --lr / --eval-samples: config.json holds absolute
+    paths and the hf policy's defaults (lr 1e-4, one sampled evaluation response), stderr (not a terminal) names those
+    defaults and has one line per update, and a run cut after its first checkpoint resumes from another directory."""
+    args = run_args(files, tmp_path / "rel", updates=2)
+    for flag in ("--lr", "--eval-samples"):
+        del args[args.index(flag):args.index(flag) + 2]
+    args[args.index(str(files["model"]))] = "model"
+    args[args.index(f"data={files['data']}")] = "data=gsm8k"
+    monkeypatch.chdir(files["model"].parent)
+    killed_before_second_checkpoint(args, monkeypatch)
+    config = json.loads((tmp_path / "rel" / "config.json").read_text())
+    assert config["world_params"]["model"] == str(files["model"].resolve())
+    assert config["world_params"]["data"] == str(files["data"].resolve())
+    assert config["lr"] == 1e-4 and config["eval_samples"] == 1
+    err = capsys.readouterr().err
+    assert "defaults for policy hf: lr=0.0001, eval_samples=1" in err
+    assert [line.split("  ")[0] for line in err.splitlines() if line.startswith("update ")] == ["update 1/2",
+                                                                                              "update 2/2"]
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--out", "rel", "--resume"]) == 0
+    assert len(read_rows(tmp_path / "rel")) == 2
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a torch without a usable GPU")
+def test_cuda_device_without_cuda_is_one_line_exit_2(files: dict[str, Path], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*run_args(files, tmp_path / "gpu"), "--policy-param", "device=cuda"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "device='cuda' is not available" in err and "valid: cpu" in err
+    assert not (tmp_path / "gpu").exists()
+
+
+def test_recomputed_behavior_logp_separates_staleness_from_numeric_mismatch(files: dict[str, Path],
+                                                                            tmp_path: Path) -> None:
+    """bf16 on the CPU: sampling and scoring log-probs of the same tokens differ.  On-policy, without recompute the
+    objective's |log ratio| at update 0 is that numeric mismatch; with recompute it is 0 (the same training forward
+    on both sides) and the mismatch moves to sampler_log_ratio_abs_mean, equal to the first run's |log ratio|."""
+    runs = {}
+    for name, extra in (("plain", []), ("recompute", ["--recompute-behavior-logp", "true"])):
+        out = tmp_path / name
+        args = run_args(files, out, schedule="on_policy", updates=1)
+        assert cli.main([*args, "--policy-param", "dtype=bfloat16", *extra]) == 0
+        runs[name] = read_rows(out)[0]
+    plain, recompute = runs["plain"], runs["recompute"]
+    assert plain["response_len"] == recompute["response_len"] and plain["reward_mean"] == recompute["reward_mean"]
+    assert float(plain["log_ratio_abs_mean"]) > 0.0 and "sampler_log_ratio_abs_mean" not in plain
+    assert float(recompute["log_ratio_abs_mean"]) == 0.0
+    assert float(recompute["sampler_log_ratio_abs_mean"]) == pytest.approx(float(plain["log_ratio_abs_mean"]),
+                                                                           rel=1e-5)
+    assert float(recompute["sampler_log_ratio_abs_max"]) >= float(recompute["sampler_log_ratio_abs_mean"])

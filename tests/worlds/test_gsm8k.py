@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 from decimal import Decimal
 from pathlib import Path
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from offpolicylab.worlds.gsm8k import (
+    INSTRUCTION,
     GSM8kWorld,
     Problem,
     extract_answer,
@@ -126,6 +128,20 @@ def test_task_prompts_are_left_padded_chat_prompts(tokenizer, data_dir):
 def test_plain_template_without_chat_template(tokenizer, data_dir):
     world = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=1, use_chat_template=False)
     assert world.prompt_text(0).startswith("Question: What is 2+3?") and world.prompt_text(0).endswith("Answer:")
+
+
+@pytest.mark.parametrize("use_chat_template", [True, False])
+def test_no_prompt_holds_a_number_beyond_its_question(tokenizer, data_dir, use_chat_template):
+    """A number in the instruction (e.g. an example "#### 42") can be copied as an answer: the only digits of a prompt
+    are its question's."""
+    world = make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2, use_chat_template=use_chat_template)
+    assert not re.search(r"\d", INSTRUCTION)
+    for index, problem in enumerate(world.problems):
+        text = world.prompt_text(index)
+        assert problem.question in text
+        assert not re.search(r"\d", text.replace(problem.question, "")), text
+        decoded = tokenizer.decode(world.prompt_tokens(index))
+        assert re.findall(r"\d", decoded) == re.findall(r"\d", problem.question)
 
 
 def test_reward_reads_only_unmasked_tokens(tokenizer, data_dir):
