@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import transformers
@@ -49,6 +51,18 @@ def build_model(vocab_size: int, seed: int = 0, hidden: int = 32) -> torch.nn.Mo
         model.lm_head.weight.normal_(0.0, 0.5)
     return model.float().eval()
 
+
+
+def save_model_and_data(root: Path, tokenizer: transformers.PreTrainedTokenizerBase, rows: list[dict[str, str]],
+                        splits: Sequence[str]) -> dict[str, Path]:
+    """A tiny model for ``tokenizer`` and the tokenizer saved under ``root/model``, and the GSM8k ``rows`` as
+    ``root/gsm8k/<split>.jsonl`` for each split: {"model": ..., "data": ...}."""
+    build_model(len(tokenizer), seed=0).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    (root / "gsm8k").mkdir()
+    for split in splits:
+        (root / "gsm8k" / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return {"model": root / "model", "data": root / "gsm8k"}
 
 
 def encode_prompts(tokenizer: transformers.PreTrainedTokenizerBase, texts: list[str]) -> Prompts:

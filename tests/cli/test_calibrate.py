@@ -16,7 +16,7 @@ from offpolicylab import cli
 from offpolicylab.calibrate import calibrate
 from offpolicylab.diagnostics.profile import ENTROPY_BIN_EDGES, SHARE_KEYS
 from offpolicylab.worlds.gsm8k import INSTRUCTION
-from tests.tiny_llm import build_model, build_tokenizer
+from tests.tiny_llm import build_tokenizer, save_model_and_data
 
 pytestmark = pytest.mark.llm
 
@@ -26,14 +26,8 @@ QUESTIONS = ["What is 1 plus 2?", "What is 3 plus 4?", "What is 2 plus 5?", "Wha
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A saved tiny model + tokenizer and a GSM8k directory holding only test.jsonl (calibrate reads no train)."""
-    root = tmp_path_factory.mktemp("calibrate")
-    tokenizer = build_tokenizer()
-    build_model(len(tokenizer), seed=0).save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    (root / "gsm8k").mkdir()
     rows = [{"question": q, "answer": f"so\n#### {int(q.split()[2]) + int(q.split()[4][:-1])}"} for q in QUESTIONS]
-    (root / "gsm8k" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"model": root / "model", "data": root / "gsm8k"}
+    return save_model_and_data(tmp_path_factory.mktemp("calibrate"), build_tokenizer(), rows, ["test"])
 
 
 def calibrate_args(files: dict[str, Path], out: Path, *extra: str) -> list[str]:

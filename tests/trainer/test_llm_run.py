@@ -24,7 +24,7 @@ import transformers
 from offpolicylab import cli
 from offpolicylab.policies.hf import device_generator
 from offpolicylab.runs import RunDir
-from tests.tiny_llm import build_model, build_tokenizer
+from tests.tiny_llm import build_tokenizer, save_model_and_data
 
 pytestmark = pytest.mark.llm
 
@@ -46,17 +46,8 @@ def answer_tokenizer() -> transformers.PreTrainedTokenizerFast:
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A saved tiny model + tokenizer (save_pretrained) and GSM8k train/test jsonl files."""
-    root = tmp_path_factory.mktemp("llm_run")
-    tokenizer = answer_tokenizer()
-    build_model(len(tokenizer), seed=0).save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    data = root / "gsm8k"
-    data.mkdir()
-    rows = "".join(json.dumps({"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
-                   + "\n" for a, b in PROBLEMS)
-    for split in ("train", "test"):
-        (data / f"{split}.jsonl").write_text(rows)
-    return {"model": root / "model", "data": data}
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in PROBLEMS]
+    return save_model_and_data(tmp_path_factory.mktemp("llm_run"), answer_tokenizer(), rows, ["train", "test"])
 
 
 def run_args(files: dict[str, Path], out: Path, schedule: str = "stale_k:1", updates: int = 4) -> list[str]:
