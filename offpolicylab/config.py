@@ -14,6 +14,7 @@ from typing import Any
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
+MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
 
 # Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
 DEFAULTS: dict[str, Any] = {"lr": 0.05, "eval_samples": 4}
@@ -86,11 +87,25 @@ class TrainConfig:
         """Range checks of the scalar fields; raises ``ValueError`` naming the field and its valid range."""
         positive_ints = ("updates", "prompts_per_update", "group_size", "eval_every", "eval_samples",
                          "checkpoint_every", "collapse_window")
+        for f in fields(self):  # a JSON config file must not pass a number for a boolean (or the reverse)
+            value = getattr(self, f.name)
+            if f.type == "str" and not isinstance(value, str):
+                raise ValueError(f"{f.name}={value!r} is invalid; valid: a name (a string), see `offpolicylab list`")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name}={value!r} is invalid; valid: true or false")
+            if scalar_kind(f.type) == "float" and isinstance(value, bool):
+                raise ValueError(f"{f.name}={value!r} is invalid; valid: a number")
         for name in positive_ints:
             if not (name in DEFAULTS and getattr(self, name) is None):
                 _check_int(name, getattr(self, name), 1)
+        if self.group_size < 2:
+            raise ValueError(f"group_size={self.group_size} is invalid: a group of one response has group-relative "
+                             "advantage A = r − mean(r) = 0 for every response, so nothing would be learned; "
+                             "valid: an integer >= 2")
         _check_int("sample_every", self.sample_every, 0)
         _check_int("seed", self.seed, 0)
+        if self.seed > MAX_SEED:
+            raise ValueError(f"seed={self.seed} is invalid; valid: an integer in 0..{MAX_SEED}")
         for name in ("temperature", "lr"):
             value = getattr(self, name)
             if name in DEFAULTS and value is None:

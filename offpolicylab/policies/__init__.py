@@ -56,6 +56,9 @@ def make_policy(kind: str, task: Any, **params: Any) -> Any:
     config = {key: spec.validate(key, params.get(key, spec.default)) for key, spec in specs.items()}
     if kind == "hf":
         return make_hf_policy(task, **config)
+    if getattr(task, "model", None):  # a language-model world: its token space is the model's tokenizer
+        raise ValueError(f"policy {kind!r} cannot act in a world that names a language model "
+                         f"({type(task).__name__}); valid: --policy hf")
     common = {"vocab_size": task.vocab_size, "response_len": task.max_response_len, "eos_id": task.eos_id,
               "sampler_noise_std": config["sampler_noise_std"]}
     if kind == "tabular":
