@@ -4,14 +4,16 @@
     offpolicylab demo [--out DIR] [--workers N]
     offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
                      [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
-    offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
+    offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local] [--rerun-changed]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
     offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
-whole configuration has been validated.  A run that fails while training exits with code 1 (its summary.json
-says ``failed``).
+whole configuration has been validated (docs/bad_input.md lists every case and its message).  A run that fails
+while training exits with code 1 (its summary.json says ``failed``), and so does a full disk or a file-size limit
+(one line; ``--resume`` continues from the last checkpoint once there is space).  SIGINT / SIGTERM stop the
+command and its worker processes with exit code 130 (runs stay resumable).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +33,7 @@ from offpolicylab.registry import Registry
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
 _DICT_FLAGS = {"objective_params": "param", "world_params": "world_param", "policy_params": "policy_param"}
 
 
@@ -56,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
+    demo.add_argument("--rerun-changed", action="store_true",
+                      help="run again the cells in --out that were run with another config (else refused)")
 
     run = sub.add_parser("run", help="train one run into a run directory")
     for name, param in config_params().items():
@@ -71,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default=None, metavar="PATH",
                      help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
                           "model=PATH; selects --policy hf unless another policy is given)")
+    run.add_argument("--trust-remote-code", action="store_true",
+                     help="let transformers run the Python code a model folder ships (off unless given; never "
+                          "stored in config.json, so give it again with --resume)")
 
     sweep = sub.add_parser("sweep", help="run a JSON grid of runs, one run directory per cell")
     sweep.add_argument("grid", help="grid file (JSON: base config + axes)")
@@ -79,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--engine", default="local", help="sweep engine: local (or ray when installed)")
     sweep.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="with --engine ray: the cluster to join (default: $RAY_ADDRESS, else a local Ray)")
+    sweep.add_argument("--rerun-changed", action="store_true",
+                       help="run again the cells in --out that were run with another config (else refused)")
 
     convert = sub.add_parser("convert-gguf", help="write a GGUF model file as a plain model directory (weights "
                                                   "dequantized, tokenizer and chat template included)")
@@ -99,12 +110,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["plot"]:  # everything after `plot` belongs to the plots module
         return _plot(argv[1:])
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C: workers first
     try:
         return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
                 "convert-gguf": cmd_convert_gguf,
                 "calibrate": calibrate_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
+    except OSError as exc:  # a full disk, a file-size limit, a read-only folder ...
+        print(f"offpolicylab: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("offpolicylab: interrupted; run the same command again to continue (--resume for run)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 # ============================================================================================ commands
@@ -129,10 +154,14 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from offpolicylab.policies.hf_loading import allow_remote_code
     from offpolicylab.runs import RunDir
+    from offpolicylab.sweep import output_folder
     from offpolicylab.trainer import TrainingFailed, train
 
+    output_folder(args.out)
     config = config_from_args(args)
+    allow_remote_code(args.trust_remote_code)
     try:
         summary = train(config, args.out, resume=args.resume,
                         progress="bar" if sys.stderr.isatty() else "lines")
@@ -148,13 +177,19 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from offpolicylab.runs import RunDir
 
     data: dict[str, Any] = {}
+    if args.resume and args.config:
+        raise ValueError("--resume continues the run in --out with its stored config.json; it cannot be combined "
+                         "with --config (start a new run with --config instead)")
     if args.resume and RunDir(args.out).config_path.exists():
         data = RunDir(args.out).read_config()
     elif args.config:
         try:
             data = json.loads(Path(args.config).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read --config {args.config} ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--config {args.config} holds a JSON {type(data).__name__}; valid: a JSON object of "
+                             "config fields")
     elif args.world is None or args.objective is None:
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
     for name in config_params():
@@ -197,7 +232,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         os.environ["RAY_ADDRESS"] = args.ray_address
     try:
         rows = run_sweep(load_grid(args.grid), args.out, workers=args.workers, engine=args.engine,
-                         progress=sys.stderr.isatty())
+                         progress=sys.stderr.isatty(), rerun_changed=args.rerun_changed)
     except RuntimeError as exc:  # e.g. a Ray cluster that cannot be started or reached
         print(f"offpolicylab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -211,7 +246,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from offpolicylab.sweep import run_sweep
 
     grid = demo_grid(args.updates)
-    rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty())
+    rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty(),
+                     rerun_changed=args.rerun_changed)
     figure = demo_figure(args.out, Path(args.out) / "demo.png")
     _print_table(rows)
     print(f"figure: {figure}")
@@ -246,7 +282,7 @@ def demo_grid(updates: int | None = None) -> dict[str, Any]:
         "base": {
             "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
                                                    "num_prompts": 4},
-            "policy": "tabular", "updates": updates or 120, "prompts_per_update": 4, "group_size": 8,
+            "policy": "tabular", "updates": 120 if updates is None else updates, "prompts_per_update": 4, "group_size": 8,
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
         },
         "axes": {

@@ -16,6 +16,7 @@ from offpolicylab.registry import Param
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
+MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
 # Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
@@ -49,7 +50,8 @@ class TrainConfig:
                                                    "epochs:E, offline, offline:D, mixture:P"))
     updates: int = _f(Param(200, int, low=1, doc="number of optimizer updates"))
     prompts_per_update: int = _f(Param(8, int, low=1, doc="prompts per generated batch"))
-    group_size: int = _f(Param(8, int, low=1, doc="responses per prompt (GRPO group size G)"))
+    group_size: int = _f(Param(8, int, low=2, doc="responses per prompt (GRPO group size G; a group of one response "
+                                                  "has advantage 0, so G >= 2)"))
     temperature: float = _f(Param(1.0, float, **_POSITIVE,
                                   doc="sampling temperature (behavior_logp is recorded at this temperature)"))
     advantage: str = _f(Param("auto", str, choices=ADVANTAGE_CHOICES,
@@ -68,7 +70,7 @@ class TrainConfig:
                                     "policies, 1e-4 for the LoRA policy hf)"))
     grad_clip: float = _f(Param(1.0, float, low=0.0, low_open=True,
                                 doc="max global gradient norm (inf = no clipping)"))
-    seed: int = _f(Param(0, int, low=0, doc="random seed (policy init, prompts, sampling, rewards)"))
+    seed: int = _f(Param(0, int, low=0, high=MAX_SEED, doc="random seed (policy init, prompts, sampling, rewards)"))
     eval_every: int = _f(Param(10, int, low=1, doc="evaluate greedy / sampled reward (and exact return where "
                                                    "enumerable) every N updates"))
     eval_samples: int | None = _f(Param(None, int, low=1, optional=True,

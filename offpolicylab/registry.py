@@ -61,11 +61,13 @@ class Param:
         elif self.kind is dict:
             text = "a mapping of name -> value"
         elif self.kind in (int, float):
-            lo = "-inf" if self.low is None else f"{self.low:g}"
-            hi = "inf" if self.high is None else f"{self.high:g}"
+            lo = "-inf" if self.low is None else _bound(self.kind, self.low)
+            hi = "inf" if self.high is None else _bound(self.kind, self.high)
             article = "an" if self.kind is int else "a"
             text = (f"{article} {self.kind.__name__} in {'(' if self.low_open else '['}{lo}, {hi}"
                     f"{')' if self.high_open else ']'}")
+        elif self.kind is str:
+            text = "a string"
         else:
             text = f"a {self.kind.__name__}"
         return text + (" or none" if self.optional else "")
@@ -93,6 +95,10 @@ class Param:
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         return not (too_low or too_high)
+
+
+def _bound(kind: type, value: float) -> str:
+    return str(int(value)) if kind is int and math.isfinite(value) else f"{value:g}"
 
 
 def coerce(kind: type, value: Any) -> Any:
@@ -129,6 +135,8 @@ def coerce(kind: type, value: Any) -> Any:
         if not isinstance(value, Mapping):
             raise TypeError(value)
         return dict(value)
+    if kind is str and not isinstance(value, str):  # e.g. a number or a list from a JSON config
+        raise TypeError(value)
     return kind(value)
 
 

@@ -14,6 +14,13 @@ runs as :class:`Run` records for plots, the demo figure, paper figures and exper
                                  crash / power loss).  Loaded with
                                  ``torch.load(weights_only=True)`` — never an arbitrary unpickle
     summary.json                 at the end: status ∈ completed / collapsed / failed, final and peak metrics
+    .lock                        the writer's lock (``fcntl.flock``; the OS drops it when the process ends, even
+                                 by SIGKILL): one process writes a run directory at a time
+
+Resume checks that metrics.csv agrees with the checkpoint: the checkpoint records the header and the SHA-256 of
+the metrics file up to its update, and the file must hold exactly rows ``0 … next_update − 1`` under that header.
+A torn last line (a write cut short by a full disk or a kill) is never counted and is dropped on resume; temp
+files left by a process that died mid-write are removed when the next writer takes the lock.
 
 A sweep folder holds ``grid.json`` (the grid file it ran), ``sweep_results.csv`` (one row per cell) and one run
 directory per cell; a cell's axis labels are recomputed from ``grid.json``, never parsed from directory names.
@@ -21,13 +28,17 @@ directory per cell; a cell's axis labels are recomputed from ``grid.json``, neve
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
+import hashlib
 import io
 import json
 import math
 import os
+import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,10 +54,20 @@ MAX_SAMPLE_TOKENS = 4096
 SUMMARY_KEYS = ("reward_mean", "exact_return", "eval_reward_greedy", "eval_reward_sampled")
 GRID_FILE = "grid.json"
 SWEEP_RESULTS = "sweep_results.csv"
+LOCK_NAME = ".lock"
+TEMP_MARK = ".tmp-"
+# every name a run directory may hold: what :meth:`RunDir.clear` may delete
+RUN_ENTRIES = frozenset({"config.json", "metrics.csv", "events.jsonl", "summary.json", "checkpoint", "samples",
+                         "error.txt", LOCK_NAME})
+_HELD_LOCKS: dict[Path, list[int]] = {}  # resolved run path -> [lock file descriptor, nesting depth]
 
 
 class RunError(ValueError):
     """A run directory cannot be used as asked (exists without --resume, corrupt checkpoint, ...)."""
+
+
+class RunLocked(RunError):
+    """Another process holds the run directory's lock."""
 
 
 class RunDir:
@@ -59,6 +80,7 @@ class RunDir:
         self._metrics_file: io.TextIOWrapper | None = None  # kept open between rows, flushed after each
         self._line = io.StringIO()
         self._line_writer = csv.writer(self._line)  # csv's default dialect, the one csv.DictReader reads
+        self._digest = hashlib.sha256()  # of the bytes of metrics.csv written so far (header included)
 
     # ---------------------------------------------------------------------------------------- paths
     config_path = property(lambda self: self.path / "config.json")
@@ -71,6 +93,73 @@ class RunDir:
     def holds_run(self) -> bool:
         return self.config_path.exists() or self.metrics_path.exists()
 
+    # ---------------------------------------------------------------------------------------- one writer
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the directory's writer lock (``fcntl.flock`` on ``.lock``, created with the directory).  The OS
+        releases it when the process ends, however it ends; re-entrant within one process.  Another process gets
+        :class:`RunLocked` at once.  Taking the lock removes temp files orphaned by a writer that died mid-write."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError(f"{self.path} is a file, not a run directory; valid: a directory path")
+        self.path.mkdir(parents=True, exist_ok=True)
+        key = self.path.resolve()
+        if key in _HELD_LOCKS:
+            _HELD_LOCKS[key][1] += 1
+            try:
+                yield
+            finally:
+                _HELD_LOCKS[key][1] -= 1
+            return
+        fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise RunLocked(f"run directory {self.path} is in use by another process"
+                            f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
+                            "then try again") from None
+        with contextlib.suppress(OSError):  # the pid only makes the message above clearer
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _HELD_LOCKS[key] = [fd, 1]
+        try:
+            self.remove_orphans()
+            yield
+        finally:
+            del _HELD_LOCKS[key]
+            os.close(fd)  # releases the lock
+
+    def remove_orphans(self) -> list[Path]:
+        """Delete temp files (``.NAME.tmp-PID``) that a process killed mid-write left behind; call with the lock."""
+        removed = []
+        for folder in (self.path, self.checkpoint_path.parent, self.samples_dir):
+            if folder.is_dir():
+                for entry in folder.glob(f".*{TEMP_MARK}*"):
+                    entry.unlink(missing_ok=True)
+                    removed.append(entry)
+        return removed
+
+    def clear(self) -> None:
+        """Delete this run (to start it again).  Deletes only the names a run writes (:data:`RUN_ENTRIES` and
+        their temp files): a directory holding anything else raises :class:`RunError` and nothing is deleted."""
+        if self.path.is_symlink() or not self.path.is_dir():
+            raise RunError(f"{self.path} is not a run directory; refusing to delete it")
+        foreign = sorted(p.name for p in self.path.iterdir()
+                         if p.name not in RUN_ENTRIES and TEMP_MARK not in p.name)
+        if foreign:
+            raise RunError(f"{self.path} holds files a run does not write ({', '.join(foreign[:3])}); "
+                           "move them away or choose another --out; nothing was deleted")
+        for entry in self.path.iterdir():
+            if entry.name == LOCK_NAME:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        self._columns = None
+        self._digest = hashlib.sha256()
+
     # ---------------------------------------------------------------------------------------- lifecycle
     def create(self, config: dict[str, Any]) -> None:
         """Start a fresh run; refuses a directory that already holds one."""
@@ -78,7 +167,7 @@ class RunDir:
             raise RunError(f"run directory {self.path} already holds a run; pass --resume to continue it "
                            "or choose another --out")
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(self.config_path, json.dumps(config, indent=2) + "\n")
+        write_text_atomically(self.config_path, json.dumps(config, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
         if not self.config_path.exists():
@@ -103,8 +192,7 @@ class RunDir:
         if self._metrics_file is None:
             self._open_metrics(row)
         assert self._metrics_file is not None and self._columns is not None
-        self._metrics_file.write(self._csv_line([_format(row.get(key)) for key in self._columns]))
-        self._metrics_file.flush()
+        self._write_metrics(self._csv_line([_format(row.get(key)) for key in self._columns]))
 
     def close(self) -> None:
         """Close the metrics file kept open by :meth:`append_metrics` (it reopens on the next row)."""
@@ -116,9 +204,16 @@ class RunDir:
         new_file = not self.metrics_path.exists() or self.metrics_path.stat().st_size == 0
         if self._columns is None:
             self._columns = list(row) if new_file else self._read_header()
-        self._metrics_file = open(self.metrics_path, "a", newline="")  # noqa: SIM115 - closed by close()
+        self._metrics_file = open(self.metrics_path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - close()
         if new_file:
-            self._metrics_file.write(self._csv_line(self._columns))
+            self._digest = hashlib.sha256()
+            self._write_metrics(self._csv_line(self._columns))
+
+    def _write_metrics(self, line: str) -> None:
+        assert self._metrics_file is not None
+        self._digest.update(line.encode("utf-8"))
+        self._metrics_file.write(line)
+        self._metrics_file.flush()
 
     def _csv_line(self, values: list[str]) -> str:
         self._line.seek(0)
@@ -126,26 +221,53 @@ class RunDir:
         self._line_writer.writerow(values)
         return self._line.getvalue()
 
-    def truncate_metrics(self, next_update: int) -> None:
-        """Keep only the rows with ``update < next_update`` (rows written after the checkpoint are redone)."""
+    def truncate_metrics(self, next_update: int, checkpoint: dict[str, Any] | None = None) -> None:
+        """Keep the header and rows ``0 … next_update − 1`` (rows written after the checkpoint are redone, a torn
+        last line is dropped).  Raises :class:`RunError` (naming the file and line) unless the kept rows are
+        exactly those updates and, when ``checkpoint`` recorded them, carry its header and SHA-256."""
         self.close()
-        if not self.metrics_path.exists():
-            return
-        lines = self.metrics_path.read_text().splitlines(keepends=True)
+        lines = self._complete_lines()
         if not lines:
+            if next_update > 0:
+                raise RunError(f"{self.metrics_path} is missing or empty but the checkpoint is at update "
+                               f"{next_update}; the run cannot be resumed consistently (start it again)")
+            self._columns, self._digest = None, hashlib.sha256()
             return
-        kept = [lines[0]] + [line for line in lines[1:] if line.strip() and int(line.split(",", 1)[0]) < next_update]
+        kept = [lines[0]]
+        for number, line in enumerate(lines[1:next_update + 1], 2):
+            first = line.split(",", 1)[0]
+            if first != str(number - 2):
+                raise RunError(f"{self.metrics_path}:{number}: expected the row of update {number - 2}, found "
+                               f"{first[:20]!r}; the metrics file does not match the checkpoint (update "
+                               f"{next_update}), so the run cannot be resumed consistently")
+            kept.append(line)
         if len(kept) - 1 != next_update:
             raise RunError(f"{self.metrics_path} holds {len(kept) - 1} rows before update {next_update} but the "
                            "checkpoint needs all of them; the run cannot be resumed consistently")
-        _atomic_write_text(self.metrics_path, "".join(kept))
-        self._columns = None
+        text = "".join(kept)
+        columns = next(csv.reader([lines[0]]))
+        checkpoint = checkpoint or {}
+        if "metrics_columns" in checkpoint and list(checkpoint["metrics_columns"]) != columns:
+            raise RunError(f"{self.metrics_path}:1: the header differs from the one the checkpoint recorded; "
+                           "the run cannot be resumed consistently")
+        digest = hashlib.sha256(text.encode("utf-8"))
+        if "metrics_digest" in checkpoint and checkpoint["metrics_digest"] != digest.hexdigest():
+            raise RunError(f"{self.metrics_path}: rows 0..{next_update - 1} differ from what the checkpoint "
+                           "recorded (edited, or the checkpoint's update counter was changed); the run cannot be "
+                           "resumed consistently")
+        write_text_atomically(self.metrics_path, text)
+        self._columns, self._digest = columns, digest
 
-    def read_metrics(self) -> list[dict[str, str]]:
+    def _complete_lines(self) -> list[str]:
+        """The lines of metrics.csv that end in a newline (a torn last line is not a row)."""
         if not self.metrics_path.exists():
             return []
-        with open(self.metrics_path, newline="") as fh:
-            return list(csv.DictReader(fh))
+        lines = self.metrics_path.read_bytes().decode("utf-8", errors="replace").splitlines(keepends=True)
+        return [line for line in lines if line.endswith("\n")]
+
+    def read_metrics(self) -> list[dict[str, str]]:
+        """The complete rows of metrics.csv (a torn last line is left out)."""
+        return list(csv.DictReader(self._complete_lines()))
 
     def _read_header(self) -> list[str]:
         with open(self.metrics_path, newline="") as fh:
@@ -178,6 +300,8 @@ class RunDir:
         if self.fsync and self.metrics_path.exists():  # rows up to the checkpoint must be on disk first
             with open(self.metrics_path, "rb+") as fh:
                 os.fsync(fh.fileno())
+        if self._columns is not None:  # what resume checks metrics.csv against
+            state = {**state, "metrics_columns": list(self._columns), "metrics_digest": self._digest.hexdigest()}
         buffer = io.BytesIO()
         torch.save(state, buffer)
         _atomic_write_bytes(self.checkpoint_path, buffer.getvalue(), self.fsync)
@@ -204,7 +328,8 @@ class RunDir:
         rows = self.read_metrics()
         summary: dict[str, Any] = {"status": status, "updates_done": len(rows)}
         for key in SUMMARY_KEYS:
-            values = [(int(r["update"]), float(r[key])) for r in rows if r.get(key, "") not in ("", None)]
+            values = [(int(_number(self.metrics_path, line, r, "update")), _number(self.metrics_path, line, r, key))
+                      for line, r in enumerate(rows, 2) if r.get(key, "") not in ("", None)]
             finite = [(u, v) for u, v in values if math.isfinite(v)]
             if finite:
                 summary[f"final_{key}"] = finite[-1][1]
@@ -212,7 +337,7 @@ class RunDir:
                 summary[f"peak_{key}"] = peak_value
                 summary[f"peak_{key}_update"] = peak_update
         summary.update(extra)
-        _atomic_write_text(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
+        write_text_atomically(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
         return summary
 
 
@@ -324,9 +449,17 @@ def sample_update(path: str | Path) -> int:
 
 # -------------------------------------------------------------------------------------------- sweep folders
 def write_grid(sweep_dir: str | Path, grid: dict[str, Any]) -> None:
-    """The grid file of a sweep (its cells' labels are read back from it)."""
-    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(Path(sweep_dir) / GRID_FILE, json.dumps(grid, indent=2) + "\n")
+    """The grid file of a sweep (its cells' labels are read back from it); a different grid already there is kept
+    as ``grid.previous-N.json``."""
+    out = Path(sweep_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path, text = out / GRID_FILE, json.dumps(grid, indent=2) + "\n"
+    if path.exists() and path.read_text() != text:
+        number = 1
+        while (out / f"grid.previous-{number}.json").exists():
+            number += 1
+        os.replace(path, out / f"grid.previous-{number}.json")
+    write_text_atomically(path, text)
 
 
 def write_sweep_results(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> Path:
@@ -337,7 +470,7 @@ def write_sweep_results(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> Pa
     writer = csv.DictWriter(out, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(rows)
-    _atomic_write_text(path, out.getvalue())
+    write_text_atomically(path, out.getvalue())
     return path
 
 
@@ -359,6 +492,13 @@ def _format(value: Any) -> str:
     return str(value)
 
 
+def _number(path: Path, line: int, row: dict[str, str], key: str) -> float:
+    try:
+        return float(row[key])
+    except (TypeError, ValueError):
+        raise RunError(f"{path}:{line}: {key}={row[key]!r} is not a number; the metrics file is damaged") from None
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, (np.floating, np.integer)):
         return value.item()
@@ -369,13 +509,17 @@ def _json_default(value: Any) -> Any:
 
 def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
     """Write to a temp file in the same directory, (fsync,) then rename over ``path`` (atomic on POSIX)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}{TEMP_MARK}{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a file-size limit, an interrupt: leave no orphan temp file
+        tmp.unlink(missing_ok=True)
+        raise
     if not fsync:
         return
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -385,5 +529,6 @@ def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
         os.close(dir_fd)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` atomically (temp file, fsync, rename): readers see the old or the new text."""
     _atomic_write_bytes(path, text.encode())

@@ -19,8 +19,21 @@ Every axis value is either a scalar (it sets the config field named like the axi
 overrides with an optional ``label`` (mapping-valued fields such as ``world_params`` are merged into the base).
 The cell directory is named from the labels: ``objective=grpo__schedule=stale_k-16__seed=0``.  Cells run in
 separate processes; a failing cell is recorded (``summary.json`` status ``failed`` with the error) and the others
-finish; re-running skips cells that completed or collapsed and resumes interrupted ones.  ``sweep_results.csv``
-gets one row per cell: its axis labels, status, peak and final reward / exact return and the collapse update.
+finish.  ``sweep_results.csv`` gets one row per cell: its axis labels, status, peak and final reward / exact
+return and the collapse update.
+
+Re-running a sweep into the same folder reuses a cell that completed or collapsed, and resumes an interrupted one,
+only when the config it was run with (its ``config.json``) is identical to the config the grid now gives; a cell
+whose config changed makes the sweep refuse with one line before anything runs, unless ``rerun_changed``
+(``--rerun-changed``) starts such cells again.  Failed cells are started again.  A changed grid file is recorded as
+``grid.json`` and the previous one kept as ``grid.previous-N.json``.  Cell directory names are made of the
+characters ``A-Z a-z 0-9 . _ = + -`` only (anything else becomes ``-``; a name longer than 200 characters is cut
+and ends in a hash), so every cell lies directly under the output folder; a cell is only ever deleted file by file,
+and only the files a run writes (:meth:`~offpolicylab.runs.RunDir.clear`).
+
+Stopping: SIGINT / SIGTERM to the sweep process terminate its worker processes (whose runs stay resumable), and a
+worker whose sweep process died (even by SIGKILL) exits by itself within a second; each run directory is locked by
+the one process writing it (:meth:`~offpolicylab.runs.RunDir.locked`), so a re-run cannot race with a survivor.
 
 Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
 context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
@@ -30,12 +43,16 @@ context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked
 from __future__ import annotations
 
 import concurrent.futures as futures
+import hashlib
 import importlib
 import itertools
 import json
 import multiprocessing
+import os
 import re
-import shutil
+import signal
+import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +66,8 @@ from offpolicylab.runs import write_grid, write_sweep_results
 RESULT_KEYS = ("status", "updates_done", "peak_reward_mean", "final_reward_mean", "peak_exact_return",
                "final_exact_return", "optimal_return", "collapse_update", "error")
 _DONE = ("completed", "collapsed")
+MAX_CELL_NAME = 200  # characters; file systems allow 255 bytes per name
+EXIT_ORPHANED = 3  # exit status of a worker whose sweep process is gone
 
 
 @dataclass(frozen=True)
@@ -63,10 +82,14 @@ class Cell:
 
 # ============================================================================================ grid → cells
 def load_grid(path: str | Path) -> dict[str, Any]:
+    if Path(path).is_dir():
+        raise ValueError(f"grid file {path} is a directory; valid: a JSON file with keys base and axes")
     try:
         grid = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"grid file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"grid file {path} cannot be read ({exc})") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"grid file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(grid, dict) or set(grid) - {"base", "axes"}:
@@ -90,8 +113,8 @@ def expand_grid(grid: dict[str, Any], out_dir: str | Path) -> list[Cell]:
             labels[name] = label
             _merge(config, overrides)
         TrainConfig.from_dict(config)  # validates field names and scalar ranges
-        cell_name = "__".join(f"{k}={v}" for k, v in labels.items()) or "cell"
-        cells.append(Cell(cell_name, labels, config, str(Path(out_dir) / cell_name)))
+        cell_name = _cell_name(labels)
+        cells.append(Cell(cell_name, labels, config, str(_inside(Path(out_dir), cell_name))))
     names = [c.name for c in cells]
     if len(set(names)) != len(names):
         raise ValueError("grid cells have duplicate names; give distinct 'label's to axis values")
@@ -114,6 +137,22 @@ def _merge(config: dict[str, Any], overrides: dict[str, Any]) -> None:
             config[key] = value
 
 
+def _cell_name(labels: dict[str, str]) -> str:
+    """``axis=label__axis=label``, each part made safe; cut to MAX_CELL_NAME characters (ending in a hash)."""
+    name = "__".join(f"{_safe(axis)}={label}" for axis, label in labels.items()) or "cell"
+    if len(name) > MAX_CELL_NAME:
+        name = name[:MAX_CELL_NAME - 17] + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
+    return name
+
+
+def _inside(out: Path, name: str) -> Path:
+    """``out / name``, which must be a direct child of ``out`` (never a path elsewhere)."""
+    path = out / name
+    if name in ("", ".", "..") or path.parent != out or os.sep in name:
+        raise ValueError(f"grid cell name {name!r} is not a plain folder name")
+    return path
+
+
 def _short(value: Any) -> str:
     if isinstance(value, dict):
         return "_".join(f"{k}{_short(v)}" for k, v in value.items())
@@ -126,10 +165,11 @@ def _safe(text: str) -> str:
 
 # ============================================================================================ one cell
 def run_cell(cell_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    """Run (or skip, or resume) one cell; never raises: a failure is recorded and returned as status ``failed``."""
+    """Run (or skip, or resume) one cell; never raises: a failure is recorded and returned as status ``failed``.
+    A cell that another process is writing is left alone (returned ``failed`` with the reason)."""
     import torch
 
-    from offpolicylab.runs import RunDir
+    from offpolicylab.runs import RunDir, RunLocked
     from offpolicylab.trainer import train
 
     torch.set_num_threads(1)
@@ -137,19 +177,56 @@ def run_cell(cell_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
     previous = run.read_summary()
     if previous is not None and previous.get("status") in _DONE:
         return {**previous, "skipped": True}
-    if previous is not None:  # a failed cell: start again from scratch
-        shutil.rmtree(out_dir)
     try:
+        with run.locked():
+            return _run_locked(run, cell_config, train)
+    except RunLocked as exc:  # a survivor of an earlier sweep still writes this cell: touch nothing
+        return {"status": "failed", "error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a cell failure must not stop the sweep
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+
+
+def _run_locked(run: Any, cell_config: dict[str, Any], train: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The body of :func:`run_cell`, holding the cell's lock: start a failed cell again, else run or resume."""
+    try:
+        if run.read_summary() is not None:  # a failed cell: start again from scratch
+            run.clear()
         config = TrainConfig.from_dict(cell_config)
-        resume = run.holds_run() and run.read_summary() is None
-        return train(config, out_dir, resume=resume)
+        return train(config, run.path, resume=run.holds_run())
     except Exception as exc:  # noqa: BLE001 - a cell failure must not stop the sweep
         error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
         if run.read_summary() is None:
             run.write_summary("failed", error=error)
-        (Path(out_dir) / "error.txt").write_text(traceback.format_exc())
+        (run.path / "error.txt").write_text(traceback.format_exc())
         return {**(run.read_summary() or {}), "status": "failed", "error": error}
+
+
+def changed_cells(cells: list[Cell]) -> dict[str, str]:
+    """{cell name: what differs} for cells whose directory holds a run (not a failed one) of another config than
+    the cell's resolved config."""
+    from offpolicylab.runs import RunDir, RunError
+    from offpolicylab.trainer import resolve_config
+
+    changed = {}
+    for cell in cells:
+        run = RunDir(cell.out_dir)
+        summary = run.read_summary()
+        if not run.config_path.exists() or (summary is not None and summary.get("status") == "failed"):
+            continue
+        try:
+            stored = run.read_config()
+        except RunError:
+            changed[cell.name] = "config.json unreadable"
+            continue
+        try:
+            resolved = resolve_config(TrainConfig.from_dict(cell.config))
+        except ValueError:  # a bad objective fails the cell when it runs
+            changed[cell.name] = "the config is invalid now"
+            continue
+        keys = sorted(k for k in set(stored) | set(resolved) if stored.get(k) != resolved.get(k))
+        if keys:
+            changed[cell.name] = ", ".join(keys) + " differ"
+    return changed
 
 
 def _run_cell_args(cell: Cell) -> dict[str, Any]:
@@ -181,7 +258,8 @@ def get_engine(name: str) -> Engine:
 
 
 def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
-    """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order."""
+    """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order.
+    An interrupt (SIGINT, or SIGTERM turned into one by the CLI) terminates the workers before it propagates."""
     results: list[dict[str, Any] | None] = [None] * len(cells)
     bar = _bar(len(cells), progress)
     if workers <= 1:
@@ -190,7 +268,9 @@ def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[s
             bar.update(1)
     else:
         context = multiprocessing.get_context("spawn")
-        with futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
+                                           initargs=(os.getpid(),))
+        try:
             pending = {pool.submit(_run_cell_args, cell): i for i, cell in enumerate(cells)}
             for future in futures.as_completed(pending):
                 i = pending[future]
@@ -199,8 +279,61 @@ def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[s
                 except Exception as exc:  # noqa: BLE001 - a crashed worker process
                     results[i] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
                 bar.update(1)
+        except BaseException:
+            stop_pool(pool)
+            raise
+        pool.shutdown()
     bar.close()
     return [r or {"status": "failed", "error": "no result"} for r in results]
+
+
+def stop_pool(pool: futures.ProcessPoolExecutor) -> None:
+    """Terminate a pool's worker processes and wait for them (their runs stay resumable: checkpoints are atomic
+    and each run's lock dies with its process).  The executor has no public handle on its processes."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=10)
+
+
+def _worker_init(driver: int) -> None:
+    """A pool worker: ignore SIGINT (a terminal's Ctrl-C reaches the whole group; the driver stops the pool) and
+    exit when the driver is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with(driver)
+
+
+def exit_with(pid: int, period: float = 0.5) -> threading.Thread:
+    """Start a daemon thread that ends this process (``os._exit(EXIT_ORPHANED)``) once process ``pid`` on this
+    machine has ended, however it ended (SIGKILL included): a worker must not outlive the sweep that started it."""
+
+    def watch() -> None:
+        while _alive(pid):
+            time.sleep(period)
+        os._exit(EXIT_ORPHANED)
+
+    thread = threading.Thread(target=watch, name="exit-with-driver", daemon=True)
+    thread.start()
+    return thread
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
+    if os.getppid() == pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 register_engine("local", local_engine)
@@ -208,17 +341,44 @@ register_engine("local", local_engine)
 
 # ============================================================================================ the sweep
 def run_sweep(grid: dict[str, Any], out_dir: str | Path, *, workers: int = 1, engine: str = "local",
-              progress: bool = False) -> list[dict[str, Any]]:
-    """Expand ``grid``, run every cell with ``engine``, write ``out_dir/sweep_results.csv``; returns its rows."""
-    if not isinstance(workers, int) or workers < 1:
+              progress: bool = False, rerun_changed: bool = False) -> list[dict[str, Any]]:
+    """Expand ``grid``, run every cell with ``engine``, write ``out_dir/sweep_results.csv``; returns its rows.
+
+    Cells whose stored config differs from the grid's raise ``ValueError`` before anything runs, unless
+    ``rerun_changed`` (they are then cleared and run again)."""
+    from offpolicylab.runs import RunDir
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r} is invalid; valid: an integer >= 1")
     run_engine = get_engine(engine)
-    cells = expand_grid(grid, out_dir)
-    write_grid(out_dir, grid)
+    out = output_folder(out_dir)
+    cells = expand_grid(grid, out)
+    changed = changed_cells(cells)
+    if changed and not rerun_changed:
+        name, why = next(iter(changed.items()))
+        raise ValueError(f"{len(changed)} cell(s) in {out} were run with another config than the grid now gives "
+                         f"({name}: {why}); pass --rerun-changed to run them again, or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    write_grid(out, grid)
+    for cell in cells:
+        if cell.name in changed:
+            run = RunDir(cell.out_dir)
+            with run.locked():
+                run.clear()
     summaries = run_engine(cells, workers, progress)
     rows = [result_row(cell, summary) for cell, summary in zip(cells, summaries, strict=True)]
-    write_sweep_results(out_dir, rows)
+    write_sweep_results(out, rows)
     return rows
+
+
+def output_folder(out_dir: str | Path) -> Path:
+    """``out_dir`` as a path; an empty one or an existing file raises ``ValueError``."""
+    if str(out_dir).strip() == "":
+        raise ValueError("--out '' is invalid; valid: a folder path (it is created if missing)")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file; valid: a folder (new, or one this command wrote)")
+    return out
 
 
 def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:

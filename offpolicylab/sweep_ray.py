@@ -15,22 +15,28 @@ Where the cells run (:func:`ray_session`):
 
 Each cell is one task (1 CPU) that runs :func:`~offpolicylab.sweep.run_cell`, so the run-directory layout, the
 seeding and the skip / resume rule are exactly the local engine's: with the same seeds the metrics are equal cell by
-cell.  A cell whose ``run_cell`` returns status ``failed`` (or whose worker process dies) is run once more
-(``max_retries=1``); a second failure is recorded (``summary.json`` status ``failed`` with the error) and the other
-cells finish.  Re-running the sweep skips cells that completed or collapsed, resumes interrupted ones and starts
-failed ones again.
+cell.  Only an infrastructure failure is retried: a cell whose worker process dies (or whose node is lost) is run
+once more (``max_retries=1``, Ray's retry of system failures).  A cell that fails by itself (``run_cell`` returns
+status ``failed``: an exception in the cell's own code, which is deterministic for its seeded config) is recorded
+at once (``summary.json`` status ``failed`` with the error) and the other cells finish.  Re-running the sweep skips
+cells that completed or collapsed, resumes interrupted ones and starts failed ones again.
+
+Stopping: an interrupt of the driver (SIGINT, or SIGTERM through the CLI) cancels the pending tasks and force-kills
+the running ones; a task on the driver's machine also exits by itself within a second once the driver process is
+gone, even after a SIGKILL (:func:`offpolicylab.sweep.exit_with`).  A task on another node cannot watch the driver
+and runs its cell to the end; the cell's lock keeps a re-run from writing it meanwhile.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-from offpolicylab.sweep import Cell, register_engine, run_cell
+from offpolicylab.sweep import Cell, exit_with, register_engine, run_cell
 
 CELL_RETRIES = 1
 LOCAL_START_ATTEMPTS = 2
@@ -41,23 +47,12 @@ class RayStartError(RuntimeError):
     """A local Ray could not be started for the sweep."""
 
 
-class CellFailed(RuntimeError):
-    """Raised inside a Ray task when ``run_cell`` recorded a failure, so that Ray retries the cell."""
-
-    def __init__(self, summary: dict[str, Any]) -> None:
-        super().__init__(str(summary.get("error", "cell failed")))
-        self.summary = summary
-
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled across processes with its summary
-        return CellFailed, (self.summary,)
-
-
-def attempt_cell(cell_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
-    """One attempt at a cell (the body of the Ray task): ``run_cell``, raising :class:`CellFailed` on failure."""
-    summary = run_cell(cell_config, out_dir)
-    if summary.get("status") == "failed":
-        raise CellFailed(summary)
-    return summary
+def attempt_cell(cell_config: dict[str, Any], out_dir: str, driver: tuple[str, int] | None = None) -> dict[str, Any]:
+    """One attempt at a cell (the body of the Ray task): ``run_cell``.  ``driver`` = (host name, pid) of the
+    sweep process: on that host the task exits once the driver is gone."""
+    if driver is not None and driver[0] == socket.gethostname():
+        exit_with(driver[1])
+    return run_cell(cell_config, out_dir)
 
 
 # ============================================================================================ the Ray session
@@ -125,16 +120,22 @@ def run_cells_on_ray(ray: Any, cells: list[Cell], progress: bool) -> list[dict[s
     """Submit every cell as one task (1 CPU, one retry) and collect the summaries in cell order."""
     from tqdm.auto import tqdm
 
-    task = ray.remote(num_cpus=1, max_retries=CELL_RETRIES, retry_exceptions=[CellFailed])(attempt_cell)
-    pending = {task.remote(cell.config, cell.out_dir): i for i, cell in enumerate(cells)}
+    task = ray.remote(num_cpus=1, max_retries=CELL_RETRIES, retry_exceptions=False)(attempt_cell)
+    driver = (socket.gethostname(), os.getpid())
+    pending = {task.remote(cell.config, cell.out_dir, driver): i for i, cell in enumerate(cells)}
     results: list[dict[str, Any]] = [{} for _ in cells]
     bar = tqdm(total=len(cells), disable=not progress, unit="cell", dynamic_ncols=True)
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            i = pending.pop(ref)
-            results[i] = collect(ray, ref, cells[i])
-            bar.update(1)
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i = pending.pop(ref)
+                results[i] = collect(ray, ref, cells[i])
+                bar.update(1)
+    except BaseException:  # an interrupt: stop every task of this sweep before leaving
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
     bar.close()
     return results
 
@@ -144,8 +145,6 @@ def collect(ray: Any, ref: Any, cell: Cell) -> dict[str, Any]:
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, CellFailed):
-            return exc.cause.summary
         return record_failure(cell, _first_line(exc.cause if exc.cause is not None else exc))
     except ray.exceptions.RayError as exc:  # the worker process died on every attempt, the task was lost, ...
         return record_failure(cell, _first_line(exc))
@@ -153,14 +152,17 @@ def collect(ray: Any, ref: Any, cell: Cell) -> dict[str, Any]:
 
 def record_failure(cell: Cell, error: str) -> dict[str, Any]:
     """Write ``summary.json`` status ``failed`` for a cell that could not record its own failure."""
-    from offpolicylab.runs import RunDir
+    from offpolicylab.runs import RunDir, RunLocked
 
     run = RunDir(cell.out_dir)
-    Path(cell.out_dir).mkdir(parents=True, exist_ok=True)
-    previous = run.read_summary()
-    if previous is not None:  # the cell wrote its own summary before its worker was lost
-        return previous
-    return run.write_summary("failed", error=error)
+    try:
+        with run.locked():
+            previous = run.read_summary()
+            if previous is not None:  # the cell wrote its own summary before its worker was lost
+                return previous
+            return run.write_summary("failed", error=error)
+    except RunLocked as exc:  # a worker that survived still writes the cell: leave it alone
+        return {"status": "failed", "error": f"{error} ({exc})"}
 
 
 def ray_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:

@@ -24,9 +24,11 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -82,20 +84,32 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     either prints the policy-dependent defaults it filled in first."""
     parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
-    start = open_run(run, parts, resume)
-    if progress:
-        _log(describe_defaults(config))
-    watch = stopwatch or Stopwatch()
-    try:
-        status = run_updates(parts, run, start, watch, progress)
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if resume:
+        run.read_config()  # nothing to resume: refused before the lock creates anything
+    with run.locked():  # one writer per run directory
+        start = open_run(run, parts, resume)
+        if progress:
+            _log(describe_defaults(config))
+        watch = stopwatch or Stopwatch()
+        try:
+            status = run_updates(parts, run, start, watch, progress)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            record_failure(run, error)
+            raise TrainingFailed(f"run {run.path} failed: {error}") from exc
+        finally:
+            with contextlib.suppress(OSError):  # closing flushes; a full disk already failed the run
+                run.close()
+        return run.write_summary(status, collapse_update=parts.detector.collapsed_at,
+                                 **exact_optimum(parts.world))
+
+
+def record_failure(run: RunDir, error: str) -> None:
+    """The ``failed`` event and summary, as far as they can be written (on a full disk they may not be)."""
+    with contextlib.suppress(OSError):
         run.event("failed", -1, error=error)
+    with contextlib.suppress(OSError):
         run.write_summary("failed", error=error)
-        raise TrainingFailed(f"run {run.path} failed: {error}") from exc
-    finally:
-        run.close()
-    return run.write_summary(status, collapse_update=parts.detector.collapsed_at, **exact_optimum(parts.world))
 
 
 def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool) -> str:
@@ -173,6 +187,7 @@ def build(config: TrainConfig) -> Parts:
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
     world = make_world(config.world, **config.world_params)
+    check_memory(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
     keep_initial = schedule.other_share > 0 or _enumerable(world)
@@ -183,9 +198,30 @@ def build(config: TrainConfig) -> Parts:
         generator=torch.Generator().manual_seed(config.seed),
         detector=CollapseDetector(margin=config.collapse_margin, factor=config.collapse_spike,
                                   window=config.collapse_window),
-        advantage=objective.advantage if config.advantage == "auto" else config.advantage,
+        advantage=advantage_used(config, objective),
         frozen_initial=frozen,
     )
+
+
+def advantage_used(config: TrainConfig, objective: Objective) -> str:
+    """The advantage estimator a run uses: ``config.advantage``, or for ``auto`` the objective's paper's choice."""
+    return objective.advantage if config.advantage == "auto" else config.advantage
+
+
+def check_memory(config: TrainConfig, world: World) -> None:
+    """Refuse a batch that cannot fit in this machine's memory, before anything is allocated.
+
+    A lower bound: the rollout of one update alone holds, per response token, its id (8 bytes), mask, behaviour
+    log-prob, current log-prob and entropy (4 bytes each), i.e. rows × T × 24 bytes with rows = prompts_per_update ×
+    group_size and T the longest response; it is compared with the physical memory."""
+    rows = config.prompts_per_update * config.group_size
+    tokens = rows * int(world.max_response_len)
+    need = tokens * 24
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > total:
+        raise ValueError(f"prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at least "
+                         f"{need / 2**30:,.1f} GiB but this machine has {total / 2**30:,.1f} GiB; valid: a smaller "
+                         "prompts_per_update or group_size")
 
 
 def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
@@ -208,31 +244,55 @@ def open_run(run: RunDir, parts: Parts, resume: bool) -> int:
         changed = sorted(k for k in set(stored) | set(resolved) if stored.get(k) != resolved.get(k))
         raise RunError(f"--resume with a different configuration ({', '.join(changed)} differ from "
                        f"{run.config_path}); valid: the same options as the original run")
-    if run.read_summary() is not None:
-        raise RunError(f"run {run.path} already finished with status {run.read_summary()['status']!r}")
+    previous = run.read_summary()
+    if previous is not None and previous.get("status") != "failed":
+        raise RunError(f"run {run.path} already finished with status {previous.get('status')!r}")
     state = run.load_checkpoint() if run.checkpoint_path.exists() else None
     if state is None:  # killed before the first checkpoint: start over
         run.truncate_metrics(0)
-        run.event("resume", 0, note="no checkpoint yet, restarting")
-        return 0
-    restore_state(parts, state)
-    run.truncate_metrics(state["next_update"])
-    run.event("resume", state["next_update"])
-    return int(state["next_update"])
+        start = 0
+    else:
+        start = checked_next_update(run, state, parts.config)
+        restore_state(parts, state)
+        run.truncate_metrics(start, state)
+    if previous is not None:  # a failed run (e.g. a full disk) continues from its last good checkpoint
+        run.summary_path.unlink()
+    run.event("resume", start, **({} if state else {"note": "no checkpoint yet, restarting"}))
+    return start
+
+
+def checked_next_update(run: RunDir, state: dict[str, Any], config: TrainConfig) -> int:
+    """The checkpoint's update counter, which must be an integer in 1 … updates at a checkpoint boundary
+    (a multiple of ``checkpoint_every``, or ``updates``)."""
+    value = state["next_update"]
+    value = int(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    at_boundary = isinstance(value, int) and (value % config.checkpoint_every == 0 or value == config.updates)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= config.updates or not at_boundary:
+        raise RunError(f"corrupt checkpoint {run.checkpoint_path} (update counter {value!r}; valid: a multiple of "
+                       f"checkpoint_every={config.checkpoint_every} in 1..{config.updates})")
+    return value
 
 
 def resolved_config(parts: Parts) -> dict[str, Any]:
-    """The config as stored in config.json: the objective's parameters filled in (defaults included), ``advantage``
-    resolved to the estimator used, the world's and the policy's given parameters as their validated values."""
+    """The config as stored in config.json (:func:`resolve_config`)."""
+    return resolve_config(parts.config, parts.objective)
+
+
+def resolve_config(config: TrainConfig, objective: Objective | None = None) -> dict[str, Any]:
+    """config.json of a run of ``config``: its fields, with the objective's parameters (defaults included) filled in
+    from ``objective`` (built from the config when not given), ``advantage`` resolved to the estimator used, and the
+    world's and the policy's given parameters as their validated values; a bad name or parameter raises
+    ``ValueError``."""
     from offpolicylab.policies import POLICIES
     from offpolicylab.worlds import WORLDS
 
-    cfg = parts.config
-    resolved = cfg.to_dict()
-    resolved["objective_params"] = dict(parts.objective.config)
-    resolved["advantage"] = parts.advantage
-    resolved["world_params"] = WORLDS.resolve(cfg.world, cfg.world_params, fill_defaults=False)
-    resolved["policy_params"] = POLICIES.resolve(cfg.policy, cfg.policy_params, fill_defaults=False)
+    objective = objective or get_objective(config.objective, **config.objective_params)
+    config, _ = config.with_defaults()
+    resolved = config.to_dict()
+    resolved["objective_params"] = dict(objective.config)
+    resolved["advantage"] = advantage_used(config, objective)
+    resolved["world_params"] = WORLDS.resolve(config.world, config.world_params, fill_defaults=False)
+    resolved["policy_params"] = POLICIES.resolve(config.policy, config.policy_params, fill_defaults=False)
     return json.loads(json.dumps(resolved))
 
 

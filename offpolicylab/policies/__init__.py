@@ -23,24 +23,29 @@ POLICIES: Registry[Policy] = Registry("policy")
 _SAMPLER_NOISE = Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)")
 
 
-def _shape(world: World) -> dict[str, Any]:
+def _shape(kind: str, world: World) -> dict[str, Any]:
+    """The token space of a toy policy for ``world``; a world that names a language model has the model's."""
+    if getattr(world, "model", None):
+        raise ValueError(f"policy {kind!r} cannot act in a world that names a language model "
+                         f"({type(world).__name__}); valid: --policy hf")
     return {"vocab_size": world.vocab_size, "response_len": world.max_response_len, "eos_id": world.eos_id}
 
 
 def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: float) -> TabularSoftmaxPolicy:
     """A logits table per prompt (and context) sized for ``world``; ``init="world"`` starts from the world's
     suggested logits when it has them."""
+    shape = _shape("tabular", world)
     wants_init = init == "world" and isinstance(world, InitialLogitsWorld)
     init_logits = world.initial_logits() if wants_init else None
     context = "none" if world.max_response_len == 1 and world.eos_id is None else context
     return TabularSoftmaxPolicy(num_prompts=world.num_prompts, context=context, init_logits=init_logits,
-                                sampler_noise_std=sampler_noise_std, **_shape(world))
+                                sampler_noise_std=sampler_noise_std, **shape)
 
 
 def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
     """A GRU over the prompt code and the response so far, sized for ``world``."""
     return SequenceModelPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None), **params,
-                               **_shape(world))
+                               **_shape("sequence_model", world))
 
 
 POLICIES.register("tabular", build_tabular, {

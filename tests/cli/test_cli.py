@@ -14,7 +14,7 @@ import pytest
 
 from offpolicylab import cli
 from offpolicylab.runs import RunDir
-from tests.trainer.conftest import read_rows
+from tests.small_runs import read_rows
 
 TINY = ["--world", "token_mdp", "--world-param", "vocab_size=3", "--world-param", "length=3",
         "--world-param", "num_prompts=2", "--prompts-per-update", "2", "--group-size", "4"]

@@ -1,5 +1,6 @@
-"""The ``ray`` sweep engine: a 2 × 2 × 2 grid on Ray equals the local engine cell by cell; a failing
-cell is retried once and then recorded while the others finish; re-running skips finished cells.
+"""The ``ray`` sweep engine: a 2 × 2 × 2 grid on Ray equals the local engine cell by cell; a cell
+whose worker dies is retried once, a cell that fails by itself is recorded at once (no retry) while the others
+finish; re-running skips finished cells.
 
 One local Ray (2 CPUs) is started per module by :func:`ray_session` — the engine's own start-up code — with a worker
 hook that registers the test-only world of :mod:`tests.sweep._flaky_world`; the engine uses the running Ray and
@@ -9,7 +10,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +24,11 @@ import pytest
 
 pytest.importorskip("ray")
 
+from offpolicylab.runs import RunDir  # noqa: E402
 from offpolicylab.sweep import get_engine, run_sweep  # noqa: E402
 from offpolicylab.sweep_ray import RayStartError, init_options, ray_engine, ray_session, start_ray  # noqa: E402
 from tests.sweep._flaky_world import WORLD, attempts  # noqa: E402
+from tests.trainer.test_hardening import gone  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UPDATES = 6
@@ -202,7 +210,7 @@ def failing_grid(counters: Path) -> dict[str, Any]:
     }
 
 
-def test_a_failing_cell_is_retried_once_then_recorded(ray_module: Any, tmp_path: Path) -> None:
+def test_only_a_dead_worker_is_retried_a_failing_cell_is_recorded_at_once(ray_module: Any, tmp_path: Path) -> None:
     counters = tmp_path / "counters"
     counters.mkdir()
     grid, sweep_dir = failing_grid(counters), tmp_path / "sweep"
@@ -210,28 +218,60 @@ def test_a_failing_cell_is_retried_once_then_recorded(ray_module: Any, tmp_path:
     rows = run_sweep(grid, sweep_dir, workers=2, engine="ray")
 
     status = {row["world"]: row["status"] for row in rows}
-    assert status == {"fails_once": "completed", "always_fails": "failed", "crashes_twice": "failed",
+    assert status == {"fails_once": "failed", "always_fails": "failed", "crashes_twice": "failed",
                       "three_arm_pitfall": "completed"}
-    assert attempts(counters / "fails_once.txt") == 2  # failed, retried, succeeded
-    assert attempts(counters / "always_fails.txt") == 2  # failed, retried once, recorded
-    assert attempts(counters / "crashes_twice.txt") == 2  # its worker died twice: recorded by the driver
+    assert attempts(counters / "fails_once.txt") == 1  # an exception of the cell itself: not retried
+    assert attempts(counters / "always_fails.txt") == 1
+    assert attempts(counters / "crashes_twice.txt") == 2  # its worker died twice (infrastructure): retried once
     crashed = summary(sweep_dir / "world=crashes_twice")
     assert crashed["status"] == "failed" and crashed["error"].startswith("WorkerCrashedError"), crashed
     failed = sweep_dir / "world=always_fails"
     assert summary(failed)["status"] == "failed"
-    assert summary(failed)["error"] == "RuntimeError: injected failure on attempt 2"
-    assert "injected failure on attempt 2" in (failed / "error.txt").read_text()
+    assert summary(failed)["error"] == "RuntimeError: injected failure on attempt 1"
+    assert "injected failure on attempt 1" in (failed / "error.txt").read_text()
     assert [row["error"] for row in read_results(sweep_dir) if row["world"] == "always_fails"] == [
-        "RuntimeError: injected failure on attempt 2"]
-    assert summary(sweep_dir / "world=fails_once")["updates_done"] == 3
+        "RuntimeError: injected failure on attempt 1"]
 
     rerun = run_sweep(grid, sweep_dir, workers=2, engine="ray")
 
     status = {row["world"]: row["status"] for row in rerun}
     assert status == {"fails_once": "completed", "always_fails": "failed", "crashes_twice": "completed",
                       "three_arm_pitfall": "completed"}
-    assert attempts(counters / "fails_once.txt") == 2  # finished: skipped, its world is not even built
-    assert attempts(counters / "always_fails.txt") == 4  # failed: started again (and retried once)
+    assert attempts(counters / "fails_once.txt") == 2  # failed: started again, succeeded
+    assert attempts(counters / "always_fails.txt") == 2  # failed: started again (once), failed again
     assert attempts(counters / "crashes_twice.txt") == 3  # failed: started again, succeeded at once
     assert summary(sweep_dir / "world=crashes_twice")["updates_done"] == 3
-    assert summary(failed)["error"] == "RuntimeError: injected failure on attempt 4"
+    assert summary(sweep_dir / "world=fails_once")["updates_done"] == 3
+    assert summary(failed)["error"] == "RuntimeError: injected failure on attempt 2"
+
+
+# ============================================================================================ stopping
+def test_killing_the_driver_stops_its_cells(ray_module: Any, tmp_path: Path) -> None:
+    """A sweep driver (a separate process joined to this module's Ray) is SIGKILLed mid-cell: the task running the
+    cell exits within seconds, and its run directory is free for a re-run."""
+    grid = {"base": {"world": "three_arm_pitfall", "objective": "reinforce", "updates": 1_000_000,
+                     "prompts_per_update": 2, "group_size": 4, "eval_every": 100, "sample_every": 0,
+                     "checkpoint_every": 5}, "axes": {"seed": [0]}}
+    (tmp_path / "grid.json").write_text(json.dumps(grid))
+    cell = tmp_path / "out" / "seed=0"
+    env = {**os.environ, "RAY_ADDRESS": ray_module.get_runtime_context().gcs_address, "PYTHONPATH": str(REPO_ROOT),
+           "OMP_NUM_THREADS": "1"}
+    driver = subprocess.Popen([sys.executable, "-m", "offpolicylab", "sweep", str(tmp_path / "grid.json"), "--out",
+                               str(tmp_path / "out"), "--engine", "ray"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not ((cell / "metrics.csv").exists() and (cell / "metrics.csv").read_text().count("\n") > 3):
+        assert time.monotonic() < deadline and driver.poll() is None, "the cell never started"
+        time.sleep(0.1)
+    worker = int((cell / ".lock").read_text())
+    assert worker != driver.pid
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.monotonic() + 30
+    while not gone(worker):
+        if time.monotonic() > deadline:
+            os.kill(worker, signal.SIGKILL)
+            pytest.fail("the cell's task outlived its driver by 30 s")
+        time.sleep(0.1)
+    with RunDir(cell).locked():  # nobody writes the cell any more
+        assert not (cell / "summary.json").exists()

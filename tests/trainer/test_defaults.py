@@ -12,8 +12,7 @@ from offpolicylab import trainer
 from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig
 from offpolicylab.runs import RunDir
 from offpolicylab.trainer import Stopwatch, describe_defaults, eval_line, progress_line
-
-from .conftest import mdp_config
+from tests.small_runs import mdp_config
 
 
 def test_unset_fields_take_the_policy_default() -> None:

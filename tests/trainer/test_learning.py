@@ -35,7 +35,7 @@ from offpolicylab.config import TrainConfig
 from offpolicylab.runs import RunDir
 from offpolicylab.trainer import train
 from offpolicylab.worlds.token_mdp import TokenMDP
-from tests.trainer.conftest import read_rows
+from tests.small_runs import read_rows
 
 BUDGET_UPDATES = 80
 WORLD = {"vocab_size": 4, "length": 5, "num_prompts": 4}

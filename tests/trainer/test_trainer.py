@@ -14,7 +14,7 @@ from offpolicylab import trainer
 from offpolicylab.objectives import get_objective
 from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
-from tests.trainer.conftest import bandit_config, column, mdp_config, read_rows
+from tests.small_runs import bandit_config, column, mdp_config, read_rows
 
 
 # ------------------------------------------------------------------------------------------------ advantages

@@ -1,4 +1,4 @@
-"""Shared helpers of the trainer tests: tiny, fast configurations on the real toy worlds."""
+"""Small, fast training configurations on the real toy worlds and readers of their metrics, shared by tests."""
 
 from __future__ import annotations
 
