@@ -10,8 +10,8 @@ import pytest
 from offpolicylab.config import TrainConfig
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.trainer import train
-from tests.small_runs import mdp_config
 from tests.cli.test_cli import TINY, run_cli
+from tests.small_runs import mdp_config
 
 RUN = ["run", *TINY, "--objective", "grpo", "--updates", "2"]
 FILES = {

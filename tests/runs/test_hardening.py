@@ -21,8 +21,8 @@ from offpolicylab import cli
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.sweep import expand_grid, run_sweep
 from offpolicylab.trainer import train
-from tests.small_runs import mdp_config, read_rows
 from tests.cli.test_cli import run_cli
+from tests.small_runs import mdp_config, read_rows
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
