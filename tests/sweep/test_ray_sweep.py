@@ -27,8 +27,8 @@ pytest.importorskip("ray")
 from offpolicylab.runs import RunDir  # noqa: E402
 from offpolicylab.sweep import get_engine, run_sweep  # noqa: E402
 from offpolicylab.sweep_ray import RayStartError, init_options, ray_engine, ray_session, start_ray  # noqa: E402
+from tests.runs.test_hardening import gone  # noqa: E402
 from tests.sweep._flaky_world import WORLD, attempts  # noqa: E402
-from tests.trainer.test_hardening import gone  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 UPDATES = 6
