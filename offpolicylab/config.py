@@ -13,6 +13,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
+KL_INIT_MODES = ("auto", "on", "off")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -45,6 +46,8 @@ class TrainConfig:
     seed: int = _f(0, "random seed (policy init, prompts, sampling, rewards)")
     eval_every: int = _f(10, "evaluate greedy / sampled reward (and exact return where enumerable) every N updates")
     eval_samples: int = _f(4, "sampled responses per evaluation prompt")
+    eval_kl_init: str = _f("auto", "sampled KL(π‖π_0) on the evaluation samples (k1, k3 per token; keeps a frozen "
+                                   "copy of π_0): auto = on except for the hf policy, on, off")
     sample_every: int = _f(25, "write ratio/entropy samples for histograms every N updates (0 = never)")
     checkpoint_every: int = _f(50, "write the checkpoint every N updates and after the last (a resumed run replays "
                                    "at most N-1 updates from it and ends identical; each write costs ~5-10 ms)")
@@ -73,6 +76,8 @@ class TrainConfig:
                 raise ValueError(f"{name}={value!r} is invalid; valid: a finite number > 0")
         if not (isinstance(self.grad_clip, (int, float)) and self.grad_clip > 0):
             raise ValueError(f"grad_clip={self.grad_clip!r} is invalid; valid: a number > 0 (inf = no clipping)")
+        if self.eval_kl_init not in KL_INIT_MODES:
+            raise ValueError(f"eval_kl_init={self.eval_kl_init!r} is invalid; valid: {', '.join(KL_INIT_MODES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         for name in ("collapse_margin", "collapse_spike"):

@@ -14,9 +14,11 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 5. **objective**  ``objective.update(batch)`` once per optimizer update, then ``objective(batch)`` → loss, metrics.
 6. **step**       backward, global-norm gradient clipping, optimizer step (skipped, and the run stopped as
                   ``collapsed``, when the loss or gradient is not finite).
-7. **diagnostics** objective metrics, reward, grad norm, staleness; every ``eval_every`` updates greedy / sampled
-                  reward on ``task.eval_prompts()`` and, where the world is enumerable, the exact return J(π) and the
-                  exact KL(π‖π_0); collapse detection (:mod:`offpolicylab.diagnostics.collapse`).
+7. **diagnostics** objective metrics (ratio mean / max / 99.9th percentile, KL estimates, entropy, ...), reward,
+                  pre-clip grad norm, staleness; every ``eval_every`` updates the sampled reward on
+                  ``task.eval_prompts()`` with its standard error, the greedy reward, the sampled KL(π‖π_0) and, where
+                  the world is enumerable, the exact return J(π) and the exact KL(π‖π_0); collapse detection
+                  (:mod:`offpolicylab.diagnostics.collapse`).
 8. **run directory** metrics row, histogram samples, events, atomic checkpoint (:mod:`offpolicylab.runs`).
 """
 
@@ -160,7 +162,7 @@ def build(config: TrainConfig) -> Parts:
     task = envs.make_task(config.world, **config.world_params)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, task, **config.policy_params)
-    keep_initial = schedule.other_share > 0 or _enumerable(task)
+    keep_initial = schedule.other_share > 0 or _enumerable(task) or tracks_kl_init(config)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
         config=config, task=task, policy=policy, objective=objective, schedule=schedule,
@@ -277,26 +279,53 @@ def is_due(update: int, every: int, total: int) -> bool:
     return update % every == 0 or update == total - 1
 
 
+def tracks_kl_init(config: TrainConfig) -> bool:
+    """Whether evaluation estimates KL(π‖π_0) from its samples: ``eval_kl_init`` on, or auto and not the hf policy
+    (an LLM's frozen copy would double its memory unless asked for)."""
+    return config.eval_kl_init == "on" or (config.eval_kl_init == "auto" and config.policy != "hf")
+
+
 def eval_columns(parts: Parts) -> list[str]:
-    columns = ["eval_reward_sampled", "eval_reward_greedy"]
+    columns = ["eval_reward_sampled", "eval_reward_se", "eval_reward_greedy"]
+    if tracks_kl_init(parts.config):
+        columns += ["eval_kl_init_k1", "eval_kl_init_k3"]
     if _enumerable(parts.task):
         columns += ["exact_return", "exact_kl_init"]
     return columns
 
 
 def evaluate(parts: Parts, update: int) -> dict[str, float]:
-    """Reward of sampled and greedy responses on ``task.eval_prompts()``; exact J(π) and KL(π‖π_0) when the world
+    """Monte-Carlo J: the mean reward of ``eval_samples`` sampled responses per prompt of ``task.eval_prompts()``
+    and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the reward of greedy
+    responses; the sampled KL(π‖π_0) (:func:`kl_to_initial`) when tracked; exact J(π) and KL(π‖π_0) when the world
     can enumerate its responses.  Uses its own generator, so evaluation never shifts the training randomness."""
     cfg, task, policy = parts.config, parts.task, parts.policy
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
     prompts = task.eval_prompts()
     sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gen)
-    out = {"eval_reward_sampled": _mean_reward(task, sampled, gen), "eval_reward_greedy": math.nan}
+    rewards = _rewards(task, sampled, gen)
+    out = {"eval_reward_sampled": float(rewards.mean()),
+           "eval_reward_se": float(stats.stratified_standard_error(rewards, sampled.group_ids)),
+           "eval_reward_greedy": math.nan}
     if hasattr(policy, "greedy"):
-        out["eval_reward_greedy"] = _mean_reward(task, policy.greedy(prompts), gen)
+        out["eval_reward_greedy"] = float(_rewards(task, policy.greedy(prompts), gen).mean())
+    if tracks_kl_init(cfg):
+        out.update(kl_to_initial(parts.frozen_initial, sampled))
     if _enumerable(task):
         out.update(exact_diagnostics(parts))
     return out
+
+
+def kl_to_initial(initial: Any, sampled: Rollout) -> dict[str, float]:
+    """Per-token estimates of KL(π‖π_0) from responses sampled by π (Schulman's k1 and k3 with
+    δ = log π_0(y_t) − log π(y_t), :func:`stats.kl_estimators`): k1 = E[−δ], k3 = E[e^δ − 1 − δ] ≥ 0, token means.
+    log π is the sampler's ``behavior_logp``; π_0 scores the same tokens (one forward, no grad), at the sampling
+    temperature, so the KL is between the tempered distributions."""
+    with torch.no_grad():
+        initial_logp, _ = initial.score(sampled)
+    delta = initial_logp.detach().to(sampled.behavior_logp.dtype) - sampled.behavior_logp
+    kl = stats.kl_estimators(delta, sampled.response_mask)
+    return {"eval_kl_init_k1": float(kl["kl_k1"]), "eval_kl_init_k3": float(kl["kl_k3"])}
 
 
 def exact_diagnostics(parts: Parts) -> dict[str, float]:
@@ -462,9 +491,9 @@ def _clone(policy: Any) -> Any:
     return policy.clone() if hasattr(policy, "clone") else copy.deepcopy(policy)
 
 
-def _mean_reward(task: Any, rollout: Rollout, gen: torch.Generator) -> float:
+def _rewards(task: Any, rollout: Rollout, gen: torch.Generator) -> Tensor:
     rewards = task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
-    return float(rewards.float().mean())
+    return rewards.float().cpu()
 
 
 def _progress(updates: range, total: int, start: int, enabled: bool) -> Any:

@@ -6,6 +6,8 @@ Notation: r = exp(Δ), Δ = log r = logp − behavior_logp.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -133,6 +135,29 @@ def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
         "kl_k1": mean(-delta),
         "kl_k3": mean(torch.expm1(clamped) - delta),
     }
+
+
+def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
+    """Standard error of the mean of ``values`` [N] when each group (e.g. the responses to one fixed prompt) is a
+    stratum: SE = √(Σ_g n_g s_g²) / N, with s_g² the unbiased variance inside group g (n_g ≥ 2 everywhere).  With
+    fixed evaluation prompts this is the Monte-Carlo error of the sampled responses alone.  When some group has a
+    single value the within-group variance is unknown and the i.i.d. formula s/√N of all values is used (it also
+    counts the spread between groups, so it is larger).  0 for N < 2.  (For evaluation: unlike the per-update
+    statistics above, it reads the group sizes on the host.)"""
+    values = values.detach().to(torch.float64).reshape(-1)
+    total = values.numel()
+    if total < 2:
+        return values.new_zeros(())
+    groups = int(group_ids.max()) + 1
+    zeros = values.new_zeros(groups)
+    count = zeros.index_add(0, group_ids, torch.ones_like(values))
+    present = count > 0
+    if bool((count[present] < 2).any()):
+        return values.std(unbiased=True) / math.sqrt(total)
+    mean = zeros.index_add(0, group_ids, values) / count.clamp_min(1.0)
+    squares = zeros.index_add(0, group_ids, (values - mean[group_ids]) ** 2)  # (n_g − 1)·s_g² per group
+    within = torch.where(present, squares / (count - 1).clamp_min(1.0) * count, zeros)
+    return within.sum().sqrt() / total
 
 
 def fraction(selected: Tensor, mask: Tensor) -> Tensor:
