@@ -1,0 +1,116 @@
+"""The collapse experiment's tables and criteria (experiments/collapse_experiment.py): per-run statistics and the
+mechanical verdicts on hand-made learning curves whose answers are worked out by hand."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from offpolicylab import plots
+
+SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "collapse_experiment.py"
+SPEC = importlib.util.spec_from_file_location("collapse_experiment", SCRIPT)
+experiment = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(experiment)
+
+UPDATES = [0, 10, 20, 30, 40]
+
+
+def fake_run(label: str, staleness: int, seed: int, curve: list[float], se: float = 0.02,
+             collapse: int = -1) -> plots.Run:
+    """A loaded run with evaluated J at UPDATES (every update has training metrics)."""
+    updates = np.arange(41)
+    j = pd.Series(curve, index=UPDATES).reindex(updates)
+    metrics = pd.DataFrame({
+        "update": updates, "eval_reward_sampled": j, "eval_reward_se": j.notna() * se,
+        "ratio_max": 1.0 + updates, "ratio_p999": 1.0 + updates / 2, "grad_norm": np.where(updates == 25, 9.0, 0.5),
+        "entropy": np.linspace(1.0, 0.2, len(updates)), "eval_kl_init_k3": j * 0.1,
+    })
+    metrics.loc[metrics["eval_reward_sampled"].isna(), "eval_kl_init_k3"] = np.nan
+    schedule = "on_policy" if staleness == 0 else f"stale_k:{staleness}"
+    name = f"objective={label}__schedule={schedule.replace(':', '-')}__seed={seed}"
+    summary = {"status": "collapsed" if collapse >= 0 else "completed", "collapse_update": collapse}
+    return plots.Run(Path("/nowhere") / name, {"objective": "grpo", "schedule": schedule, "seed": seed}, metrics,
+                     summary=summary)
+
+
+def test_run_stats_reads_peak_final_and_mechanism() -> None:
+    stats = experiment.run_stats(fake_run("grpo_no_tr", 8, 1, [0.2, 0.5, 0.8, 0.4, 0.3], collapse=27))
+    assert stats["label"] == "grpo_no_tr" and stats["staleness"] == 8 and stats["seed"] == 1
+    assert (stats["J0"], stats["peak"], stats["peak_update"], stats["final"]) == (0.2, 0.8, 20, 0.3)
+    assert stats["gain"] == pytest.approx(0.6) and stats["peak_se"] == 0.02 and stats["collapse_update"] == 27
+    assert stats["ratio_max"] == 41.0 and stats["ratio_p999"] == 21.0
+    assert stats["grad_norm_max"] == 9.0 and stats["grad_norm_median"] == 0.5
+    # entropy linear from 1.0 to 0.2 over 41 updates; 10 % edges = 5 updates each
+    assert stats["entropy_start"] == pytest.approx(np.linspace(1.0, 0.2, 41)[:5].mean())
+    assert stats["entropy_end"] == pytest.approx(np.linspace(1.0, 0.2, 41)[-5:].mean())
+    assert stats["kl_init_final"] == pytest.approx(0.03) and stats["kl_init_max"] == pytest.approx(0.08)
+
+
+def world(no_tr_flags: tuple[int, int, int], m2po_final: float, clipped_final: float = 0.35) -> list[plots.Run]:
+    """On-policy grpo ends at 0.65; at staleness 8 no-TR rises to 0.8 by u = 20 (ε-clip is at 0.4 there) and falls
+    to 0.3 (J₀ 0.2: gain 0.6, half-gain line 0.5)."""
+    runs = []
+    for seed in range(3):
+        runs += [fake_run("grpo", 0, seed, [0.2, 0.4, 0.5, 0.6, 0.65]),
+                 fake_run("grpo", 8, seed, [0.2, 0.3, 0.4, 0.4, clipped_final]),
+                 fake_run("grpo_no_tr", 8, seed, [0.2, 0.6, 0.8, 0.5, 0.3], collapse=no_tr_flags[seed]),
+                 fake_run("m2po", 8, seed, [0.2, 0.3, 0.5, 0.6, m2po_final])]
+    return runs
+
+
+def verdict(runs: list[plots.Run]) -> dict:
+    table = pd.DataFrame([experiment.run_stats(r) for r in runs])
+    curves = {(r.label, experiment.staleness_of(r), r.seed): experiment.j_curve(r) for r in runs}
+    return experiment.criteria(table, curves)
+
+
+def test_criteria_hold_when_two_of_three_seeds_collapse() -> None:
+    got = verdict(world((25, 30, -1), m2po_final=0.62))
+    a1 = got["a1"]
+    assert got["s_high"] == 8 and a1["needed"] == 2
+    # lead at u* = 20: 0.8 − 0.4 = 0.4 > 2·√(0.02² + 0.02²) = 0.0566 in every seed
+    assert [s["lead_over_clipped"] for s in a1["seeds"]] == pytest.approx([0.4] * 3)
+    assert a1["seeds"][0]["lead_margin"] == pytest.approx(2 * math.hypot(0.02, 0.02))
+    assert (a1["prospered"], a1["collapsed"], a1["holds"]) == (3, 2, True)
+    assert got["a2"]["ratio"] == pytest.approx(0.62 / 0.65) and got["a2"]["holds"]  # 0.954 ≥ 0.95
+    assert got["a3"]["holds"] and got["a"] is True
+
+
+def test_criteria_fail_on_one_flag_or_a_far_m2po_or_a_better_clip() -> None:
+    one_flag = verdict(world((25, -1, -1), m2po_final=0.62))
+    assert one_flag["a1"]["collapsed"] == 1 and not one_flag["a1"]["holds"] and one_flag["a"] is False
+    far = verdict(world((25, 30, 35), m2po_final=0.61))  # 0.61 / 0.65 = 0.938 < 0.95
+    assert not far["a2"]["holds"] and far["a1"]["holds"] and far["a"] is False
+    clip_better = verdict(world((25, 30, 35), m2po_final=0.62, clipped_final=0.63))
+    assert not clip_better["a3"]["holds"] and clip_better["a"] is False
+
+
+def test_no_collapse_without_a_half_gain_fall() -> None:
+    """A flagged run that only dips (final 0.55 > 0.5 = peak − ½ gain) has not collapsed."""
+    runs = world((25, 30, 35), m2po_final=0.62)
+    runs = [fake_run("grpo_no_tr", 8, r.seed, [0.2, 0.6, 0.8, 0.5, 0.55], collapse=25)
+            if r.label == "grpo_no_tr" else r for r in runs]
+    a1 = verdict(runs)["a1"]
+    assert a1["collapsed"] == 0 and not any(s["fell_half_gain"] for s in a1["seeds"])
+
+
+def test_missing_cells_give_no_verdict() -> None:
+    runs = [r for r in world((25, 30, 35), m2po_final=0.62) if r.label != "m2po"]
+    got = verdict(runs)
+    assert got["a2"] is None and got["a3"] is None and got["a"] is None and got["a1"]["holds"]
+
+
+def test_cell_table_mean_and_sd_over_seeds() -> None:
+    runs = [fake_run("grpo", 0, s, [0.2, 0.4, 0.5, 0.6, f]) for s, f in enumerate((0.6, 0.7, 0.8))]
+    cells = experiment.cell_table(pd.DataFrame([experiment.run_stats(r) for r in runs]))
+    row = cells.iloc[0]
+    assert row["final_mean"] == pytest.approx(0.7) and row["final_sd"] == pytest.approx(np.std([.6, .7, .8], ddof=1))
+    assert row["peak_mean"] == pytest.approx(0.7) and row["collapsed"] == 0 and row["seeds"] == 3
+    text = experiment.results_markdown(cells)
+    assert "| grpo | 0 | 3 | 0.200 | 0.700 ± 0.100 | 0.700 ± 0.100 | 0.020 | 0/3 |" in text
