@@ -92,12 +92,15 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping; unknown keys raise ``ValueError`` naming the valid ones."""
+        """Build from a mapping; unknown keys raise ``ValueError`` naming the valid ones.  Fields the mapping
+        leaves out take the world's suggested values (``envs.world_train_defaults``), then the dataclass defaults."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        values = dict(data)
+        from envs import world_train_defaults  # the worlds package imports this module's users, not this module
+
+        values = {**world_train_defaults(str(data.get("world", cls.world))), **data}
         for f in fields(cls):  # coerce CLI-ish strings of scalar fields
             if f.name in values and isinstance(values[f.name], str) and f.type in ("int", "float", "bool"):
                 values[f.name] = _coerce_field(f.name, f.type, values[f.name])
