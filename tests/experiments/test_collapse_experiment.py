@@ -4,6 +4,7 @@ mechanical verdicts on hand-made learning curves whose answers are worked out by
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -114,3 +115,28 @@ def test_cell_table_mean_and_sd_over_seeds() -> None:
     assert row["peak_mean"] == pytest.approx(0.7) and row["collapsed"] == 0 and row["seeds"] == 3
     text = experiment.results_markdown(cells)
     assert "| grpo | 0 | 3 | 0.200 | 0.700 ± 0.100 | 0.700 ± 0.100 | 0.020 | 0/3 |" in text
+
+
+def test_small_grid_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CI variant of the synthetic-LM experiment: every cell runs, and the table, per-run CSV and verdict are
+    written with values in range (rewards in [0, 1], on-policy ratios ≡ 1, p99.9 ≤ max)."""
+    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
+    grid = SCRIPT.parent / "synthetic_lm_grid_small.json"
+    out = tmp_path / "out"
+    assert experiment.main([str(grid), "--out", str(out), "--workers", "1"]) == 0
+    runs = pd.read_csv(out / "runs.csv")
+    axes = json.loads(grid.read_text())["axes"]
+    cells = len(axes["objective"]) * len(axes["schedule"]) * len(axes["seed"])
+    assert len(runs) == cells and set(runs["status"]) <= {"completed", "collapsed"}
+    for column in ("J0", "peak", "final"):
+        assert runs[column].between(0.0, 1.0).all(), column
+    assert (runs["peak"] >= runs["final"]).all() and (runs["final_se"] >= 0).all()
+    assert (runs["ratio_p999"] <= runs["ratio_max"] + 1e-6).all()
+    on_policy = runs[runs["staleness"] == 0]
+    assert np.allclose(on_policy["ratio_max"], 1.0, atol=1e-3)  # one update per fresh batch: r ≡ 1
+    assert (runs[runs["staleness"] > 0]["ratio_max"] > 1.0).all()
+    table = (out / "table.md").read_text()
+    assert table.count("| grpo_no_tr |") == 2 * len(axes["schedule"])  # results and mechanism tables
+    verdict = json.loads((out / "criteria.json").read_text())
+    assert verdict["s_high"] == 6 and set(verdict) == {"s_high", "a1", "a2", "a3", "a"}
+    assert f"sweep: {cells} cells, 0 failed" in (out / "wall_times.txt").read_text()
