@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,10 @@ import pytest
 
 from offpolicylab import plots
 
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "collapse_experiment.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "experiments" / "collapse_experiment.py"
+SMALL_GRID = ROOT / "experiments" / "synthetic_lm_grid_small.json"
+PAPER = ROOT / "paper_figures"
 SPEC = importlib.util.spec_from_file_location("collapse_experiment", SCRIPT)
 experiment = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(experiment)
@@ -117,15 +121,22 @@ def test_cell_table_mean_and_sd_over_seeds() -> None:
     assert "| grpo | 0 | 3 | 0.200 | 0.700 ± 0.100 | 0.700 ± 0.100 | 0.020 | 0/3 |" in text
 
 
-def test_small_grid_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CI variant of the synthetic-LM experiment: every cell runs, and the table, per-run CSV and verdict are
-    written with values in range (rewards in [0, 1], on-policy ratios ≡ 1, p99.9 ≤ max)."""
-    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
-    grid = SCRIPT.parent / "synthetic_lm_grid_small.json"
-    out = tmp_path / "out"
-    assert experiment.main([str(grid), "--out", str(out), "--workers", "1"]) == 0
+@pytest.fixture(scope="module")
+def small_experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CI variant of the synthetic-LM experiment, run once in-process (π₀ cached in a temporary folder)."""
+    tmp = tmp_path_factory.mktemp("synthetic_lm")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OFFPOLICYLAB_CACHE", str(tmp / "cache"))
+        assert experiment.main([str(SMALL_GRID), "--out", str(tmp / "out"), "--workers", "1"]) == 0
+    return tmp
+
+
+def test_small_grid_end_to_end(small_experiment: Path) -> None:
+    """Every cell runs, and the table, per-run CSV and verdict are written with values in range (rewards in [0, 1],
+    on-policy ratios ≡ 1, p99.9 ≤ max)."""
+    out = small_experiment / "out"
     runs = pd.read_csv(out / "runs.csv")
-    axes = json.loads(grid.read_text())["axes"]
+    axes = json.loads(SMALL_GRID.read_text())["axes"]
     cells = len(axes["objective"]) * len(axes["schedule"]) * len(axes["seed"])
     assert len(runs) == cells and set(runs["status"]) <= {"completed", "collapsed"}
     for column in ("J0", "peak", "final"):
@@ -140,3 +151,29 @@ def test_small_grid_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     verdict = json.loads((out / "criteria.json").read_text())
     assert verdict["s_high"] == 6 and set(verdict) == {"s_high", "a1", "a2", "a3", "a"}
     assert f"sweep: {cells} cells, 0 failed" in (out / "wall_times.txt").read_text()
+
+
+def test_claim_script_small_reuses_the_experiment(small_experiment: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """paper_figures/claim_synthetic_lm.py --small: claims (b), (d), (g) write their figure and result.json, the
+    cells shared with the experiment are copied, not re-run, and the copies' J equals the experiment's."""
+    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(small_experiment / "cache"))
+    monkeypatch.syspath_prepend(str(PAPER))
+    for name in [m for m in sys.modules if m in ("common", "claim_synthetic_lm")]:
+        monkeypatch.delitem(sys.modules, name)
+    import claim_synthetic_lm
+
+    out = small_experiment / "figures"
+    claim_synthetic_lm.main(["--small", "--out", str(out), "--reuse", str(small_experiment / "out")])
+    printed = capsys.readouterr().out
+    assert "reused 12 finished cells" in printed and "reused 2 finished cells" in printed
+    for claim in ("b", "d", "g"):
+        folder = out / f"synthetic_lm_{claim}_small"
+        assert (folder / f"claim_{claim}_synthetic_lm.png").stat().st_size > 10_000
+        result = json.loads((folder / "result.json").read_text())
+        assert result and all(0.0 <= cell["final"] <= 1.0 for cell in result.values())
+    runs = pd.read_csv(small_experiment / "out" / "runs.csv").set_index(["label", "staleness", "seed"])
+    claimed = pd.read_csv(out / "synthetic_lm_b_small" / "claim_b_runs.csv")
+    for _, row in claimed.iterrows():
+        staleness = 0 if row["staleness"] == "on_policy" else int(row["staleness"].split(":")[1])
+        assert row["final"] == runs.loc[(row["label"], staleness, row["seed"]), "final"]
