@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:  # run as `python experiments/collapse_experiment.
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab import plots  # noqa: E402
-from offpolicylab.sweep import load_grid, run_sweep  # noqa: E402
+from offpolicylab.sweep import expand_grid, load_grid, run_sweep  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"
 MAJORITY = 2 / 3
@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.table_only:
         start = time.perf_counter()
-        rows = run_sweep(load_grid(args.grid), args.out, workers=args.workers)
+        grid = load_grid(args.grid)
+        prepare_worlds(grid, args.out)
+        rows = run_sweep(grid, args.out, workers=args.workers)
         wall = time.perf_counter() - start
         failed = sum(row["status"] == "failed" for row in rows)
         line = f"sweep: {len(rows)} cells, {failed} failed, wall {wall:.0f} s with {args.workers} workers"
@@ -72,6 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(args.out)
     print(report)
     return 0
+
+
+def prepare_worlds(grid: dict[str, Any], out: Path) -> None:
+    """Build each distinct world of the grid once before the workers start, so that a world that caches what it
+    builds (``synthetic_lm`` distils π₀ on first use) is built by one process, not by every worker at once."""
+    import envs
+
+    seen = set()
+    for cell in expand_grid(grid, out):
+        key = json.dumps([cell.config.get("world"), cell.config.get("world_params", {})], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            envs.make_task(cell.config.get("world", "token_mdp"), **cell.config.get("world_params", {}))
 
 
 # ============================================================================================ per run
