@@ -197,3 +197,38 @@ def test_cli_run_trains_with_the_world_defaults(cache, tmp_path, capsys):
             assert config[key] == value, key
     assert config["prompts_per_update"] == 2  # a flag that was given wins
     assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3
+
+
+# ------------------------------------------------------------------------------------------ calibration measurements
+def test_pi0_profile_shares_against_numpy(world):
+    from envs.synthetic_lm_calibration import policy_token_profile
+
+    policy = world.pretrained_policy()
+    profile = policy_token_profile(world, policy, samples_per_prompt=2, seed=3)
+    rollout = policy.sample(world._prompts(torch.arange(world.num_prompts)), 2, 1.0, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = policy.response_logits(rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index,
+                                        rollout.response_ids).double().numpy()
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    entropy = -(np.exp(logp) * logp).sum(-1)
+    sampled = np.take_along_axis(logp, rollout.response_ids.numpy()[..., None], -1)[..., 0]
+    assert profile["n_tokens"] == entropy.size
+    assert profile["share_entropy_below_0.1"] == pytest.approx(float((entropy < 0.1).mean()), abs=1e-9)
+    assert profile["share_entropy_at_least_1"] == pytest.approx(float((entropy >= 1.0).mean()), abs=1e-9)
+    assert profile["share_sampled_prob_below_1e-3"] == pytest.approx(float((sampled < np.log(1e-3)).mean()),
+                                                                     abs=1e-9)
+    assert profile["median_entropy"] == pytest.approx(float(np.median(entropy)), abs=1e-5)
+
+
+def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
+    from envs.synthetic_lm_calibration import update_kls
+    from offpolicylab.config import TrainConfig
+
+    params = {**TINY, "cache_dir": str(cache)}
+    config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
+                                    "prompts_per_update": 2, "group_size": 4, "lr": 1e-3, "updates": 3})
+    kls = update_kls(config, 3)
+    assert len(kls) == 3 and all(k >= -1e-9 for k in kls) and max(kls) > 0  # KL >= 0 up to rounding
+    small = update_kls(TrainConfig.from_dict({**config.to_dict(), "lr": 1e-6}), 3)
+    assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
