@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
 
-    demo = sub.add_parser("demo", help="staleness demo on a token MDP (no download, a few minutes on 2 cores)")
+    demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
+    demo.add_argument("--world", default="token_mdp", choices=DEMO_WORLDS,
+                      help="token_mdp (default) or synthetic_lm")
     demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
@@ -178,12 +180,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    import envs
+    from offpolicylab.runs import RunDir
     from offpolicylab.sweep import run_sweep
 
-    grid = demo_grid(args.updates)
+    grid = demo_grid(args.updates, args.world)
+    envs.make_task(grid["base"]["world"], **grid["base"]["world_params"])  # a cached π₀ is built once, not per worker
     rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty())
     figure = demo_figure([Path(args.out) / row["cell"] for row in rows], Path(args.out) / "demo.png")
-    _print_table(rows)
+    _print_table([{**row, **_demo_returns(RunDir(Path(args.out) / row["cell"]).read_summary() or {})} for row in rows])
     print(f"figure: {figure}")
     return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
 
@@ -198,19 +203,29 @@ def _plot(argv: list[str]) -> int:
 
 
 # ============================================================================================ the demo
-DEMO_STALENESS = 32
+DEMO_STALENESS = {"token_mdp": 32, "synthetic_lm": 256}
+DEMO_WORLDS = tuple(DEMO_STALENESS)
 
 
-def demo_grid(updates: int | None = None) -> dict[str, Any]:
-    """grpo (ε = 0.2), grpo without trust region and m2po, each on-policy and at staleness DEMO_STALENESS, on a
-    forking token MDP (few high-entropy decision tokens decide the reward)."""
-    return {
-        "base": {
+def demo_grid(updates: int | None = None, world: str = "token_mdp",
+              world_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """grpo (ε = 0.2), grpo without trust region and m2po, each on-policy and at staleness DEMO_STALENESS[world]:
+    on a 4-prompt token MDP (tabular policy, exact return) or on the synthetic LM (its transformer π₀ and training
+    defaults; Monte-Carlo return on its evaluation prompts)."""
+    if world not in DEMO_STALENESS:
+        raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
+    if world == "token_mdp":
+        base: dict[str, Any] = {
             "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
                                                    "num_prompts": 4},
             "policy": "tabular", "updates": updates or 120, "prompts_per_update": 4, "group_size": 8,
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
-        },
+        }
+    else:
+        base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates or 600,
+                "eval_every": 25, "sample_every": 0, "checkpoint_every": 100, "seed": 0}
+    return {
+        "base": base,
         "axes": {
             "objective": [
                 {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
@@ -218,13 +233,14 @@ def demo_grid(updates: int | None = None) -> dict[str, Any]:
                  "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
                 {"label": "m2po", "objective": "m2po"},
             ],
-            "schedule": ["stale_k:0", f"stale_k:{DEMO_STALENESS}"],
+            "schedule": ["stale_k:0", f"stale_k:{DEMO_STALENESS[world]}"],
         },
     }
 
 
 def demo_figure(run_dirs: list[Path], path: Path) -> Path:
-    """Return (exact where available, else batch reward) per update, one line per run."""
+    """Return per update, one line per run: the exact return where the world enumerates its responses, else the
+    Monte-Carlo evaluation return, else the batch reward."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,13 +248,14 @@ def demo_figure(run_dirs: list[Path], path: Path) -> Path:
     import pandas as pd
     import seaborn as sns
 
-    frames = []
+    frames, labels = [], set()
     for run_dir in run_dirs:
         metrics_path = run_dir / "metrics.csv"
         if not metrics_path.exists():
             continue
         frame = pd.read_csv(metrics_path)
-        column = "exact_return" if "exact_return" in frame and frame["exact_return"].notna().any() else "reward_mean"
+        column = next(c for c in (*_DEMO_RETURNS, "reward_mean") if c in frame and frame[c].notna().any())
+        labels.add(column)
         frame = frame[["update", column]].dropna().rename(columns={column: "return"})
         objective, _, schedule = run_dir.name.partition("__")
         frame["objective"] = objective.removeprefix("objective=")
@@ -249,13 +266,25 @@ def demo_figure(run_dirs: list[Path], path: Path) -> Path:
     if frames:
         data = pd.concat(frames, ignore_index=True)
         sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
-    ax.set_ylabel("exact return J(π)")
-    ax.set_title("token MDP: on-policy vs stale data")
+    ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(labels)) or "return")
+    ax.set_title("on-policy vs stale data")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_DEMO_RETURNS = {"exact_return": "exact return J(π)", "eval_reward_sampled": "evaluation return (Monte Carlo)"}
+
+
+def _demo_returns(summary: dict[str, Any]) -> dict[str, Any]:
+    """Peak and final Monte-Carlo evaluation return of a run's summary where there is no exact return (a stale
+    run's batch reward is the reward of the old policy's samples)."""
+    if "final_exact_return" in summary:
+        return {}
+    return {f"{edge}_eval_return": summary[f"{edge}_eval_reward_sampled"] for edge in ("peak", "final")
+            if f"{edge}_eval_reward_sampled" in summary}
 
 
 # ============================================================================================ helpers
@@ -287,8 +316,8 @@ def _summary_line(name: str, summary: dict[str, Any]) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["cell", "status", "peak_exact_return", "final_exact_return", "peak_reward_mean", "final_reward_mean",
-               "collapse_update"]
+    columns = ["cell", "status", "peak_exact_return", "final_exact_return", "peak_eval_return", "final_eval_return",
+               "peak_reward_mean", "final_reward_mean", "collapse_update"]
     columns = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
     cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
