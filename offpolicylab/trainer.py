@@ -14,8 +14,8 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 5. **objective**  ``objective.update(batch)`` once per optimizer update, then ``objective(batch)`` → loss, metrics.
 6. **step**       backward, global-norm gradient clipping, optimizer step (skipped, and the run stopped as
                   ``collapsed``, when the loss or gradient is not finite).
-7. **diagnostics** objective metrics (ratio mean / max / 99.9th percentile, KL estimates, entropy, ...), reward,
-                  pre-clip grad norm, staleness; every ``eval_every`` updates the sampled reward on
+7. **diagnostics** objective metrics (ratio mean / max / 99.9th percentile, KL estimates, entropy, ...), reward of
+                  the consumed batch and of the current policy's fresh responses, pre-clip grad norm, staleness; every ``eval_every`` updates the sampled reward on
                   ``task.eval_prompts()`` with its standard error, the greedy reward, the sampled KL(π‖π_0) and, where
                   the world is enumerable, the exact return J(π) and the exact KL(π‖π_0); collapse detection
                   (:mod:`offpolicylab.diagnostics.collapse`).
@@ -99,8 +99,10 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
     for update in _progress(range(start, cfg.updates), cfg.updates, start, progress):
         tick = time.perf_counter()
         # 1-2. schedule → rollout: generate what is due now, consume this update's batch
+        fresh = []
         for key in schedule.generate_at(update, cfg.updates):
             parts.buffer[key] = generate(parts, update, watch)
+            fresh.append(parts.buffer[key])
         rollout = parts.buffer[schedule.key(update)]
         for key in schedule.release_after(update, cfg.updates):
             parts.buffer.pop(key, None)
@@ -120,7 +122,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             out.loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         with watch("other"):
-            row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics)}
+            row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
+                   "reward_current": current_reward(fresh, update)}
             finite = math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
         if finite:
             with watch("policy_backward"):
@@ -133,7 +136,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             now = time.perf_counter()
             row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
             reason = (parts.detector.non_finite(update) if not finite else
-                      parts.detector.observe(update, row["reward_mean"], row.get("kl_k3", 0.0), row["grad_norm"]))
+                      parts.detector.observe(update, detector_reward(row, schedule), row.get("kl_k3", 0.0),
+                                             row["grad_norm"]))
             # 8. run directory
             run.append_metrics(row)
             if not finite:
@@ -273,6 +277,23 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         tensors = [t.to(torch.float64) for t in tensors]
     values = torch.stack(tensors).tolist()
     return dict(zip(named, values, strict=True))
+
+
+def current_reward(fresh: list[Rollout], update: int) -> float:
+    """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
+    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data)."""
+    rewards = [r.rewards[r.version == update] for r in fresh]
+    rewards = torch.cat(rewards) if rewards else torch.zeros(0)
+    return float(rewards.mean()) if rewards.numel() else math.nan
+
+
+def detector_reward(row: dict[str, float], schedule: Schedule) -> float | None:
+    """The reward the collapse detector observes: the current policy's (``reward_current``); None (hold) at updates
+    where it generated nothing; the consumed batch's reward for the offline schedules, whose data never come from
+    the current policy."""
+    if schedule.kind == "offline":
+        return row["reward_mean"]
+    return row["reward_current"] if math.isfinite(row["reward_current"]) else None
 
 
 def is_due(update: int, every: int, total: int) -> bool:

@@ -109,3 +109,24 @@ def test_without_kl_tracking_no_frozen_copy_is_kept(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(trainer, "_enumerable", lambda task: False)
     assert trainer.build(mdp_config(eval_kl_init="off")).frozen_initial is None
     assert trainer.build(mdp_config()).frozen_initial is not None
+
+
+# ------------------------------------------------------------------------------------------ the current policy's reward
+@pytest.mark.parametrize("schedule", ["on_policy", "stale_k:2", "stages:3"])
+def test_current_reward_is_the_reward_of_what_the_current_policy_generated(tmp_path: Path, schedule: str) -> None:
+    """reward_current at u = mean reward of the batches generated at u: under stale_k:2 the batch generated at u
+    is consumed at u + 2 (so reward_current[u] = reward_mean[u + 2]; at u = 0 π_0 generates batches 0, 1, 2);
+    under stages:3 only every third update generates (3 batches), NaN in between."""
+    trainer.train(mdp_config(schedule=schedule, updates=9), tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
+    current = np.array([float(r["reward_current"]) for r in rows])
+    consumed = np.array([float(r["reward_mean"]) for r in rows])
+    if schedule == "on_policy":
+        np.testing.assert_allclose(current, consumed, rtol=1e-6)
+    elif schedule == "stale_k:2":
+        assert current[0] == pytest.approx(consumed[:3].mean(), rel=1e-6)
+        np.testing.assert_allclose(current[1:7], consumed[3:9], rtol=1e-6)
+    else:
+        assert np.isnan(current[[1, 2, 4, 5, 7, 8]]).all()
+        for start in (0, 3, 6):
+            assert current[start] == pytest.approx(consumed[start:start + 3].mean(), rel=1e-6)
