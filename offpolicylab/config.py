@@ -53,7 +53,8 @@ class TrainConfig:
                                    "at most N-1 updates from it and ends identical; each write costs ~5-10 ms)")
     fsync: bool = _f(False, "fsync metrics and checkpoint at each checkpoint (survives OS crashes; checkpoints "
                             "are atomic against a killed process either way)")
-    collapse_margin: float = _f(0.2, "collapse: smoothed reward falls this far below its running peak ...")
+    collapse_margin: float = _f(0.2, "collapse: the current policy's smoothed reward falls this far below its "
+                                      "running peak ...")
     collapse_spike: float = _f(5.0, "... within `collapse_window` updates of a KL or grad-norm spike "
                                     "(value > this factor × its running mean)")
     collapse_window: int = _f(20, "updates a spike stays relevant to the collapse test")
