@@ -73,8 +73,9 @@ class _Block(nn.Module):
         self.out = nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, shape.mlp_ratio * d), nn.GELU(), nn.Linear(shape.mlp_ratio * d, d))
 
-    def forward(self, h: Tensor, allowed: Tensor, past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
-        """``h`` [B, L, d] new positions; ``allowed`` [B, L, L_past + L] which keys each query may read;
+    def forward(self, h: Tensor, allowed: Tensor | None,
+                past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``h`` [B, L, d] new positions; ``allowed`` [B, L, L_past + L] which keys each query may read (None: all);
         returns (h', keys, values) with the keys/values of past and new positions."""
         batch, length, d = h.shape
         q, k, v = self.qkv(self.norm1(h)).split(d, dim=-1)
@@ -82,7 +83,8 @@ class _Block(nn.Module):
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
-        scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed[:, None], float("-inf"))
         attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, length, d)
         h = h + self.out(attended)
         return h + self.mlp(self.norm2(h)), k, v
@@ -116,9 +118,11 @@ class CausalTransformer(nn.Module):
             raise ValueError(f"sequence of {int(positions.max()) + 1} positions exceeds max_len {self.shape.max_len}")
         keys_real = torch.cat([past_real, real], dim=1)
         past_len = past_real.shape[1]
-        causal = torch.ones(length, past_len + length, dtype=torch.bool, device=tokens.device).tril(past_len)
-        allowed = causal[None] & keys_real[:, None, :]
-        allowed = allowed | ~allowed.any(-1, keepdim=True)  # a query with nothing to read (padding) reads all
+        allowed: Tensor | None = None  # None: every key may be read (one new position, no padding anywhere)
+        if length > 1 or not bool(keys_real.all()):
+            causal = torch.ones(length, past_len + length, dtype=torch.bool, device=tokens.device).tril(past_len)
+            allowed = causal[None] & keys_real[:, None, :]
+            allowed = allowed | ~allowed.any(-1, keepdim=True)  # a query with nothing to read (padding) reads all
         h = self.token(tokens) + self.position(positions)
         fresh = cache is None or not cache.keys
         keys, values = [], []
