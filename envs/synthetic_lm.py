@@ -27,8 +27,8 @@ recipe; ``torch.save`` of tensors and numbers, loaded with ``weights_only=True``
 y_{T−2} = ANS, y_{T−1} is a digit and the response stays on the pretrained manifold, m(y) ≥ θ with
 m(y) = (1/T) Σ_t max(log p_T(y_t | x, y_{<t}), −30) the mean teacher log-probability per token and θ its 1st
 percentile over π₀'s own samples on the training prompts (computed once at build, cached with π₀).  Then
-r = 1.0 if y_{T−1} = table[key] (a hidden random key → digit table), 0.1 if the format is valid but the digit is
-wrong, 0 otherwise.  Degenerate text (loops, gibberish) falls below θ and loses even the format credit, as an LLM's
+r = 1.0 if y_{T−1} = table[key] (a hidden random key → digit table, balanced: each digit answers ⌊K/10⌋ or
+⌈K/10⌉ keys, so no constant answer beats chance), 0.1 if the format is valid but the digit is wrong, 0 otherwise.  Degenerate text (loops, gibberish) falls below θ and loses even the format credit, as an LLM's
 answer stops being extractable.
 """
 
@@ -55,7 +55,7 @@ CONTEXT_LEN = 3
 LOG_FLOOR = -30.0
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
-RECIPE_VERSION = 1  # bump when the build code changes what a recipe produces
+RECIPE_VERSION = 2  # bump when the build code changes what a recipe produces
 CORPUS_CHUNK = 8  # distillation steps whose teacher sequences are sampled together
 
 
@@ -198,7 +198,8 @@ class SyntheticLM:
         self.vocab_size, self.max_response_len = r.vocab_size, r.response_len
         self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
         generator = torch.Generator().manual_seed(r.seed)
-        self.table = torch.randint(NUM_DIGITS, (r.num_keys,), generator=generator)
+        # balanced: every digit answers ⌊K/10⌋ or ⌈K/10⌉ keys, so no constant answer beats chance
+        self.table = (torch.arange(r.num_keys) % NUM_DIGITS)[torch.randperm(r.num_keys, generator=generator)]
         train_keys = torch.arange(r.num_train_prompts) % r.num_keys
         eval_keys = torch.arange(r.num_keys)
         keys = torch.cat([train_keys, eval_keys])

@@ -72,7 +72,8 @@ def test_teacher_sampling_probabilities_equal_full_pass(world):
     full = world.teacher.log_probs(prompt, response)
     finite = torch.isfinite(full)
     assert torch.equal(finite, torch.isfinite(logp))
-    assert (full[finite] - logp[finite]).abs().max() < 1e-5
+    # the sharp component multiplies float32 rounding of the hidden state (~1e-7) by α κ (~1e2-1e3)
+    assert (full[finite] - logp[finite]).abs().max() < 1e-4
 
 
 # ------------------------------------------------------------------------------------------ reward
@@ -136,6 +137,9 @@ def test_prompts_keys_and_eval_set(world):
     assert torch.equal(torch.bincount(world.prompt_keys[: r.num_train_prompts]),
                        torch.full((r.num_keys,), r.num_train_prompts // r.num_keys))
     assert int(world.sample_prompts(50, torch.Generator().manual_seed(0)).index.max()) < r.num_train_prompts
+    big = make_task("synthetic_lm", cache_dir=str(world.cache_dir), **{**TINY, "num_keys": 15, "num_train_prompts": 30})
+    counts = torch.bincount(big.table, minlength=NUM_DIGITS)  # 15 keys: five digits answer 2 keys, five answer 1
+    assert sorted(counts.tolist()) == [1] * 5 + [2] * 5
 
 
 # ------------------------------------------------------------------------------------------ π₀ cache
