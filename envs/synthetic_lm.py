@@ -15,8 +15,10 @@ from ``seed``).  At response position t with hidden state h its standardised log
 so α moves the share of near-deterministic positions against high-entropy forks (κ spreads the sharpness over
 positions) and δ puts a tail of sampled tokens with p < 1e-3 into the data.  The format is built in: at t = T−2
 the teacher writes ANS with probability ``ans_prob`` (else text from p_T), and at t = T−1 after ANS it writes a
-digit from softmax(``digit_scale`` · ẑ_digits) — near uniform, the high-entropy decision position; text positions
-never hold digits or ANS.
+digit from softmax(``key_scale`` · E[k] + ``digit_scale`` · ẑ_digits) — E a fixed random [K, 10] Gaussian matrix,
+so the data's answer depends on the key (π₀ learns to carry the key to the answer position, as an LLM carries the
+question) yet stays near uniform (entropy ≈ 1.9 nat), independent of the hidden reward table: the high-entropy
+decision position; text positions never hold digits or ANS.
 
 **π₀** is a :class:`~offpolicylab.policies.transformer.TransformerPolicy` distilled by minimising
 KL(p_T ‖ π₀) over the full next-token distribution on teacher-sampled sequences of random prompts (AdamW, cosine
@@ -55,7 +57,7 @@ CONTEXT_LEN = 3
 LOG_FLOOR = -30.0
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
-RECIPE_VERSION = 2  # bump when the build code changes what a recipe produces
+RECIPE_VERSION = 3  # bump when the build code changes what a recipe produces
 CORPUS_CHUNK = 8  # distillation steps whose teacher sequences are sampled together
 
 
@@ -72,6 +74,7 @@ class Recipe:
     sharpness_spread: float = 1.5
     ans_prob: float = 0.9
     digit_scale: float = 0.3
+    key_scale: float = 1.0
     teacher_d_model: int = 32
     teacher_layers: int = 1
     teacher_heads: int = 2
@@ -126,6 +129,7 @@ class Teacher:
             torch.manual_seed(recipe.seed + 7919)
             self.net = CausalTransformer(shape).eval()
             direction = torch.randn(shape.d_model)
+            self.key_logits = torch.randn(recipe.num_keys, NUM_DIGITS)  # the data's key-dependent answer beliefs
         self.direction = direction / direction.norm()
         self.net.requires_grad_(False)
 
@@ -135,7 +139,7 @@ class Teacher:
         with torch.no_grad():
             hidden = self.net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
             previous = torch.cat([prompt[:, -1:], response[:, :-1]], dim=1)
-            return self._distribution(hidden, torch.arange(self.response_len), previous)
+            return self._distribution(hidden, torch.arange(self.response_len), previous, prompt[:, 0])
 
     def sample(self, prompt: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """(responses [B, T], log p_T [B, T, V]) sampled with a key/value cache."""
@@ -147,15 +151,16 @@ class Teacher:
             inputs, previous = prompt, prompt[:, -1]
             for t in range(width):
                 hidden = self.net(inputs, torch.ones_like(inputs, dtype=torch.bool), cache)[:, -1:]
-                logp = self._distribution(hidden, torch.tensor([t]), previous[:, None])[:, 0]
+                logp = self._distribution(hidden, torch.tensor([t]), previous[:, None], prompt[:, 0])[:, 0]
                 token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
                 response[:, t], log_probs[:, t] = token, logp
                 inputs, previous = token[:, None], token
         return response, log_probs
 
-    def _distribution(self, hidden: Tensor, steps: Tensor, previous: Tensor) -> Tensor:
-        """log p_T [B, W, V] at response positions ``steps`` [W] from hidden states [B, W, d] and the token before
-        each position ``previous`` [B, W] (the format rule at t = T−1 reads whether it is ANS)."""
+    def _distribution(self, hidden: Tensor, steps: Tensor, previous: Tensor, key_token: Tensor) -> Tensor:
+        """log p_T [B, W, V] at response positions ``steps`` [W] from hidden states [B, W, d], the token before
+        each position ``previous`` [B, W] (the format rule at t = T−1 reads whether it is ANS) and the prompt's key
+        token [B] (the digit logits depend on the key)."""
         r, vocab = self.recipe, self.vocab_size
         z = self.net.head(hidden)
         text = torch.arange(vocab) >= FIRST_TEXT
@@ -170,7 +175,8 @@ class Teacher:
         ans[..., ANS] = r.ans_prob
         probs = torch.where(is_ans_slot, ans + (1 - r.ans_prob) * probs, probs)
         digits = torch.zeros_like(probs)
-        digits[..., :NUM_DIGITS] = torch.softmax(r.digit_scale * _standardise(z[..., :NUM_DIGITS]), -1)
+        key_part = r.key_scale * self.key_logits[(key_token - FIRST_TEXT).clamp(0, r.num_keys - 1)][:, None]
+        digits[..., :NUM_DIGITS] = torch.softmax(key_part + r.digit_scale * _standardise(z[..., :NUM_DIGITS]), -1)
         is_digit_slot = (steps == self.response_len - 1)[None, :, None] & (previous == ANS)[..., None]
         probs = torch.where(is_digit_slot, digits, probs)
         return probs.log()

@@ -61,7 +61,9 @@ def test_teacher_distribution_matches_numpy_formula(world):
     expected[:, -2] *= 1 - r.ans_prob
     expected[:, -2, ANS] = r.ans_prob
     expected[0, -1] = 0.0
-    expected[0, -1, :NUM_DIGITS] = softmax(r.digit_scale * standard(z[0, -1, :NUM_DIGITS]))
+    key = int(prompt[0, 0]) - FIRST_TEXT
+    expected[0, -1, :NUM_DIGITS] = softmax(r.key_scale * world.teacher.key_logits[key].double().numpy()
+                                           + r.digit_scale * standard(z[0, -1, :NUM_DIGITS]))
     assert np.allclose(np.exp(logp), expected, atol=1e-5)
     assert np.allclose(np.exp(logp).sum(-1), 1.0, atol=1e-5)
 
