@@ -5,8 +5,8 @@ criteria evaluated mechanically.
     python experiments/collapse_experiment.py experiments/synthetic_lm_grid_small.json --out runs/sl_small --workers 1
     python experiments/collapse_experiment.py GRID --out DIR --table-only     # the table of an existing --out
 
-Runs the grid with :func:`offpolicylab.sweep.run_sweep` (completed cells are skipped, interrupted ones resumed),
-measures the wall time, then writes ``DIR/table.md`` (the tables and the verdict), ``DIR/runs.csv`` (one row per
+Runs the grid on the sweep's local engine (completed cells are skipped, interrupted ones resumed; the cells the
+criteria read run first, so that a time-boxed run yields the verdict), measures the wall time, then writes ``DIR/table.md`` (the tables and the verdict), ``DIR/runs.csv`` (one row per
 run) and ``DIR/criteria.json``.  J is the exact return where the world can enumerate its responses, else the
 Monte-Carlo evaluation mean ``eval_reward_sampled`` (with its standard error ``eval_reward_se``).
 
@@ -45,12 +45,13 @@ if str(ROOT) not in sys.path:  # run as `python experiments/collapse_experiment.
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab import plots  # noqa: E402
-from offpolicylab.sweep import expand_grid, load_grid, run_sweep  # noqa: E402
+from offpolicylab.sweep import Cell, expand_grid, get_engine, load_grid, result_row, write_results  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"
 MAJORITY = 2 / 3
 M2PO_TOLERANCE = 0.05
 EDGE_SHARE = 0.1  # first / last share of updates whose entropy is averaged
+FINISHED = ("completed", "collapsed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         grid = load_grid(args.grid)
         prepare_worlds(grid, args.out)
-        rows = run_sweep(grid, args.out, workers=args.workers)
+        rows = run_in_priority_order(grid, args.out, args.workers)
         wall = time.perf_counter() - start
         failed = sum(row["status"] == "failed" for row in rows)
         line = f"sweep: {len(rows)} cells, {failed} failed, wall {wall:.0f} s with {args.workers} workers"
@@ -74,6 +75,34 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(args.out)
     print(report)
     return 0
+
+
+def priority(cell: Cell, high: int) -> int:
+    """0 for the cells the criteria read (on-policy grpo; grpo, grpo_no_tr and m2po at s_high), 1 for the other
+    objectives at s_high, 2 for the rest: a time-boxed run yields the verdict first."""
+    label, staleness = cell.labels.get("objective"), _schedule_staleness(cell.config.get("schedule", "on_policy"))
+    if (label == CLIPPED and staleness in (0, high)) or (label in (NO_TRUST_REGION, M2PO) and staleness == high):
+        return 0
+    return 1 if staleness == high else 2
+
+
+def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list[dict[str, Any]]:
+    """:func:`offpolicylab.sweep.run_sweep` with the cells ordered by :func:`priority` (stable within a class);
+    writes ``grid.json`` and ``sweep_results.csv`` in the grid's own cell order."""
+    cells = expand_grid(grid, out)
+    high = max(_schedule_staleness(c.config.get("schedule", "on_policy")) for c in cells)
+    order = sorted(range(len(cells)), key=lambda i: priority(cells[i], high))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "grid.json").write_text(json.dumps(grid, indent=2) + "\n")
+    summaries = get_engine("local")([cells[i] for i in order], workers, False)
+    by_cell = dict(zip(order, summaries, strict=True))
+    rows = [result_row(cell, by_cell[i]) for i, cell in enumerate(cells)]
+    write_results(out / "sweep_results.csv", rows)
+    return rows
+
+
+def _schedule_staleness(schedule: str) -> int:
+    return 0 if schedule == "on_policy" else int(schedule.split(":")[1])
 
 
 def prepare_worlds(grid: dict[str, Any], out: Path) -> None:
@@ -108,8 +137,7 @@ def j_curve(run: plots.Run) -> pd.DataFrame:
 
 def staleness_of(run: plots.Run) -> int:
     """0 for on_policy, K for stale_k:K (the grids of this experiment use only these two forms)."""
-    label = run.staleness
-    return 0 if label == "on_policy" else int(label.split(":")[1])
+    return _schedule_staleness(run.staleness)
 
 
 def run_stats(run: plots.Run) -> dict[str, Any]:
@@ -152,19 +180,25 @@ def load_stats(out: Path) -> tuple[pd.DataFrame, dict[tuple[str, int, int], pd.D
 
 # ============================================================================================ per cell
 def cell_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (label, staleness): mean and sd over seeds of peak and final J, the mean final SE, collapsed
-    seeds, and the median over seeds of each mechanism number."""
-    grouped = runs.groupby(["label", "staleness"], sort=False)
+    """One row per (label, staleness): mean and sd over the finished seeds of peak and final J, the mean final SE,
+    collapsed seeds, the median over seeds of each mechanism number, and how many runs are unfinished (left out of
+    every aggregate)."""
+    finished = runs["status"].isin(FINISHED)
+    keys = list(dict.fromkeys(zip(runs["label"], runs["staleness"], strict=True)))
+    grouped = runs[finished].groupby(["label", "staleness"], sort=False)
     table = grouped.agg(
         seeds=("seed", "size"), peak_mean=("peak", "mean"), peak_sd=("peak", "std"), final_mean=("final", "mean"),
         final_sd=("final", "std"), final_se=("final_se", "mean"), J0=("J0", "mean"),
         collapsed=("collapse_update", lambda c: int((c >= 0).sum())),
-        unfinished=("status", lambda s: int((~s.isin(["completed", "collapsed"])).sum())),
         ratio_max=("ratio_max", "median"), ratio_p999=("ratio_p999", "median"),
         grad_norm_median=("grad_norm_median", "median"), grad_norm_max=("grad_norm_max", "median"),
         entropy_start=("entropy_start", "median"), entropy_end=("entropy_end", "median"),
         kl_init_final=("kl_init_final", "median"), kl_init_max=("kl_init_max", "median"),
-    )
+    ).reindex(pd.MultiIndex.from_tuples(keys, names=["label", "staleness"]))
+    table["seeds"] = table["seeds"].fillna(0).astype(int)
+    table["collapsed"] = table["collapsed"].fillna(0).astype(int)
+    table["unfinished"] = runs[~finished].groupby(["label", "staleness"]).size().reindex(table.index).fillna(0) \
+        .astype(int)
     return table.reset_index()
 
 
@@ -216,7 +250,7 @@ def build_report(out: Path) -> str:
     """Write table.md, runs.csv and criteria.json under ``out``; returns the Markdown."""
     runs, curves = load_stats(out)
     cells = cell_table(runs)
-    verdict = criteria(runs, curves)
+    verdict = criteria(runs[runs["status"].isin(FINISHED)], curves)
     runs.to_csv(out / "runs.csv", index=False)
     (out / "criteria.json").write_text(json.dumps(_jsonable(verdict), indent=2) + "\n")
     text = "\n\n".join([results_markdown(cells), mechanism_markdown(cells), criteria_markdown(verdict)]) + "\n"
@@ -227,7 +261,7 @@ def build_report(out: Path) -> str:
 def results_markdown(cells: pd.DataFrame) -> str:
     lines = ["| objective | staleness | seeds | J₀ | peak J | final J | final SE | collapsed |", "|" + "---|" * 8]
     for _, c in cells.iterrows():
-        unfinished = f" ({c['unfinished']} unfinished)" if c["unfinished"] else ""
+        unfinished = f" (+{c['unfinished']} unfinished)" if c["unfinished"] else ""
         lines.append(f"| {c['label']} | {c['staleness']} | {c['seeds']}{unfinished} | {_fmt(c['J0'])} "
                      f"| {_pm(c['peak_mean'], c['peak_sd'])} | {_pm(c['final_mean'], c['final_sd'])} "
                      f"| {_fmt(c['final_se'])} | {c['collapsed']}/{c['seeds']} |")

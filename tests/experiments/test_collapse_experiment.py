@@ -177,3 +177,26 @@ def test_claim_script_small_reuses_the_experiment(small_experiment: Path, monkey
     for _, row in claimed.iterrows():
         staleness = 0 if row["staleness"] == "on_policy" else int(row["staleness"].split(":")[1])
         assert row["final"] == runs.loc[(row["label"], staleness, row["seed"]), "final"]
+
+
+def test_unfinished_runs_are_counted_but_left_out_of_the_aggregates() -> None:
+    runs = [fake_run("grpo", 0, s, [0.2, 0.4, 0.5, 0.6, f]) for s, f in enumerate((0.6, 0.8))]
+    partial = fake_run("grpo", 0, 2, [0.2, 0.3, 0.3, 0.3, 0.3])
+    partial.summary = None  # killed before it finished
+    lonely = fake_run("m2po", 8, 0, [0.2, 0.2, 0.2, 0.2, 0.2])
+    lonely.summary = None
+    cells = experiment.cell_table(pd.DataFrame([experiment.run_stats(r) for r in [*runs, partial, lonely]]))
+    grpo, m2po = cells.iloc[0], cells.iloc[1]
+    assert (grpo["seeds"], grpo["unfinished"], grpo["final_mean"]) == (2, 1, pytest.approx(0.7))
+    assert (m2po["seeds"], m2po["unfinished"]) == (0, 1) and math.isnan(m2po["final_mean"])
+    assert "| grpo | 0 | 2 (+1 unfinished) |" in experiment.results_markdown(cells)
+
+
+def test_cells_the_criteria_read_run_first() -> None:
+    grid = json.loads((ROOT / "experiments" / "synthetic_lm_grid.json").read_text())
+    cells = experiment.expand_grid(grid, "/nowhere")
+    ranks = [experiment.priority(c, 256) for c in cells]
+    first = {(c.labels["objective"], c.config["schedule"]) for c, r in zip(cells, ranks, strict=True) if r == 0}
+    assert first == {("grpo", "on_policy"), ("grpo", "stale_k:256"), ("grpo_no_tr", "stale_k:256"),
+                     ("m2po", "stale_k:256")}
+    assert sum(r == 1 for r in ranks) == 6 * 3  # the other six objectives at s = 256, three seeds
