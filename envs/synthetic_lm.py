@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from envs.base import FixedPrompts
 from offpolicylab.policies.base import Prompts
 from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
 
@@ -192,7 +193,7 @@ def _standardise(z: Tensor) -> Tensor:
 
 
 # ================================================================================================ the world
-class SyntheticLM:
+class SyntheticLM(FixedPrompts):
     """The ``synthetic_lm`` world (module docstring).  ``make_task("synthetic_lm", ...)`` builds it; the first
     build of a recipe distils π₀ (minutes for the default recipe), later builds load it from ``cache_dir``."""
 
@@ -223,19 +224,9 @@ class SyntheticLM:
         context = torch.randint(FIRST_TEXT, self.vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
         return torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
 
-    def sample_prompts(self, n: int, generator: torch.Generator | None = None) -> Prompts:
-        """``n`` training prompts drawn uniformly with replacement."""
-        if n < 1:
-            raise ValueError(f"number of prompts must be >= 1, got {n}")
-        return self._prompts(torch.randint(self.num_prompts, (n,), generator=generator))
-
     def eval_prompts(self) -> Prompts:
         """The K evaluation prompts (one per key, contexts unseen in training)."""
         return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))
-
-    def _prompts(self, index: Tensor) -> Prompts:
-        ids = self.prompt_tokens[index]
-        return Prompts(ids=ids, mask=torch.ones(ids.shape), index=index)
 
     # ------------------------------------------------------------------------------------------ reward
     def reward(self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,

@@ -199,3 +199,22 @@ class AutoregressivePolicy(ABC):
 def _check_temperature(temperature: float) -> None:
     if not (isinstance(temperature, (int, float)) and temperature > 0 and temperature < float("inf")):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} (use greedy() for argmax)")
+
+
+class ModulePolicy(AutoregressivePolicy):
+    """An :class:`AutoregressivePolicy` whose whole trainable state is one torch module, ``self.model``."""
+
+    model: torch.nn.Module
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.model.parameters())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: value.detach().clone() for key, value in self.model.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any:
+        try:
+            return self.model.load_state_dict(state)
+        except RuntimeError as error:
+            raise ValueError(f"{type(self).__name__} state does not match the architecture: "
+                             f"{str(error).splitlines()[0]}") from None

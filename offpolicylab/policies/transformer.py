@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from offpolicylab.policies.autoregressive import AutoregressivePolicy
+from offpolicylab.policies.autoregressive import ModulePolicy
 
 
 @dataclass(frozen=True)
@@ -136,7 +135,7 @@ class CausalTransformer(nn.Module):
         return self.norm(h)
 
 
-class TransformerPolicy(AutoregressivePolicy):
+class TransformerPolicy(ModulePolicy):
     """A :class:`CausalTransformer` over prompt + response tokens (see module docstring).
 
     Token id ``i`` is the same symbol in prompt and response; padded prompt positions get the extra symbol
@@ -196,16 +195,3 @@ class TransformerPolicy(AutoregressivePolicy):
                              f"{self.max_prompt_len}")
         real = prompt_mask > 0
         return torch.where(real, prompt_ids, torch.full_like(prompt_ids, self.pad_token)).long(), real
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return list(self.model.parameters())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {key: value.detach().clone() for key, value in self.model.state_dict().items()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> Any:
-        try:
-            return self.model.load_state_dict(state)
-        except RuntimeError as error:
-            raise ValueError(f"transformer state does not match the architecture {self.shape}: "
-                             f"{str(error).splitlines()[0]}") from None
