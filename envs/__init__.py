@@ -1,4 +1,4 @@
-"""Worlds: softmax bandits, token-sequence MDPs small enough to enumerate, GSM8k.
+"""Worlds: softmax bandits, token-sequence MDPs small enough to enumerate, a calibrated synthetic LM, GSM8k.
 
 >>> from envs import make_task, list_tasks
 >>> task = make_task("token_mdp", family="arithmetic", vocab_size="5", eos="true")   # CLI strings are fine
