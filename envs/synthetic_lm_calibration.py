@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import statistics
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,7 +27,7 @@ import torch
 from envs import make_task
 from envs.synthetic_lm import ANS, FIRST_TEXT, SyntheticLM
 from offpolicylab.config import TrainConfig, parse_assignments
-from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, token_profile
+from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, load_profile, token_profile
 
 
 def policy_token_profile(world: SyntheticLM, policy: Any, samples_per_prompt: int = 1, seed: int = 0) -> dict:
@@ -100,7 +99,8 @@ def _logits(policy: Any, rollout: Any) -> torch.Tensor:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="calibration measurements of the synthetic_lm world")
     parser.add_argument("--world-param", action="append", default=[], metavar="K=V")
-    parser.add_argument("--profile", default=None, help="reference token profile (JSON) to compare with")
+    parser.add_argument("--profile", default=None,
+                        help="reference token profile to compare with: a JSON file or a packaged profile's name")
     parser.add_argument("--lrs", default="", help="comma-separated learning rates for the per-update KL")
     parser.add_argument("--kl-updates", type=int, default=30)
     parser.add_argument("--success-samples", type=int, default=32)
@@ -110,9 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     pi0 = world.pretrained_policy()
     profile = policy_token_profile(world, pi0)
     if args.profile:
-        reference = json.loads(Path(args.profile).read_text())
-        reference = reference.get("profile", reference)
-        print(format_comparison(compare_profiles(reference, profile), names=("SmolLM2", "synthetic_lm π₀")))
+        rows = compare_profiles(load_profile(args.profile), profile)
+        print(format_comparison(rows, names=("reference", "synthetic_lm π₀")))
     else:
         print(json.dumps({k: v for k, v in profile.items() if not isinstance(v, list)}, indent=1))
     print("initial success:", json.dumps(initial_success(world, pi0, args.success_samples)))

@@ -16,9 +16,12 @@ Zheng et al. 2025, arXiv:2510.01161), plus percentiles of −ℓ_t.  The same pu
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +35,9 @@ LOW_ENTROPY = 0.1
 HIGH_ENTROPY = 1.0
 RARE_PROB = 1e-3
 NEG_LOGP_PERCENTILES: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
+
+PACKAGED_PROFILES = "data/profiles"
+"""Where the committed profiles live inside the ``offpolicylab`` package (written by ``offpolicylab calibrate``)."""
 
 SHARE_KEYS: tuple[str, ...] = ("share_entropy_below_0.1", "share_entropy_at_least_1", "share_sampled_prob_below_1e-3")
 """The headline shares a synthetic world must match (each within ± ``tolerance``, see :func:`compare_profiles`)."""
@@ -103,7 +109,9 @@ class ProfileRow:
 def compare_profiles(reference: Mapping[str, Any], candidate: Mapping[str, Any],
                      tolerance: float = 0.05) -> list[ProfileRow]:
     """Rows (reference vs candidate): each of :data:`SHARE_KEYS` checked |Δ| ≤ ``tolerance`` (0.05 = 5 points),
-    then the median entropy and every histogram bin, shown without a check.  Profiles must share the bin edges."""
+    then the median entropy and every histogram bin, shown without a check.  Profiles must share the bin edges;
+    either may be a whole calibration file (its ``"profile"`` entry is used)."""
+    reference, candidate = _statistics(reference), _statistics(candidate)
     if list(reference["entropy_bin_edges"]) != list(candidate["entropy_bin_edges"]):
         raise ValueError("the two profiles use different entropy bin edges; recompute one with token_profile")
     rows = [ProfileRow(k, float(reference[k]), float(candidate[k]),
@@ -129,6 +137,24 @@ def format_comparison(rows: Sequence[ProfileRow], names: tuple[str, str] = ("pro
         verdict = "" if row.within is None else ("yes" if row.within else "**no**")
         lines.append(f"| {row.name} | {row.reference:.4f} | {row.candidate:.4f} | {row.difference:+.4f} | {verdict} |")
     return "\n".join(lines)
+
+
+def load_profile(name_or_path: str | Path) -> dict[str, Any]:
+    """A profile written by ``offpolicylab calibrate``: a packaged one by name (e.g.
+    ``"smollm2_135m_instruct_gsm8k"``, see :data:`PACKAGED_PROFILES`) or a JSON file path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    packaged = resources.files("offpolicylab").joinpath(PACKAGED_PROFILES, f"{name_or_path}.json")
+    if not packaged.is_file():
+        names = sorted(p.name.removesuffix(".json") for p in resources.files("offpolicylab").joinpath(
+            PACKAGED_PROFILES).iterdir() if p.name.endswith(".json"))
+        raise ValueError(f"no profile {str(name_or_path)!r}; valid: a profile JSON file or one of {names}")
+    return json.loads(packaged.read_text(encoding="utf-8"))
+
+
+def _statistics(profile: Mapping[str, Any]) -> Mapping[str, Any]:
+    return profile["profile"] if "profile" in profile else profile
 
 
 def _to_numpy(x: Tensor | np.ndarray) -> np.ndarray:
