@@ -14,7 +14,7 @@ the claim and the experiment share one definition).  J is the Monte-Carlo evalua
 on the world's fixed evaluation prompts.  ``--reuse DIR`` copies finished cells of an experiment output folder with
 the same names (identical configurations, so identical results) instead of re-running them.
 
-    python paper_figures/claim_synthetic_lm.py [--small] [--reuse runs/synthetic_lm]
+    python paper_figures/claim_synthetic_lm.py [--small] [--reuse runs/synthetic_lm] [--claims b,d,g]
 """
 
 from __future__ import annotations
@@ -127,22 +127,32 @@ def claim(name: str, grid: dict[str, Any], args: Any, reuse: Path | None, keys: 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    reuse = None
-    if "--reuse" in argv:
-        at = argv.index("--reuse")
-        if at + 1 >= len(argv):
-            raise ValueError("--reuse needs a folder of experiment runs")
-        reuse = Path(argv[at + 1])
-        del argv[at:at + 2]
+    reuse = Path(_pop_option(argv, "--reuse")) if "--reuse" in argv else None
+    chosen = _pop_option(argv, "--claims").split(",") if "--claims" in argv else ["b", "d", "g"]
+    if not chosen or set(chosen) - {"b", "d", "g"}:
+        raise ValueError(f"--claims {','.join(chosen)} is invalid; valid: a comma-separated subset of b,d,g")
     args = common.parse_args(__doc__.split("\n")[0], argv)
     grid = experiment_grid(args.small)
-    claim("b", grid_b(grid), args, reuse, ("return_at_half", "peak", "final", "collapses", "grad_norm_max",
-                                             "ratio_max"))
-    result_d = claim("d", grid_d(grid), args, reuse, ("return_at_half", "final", "mask_frac"))
-    finals = [v["final"] for k, v in result_d.items() if "final" in v]
-    print(f"(d) spread of the seed-mean final J over τ: {max(finals) - min(finals):.4f}")
-    claim("g", grid_g(grid), args, reuse, ("return_at_half", "peak", "final", "clip_frac", "nav_frac",
-                                             "collapses"))
+    if "b" in chosen:
+        claim("b", grid_b(grid), args, reuse, ("return_at_half", "peak", "final", "collapses", "grad_norm_max",
+                                                 "ratio_max"))
+    if "d" in chosen:
+        result_d = claim("d", grid_d(grid), args, reuse, ("return_at_half", "final", "mask_frac"))
+        finals = [v["final"] for v in result_d.values() if "final" in v]
+        print(f"(d) spread of the seed-mean final J over τ: {max(finals) - min(finals):.4f}")
+    if "g" in chosen:
+        claim("g", grid_g(grid), args, reuse, ("return_at_half", "peak", "final", "clip_frac", "nav_frac",
+                                                 "collapses"))
+
+
+def _pop_option(argv: list[str], name: str) -> str:
+    """Remove ``name VALUE`` from ``argv`` and return VALUE (the shared parser does not know the option)."""
+    at = argv.index(name)
+    if at + 1 >= len(argv):
+        raise ValueError(f"{name} needs a value")
+    value = argv[at + 1]
+    del argv[at:at + 2]
+    return value
 
 
 if __name__ == "__main__":
