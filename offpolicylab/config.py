@@ -99,7 +99,8 @@ class TrainConfig:
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        from envs import world_train_defaults  # the worlds package imports this module's users, not this module
+        # imported here: the worlds package (torch, gymnasium) is heavy and this module is imported by every tool
+        from envs import world_train_defaults
 
         values = {**world_train_defaults(str(data.get("world", cls.world))), **data}
         for f in fields(cls):  # coerce CLI-ish strings of scalar fields
