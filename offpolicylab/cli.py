@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
 
     demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
-    demo.add_argument("--world", default="token_mdp", choices=DEMO_WORLDS,
-                      help="token_mdp (default) or synthetic_lm")
+    demo.add_argument("--world", default="synthetic_lm", choices=DEMO_WORLDS,
+                      help="synthetic_lm (default: stale_k:256 on the calibrated LM world) or token_mdp")
     demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
@@ -207,13 +207,21 @@ DEMO_STALENESS = {"token_mdp": 32, "synthetic_lm": 256}
 DEMO_WORLDS = tuple(DEMO_STALENESS)
 
 
-def demo_grid(updates: int | None = None, world: str = "token_mdp",
+def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
               world_params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """grpo (ε = 0.2), grpo without trust region and m2po, each on-policy and at staleness DEMO_STALENESS[world]:
-    on a 4-prompt token MDP (tabular policy, exact return) or on the synthetic LM (its transformer π₀ and training
-    defaults; Monte-Carlo return on its evaluation prompts)."""
+    """The demo's runs.  ``synthetic_lm``: grpo (ε = 0.2), grpo without trust region and m2po at staleness 256, and
+    on-policy grpo as the reference (on-policy, one update per batch, the three objectives have the same gradient),
+    with the world's transformer π₀ and training defaults and its Monte-Carlo return.  ``token_mdp``: the same three
+    objectives on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
     if world not in DEMO_STALENESS:
         raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
+    objectives: list[dict[str, Any]] = [
+        {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
+        {"label": "grpo_no_trust_region", "objective": "grpo",
+         "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
+        {"label": "m2po", "objective": "m2po"},
+    ]
+    stale = f"stale_k:{DEMO_STALENESS[world]}"
     if world == "token_mdp":
         base: dict[str, Any] = {
             "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
@@ -221,21 +229,11 @@ def demo_grid(updates: int | None = None, world: str = "token_mdp",
             "policy": "tabular", "updates": updates or 120, "prompts_per_update": 4, "group_size": 8,
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
         }
-    else:
-        base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates or 600,
-                "eval_every": 25, "sample_every": 0, "checkpoint_every": 100, "seed": 0}
-    return {
-        "base": base,
-        "axes": {
-            "objective": [
-                {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
-                {"label": "grpo_no_trust_region", "objective": "grpo",
-                 "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
-                {"label": "m2po", "objective": "m2po"},
-            ],
-            "schedule": ["stale_k:0", f"stale_k:{DEMO_STALENESS[world]}"],
-        },
-    }
+        return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates or 600,
+            "eval_every": 50, "sample_every": 0, "checkpoint_every": 300, "seed": 0, "schedule": stale}
+    reference = {**objectives[0], "label": "grpo_on_policy", "schedule": "stale_k:0"}
+    return {"base": base, "axes": {"objective": [reference, *objectives]}}
 
 
 def demo_figure(run_dirs: list[Path], path: Path) -> Path:
@@ -248,25 +246,25 @@ def demo_figure(run_dirs: list[Path], path: Path) -> Path:
     import pandas as pd
     import seaborn as sns
 
-    frames, labels = [], set()
+    frames, used = [], set()
     for run_dir in run_dirs:
         metrics_path = run_dir / "metrics.csv"
         if not metrics_path.exists():
             continue
         frame = pd.read_csv(metrics_path)
         column = next(c for c in (*_DEMO_RETURNS, "reward_mean") if c in frame and frame[c].notna().any())
-        labels.add(column)
+        used.add(column)
         frame = frame[["update", column]].dropna().rename(columns={column: "return"})
-        objective, _, schedule = run_dir.name.partition("__")
-        frame["objective"] = objective.removeprefix("objective=")
-        frame["schedule"] = schedule.removeprefix("schedule=")
+        cell_labels = dict(part.partition("=")[::2] for part in run_dir.name.split("__"))
+        frame["objective"] = cell_labels.get("objective", run_dir.name)
+        frame["schedule"] = json.loads((run_dir / "config.json").read_text()).get("schedule", "on_policy")
         frames.append(frame)
     sns.set_theme(style="whitegrid")
     fig, ax = plt.subplots(figsize=(7, 4))
     if frames:
         data = pd.concat(frames, ignore_index=True)
         sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
-    ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(labels)) or "return")
+    ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(used)) or "return")
     ax.set_title("on-policy vs stale data")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
