@@ -3,8 +3,8 @@ distilled from a random teacher, V = 256, T = 32, sparse 1 / 0.1 / 0 reward), wh
 collapse.
 
 - (b) M2PO "Prosperity before Collapse": at staleness 256, GRPO without a trust region first beats ε-clipped GRPO,
-  then collapses, while M2PO stays stable.  Runs: grpo ε = 0.2, grpo with ε = inf, m2po (τ = 0.04), each on-policy
-  and at ``stale_k:256``, 3 seeds — the same cells as ``experiments/synthetic_lm_grid.json``.
+  then collapses, while M2PO stays stable.  Runs: grpo ε = 0.2, grpo with ε = inf and m2po (τ = 0.04) at
+  ``stale_k:256`` and on-policy grpo, 3 seeds — the same cells as ``experiments/synthetic_lm_grid.json``.
 - (d) M2PO is insensitive to τ: m2po τ ∈ {0.01, 0.04, 0.16} at ``stale_k:256``.
 - (g) Mu-GRPO: in few large generation–optimisation stages (``stages:256``) the standard clip [0.8, 1.2] learns
   slowly, the relaxed clip [0, 5] faster, and the negative-advantage veto (κ = 2, suffix scope) keeps it stable.
@@ -56,10 +56,14 @@ def objective(grid: dict[str, Any], label: str) -> dict[str, Any]:
     return next(o for o in grid["axes"]["objective"] if isinstance(o, dict) and o.get("label") == label)
 
 
-def grid_b(grid: dict[str, Any]) -> dict[str, Any]:
-    return {"base": grid["base"], "axes": {
-        "objective": [objective(grid, label) for label in ("grpo", "grpo_no_tr", "m2po")],
-        "schedule": ["on_policy", stale_schedule(grid)], "seed": grid["axes"]["seed"]}}
+def grid_b(grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """ε-clipped grpo on-policy and stale; grpo without trust region and m2po stale (on-policy, one update per batch,
+    all three have the same gradient: ratio ≡ 1)."""
+    def sub(labels: tuple[str, ...], schedules: list[str]) -> dict[str, Any]:
+        return {"base": grid["base"], "axes": {"objective": [objective(grid, label) for label in labels],
+                                               "schedule": schedules, "seed": grid["axes"]["seed"]}}
+    stale = stale_schedule(grid)
+    return [sub(("grpo",), ["on_policy", stale]), sub(("grpo_no_tr", "m2po"), [stale])]
 
 
 def grid_d(grid: dict[str, Any]) -> dict[str, Any]:
@@ -109,12 +113,16 @@ def table(runs: list[plots.Run]) -> common.pd.DataFrame:
     return common.pd.DataFrame(rows)
 
 
-def claim(name: str, grid: dict[str, Any], args: Any, reuse: Path | None, keys: tuple[str, ...]) -> dict[str, Any]:
+def claim(name: str, grids: dict[str, Any] | list[dict[str, Any]], args: Any, reuse: Path | None,
+          keys: tuple[str, ...]) -> dict[str, Any]:
     out = common.claim_dir(args, f"synthetic_lm_{name}")
-    copied = reuse_cells(grid, out / "runs", reuse)
+    grids = grids if isinstance(grids, list) else [grids]
+    copied = [cell for grid in grids for cell in reuse_cells(grid, out / "runs", reuse)]
     if copied:
         print(f"reused {len(copied)} finished cells of {reuse}")
-    runs = common.sweep(grid, out / "runs", args.workers)
+    for grid in grids:
+        common.sweep(grid, out / "runs", args.workers)
+    runs = common.plots.load_runs([out / "runs"])
     per_run = table(runs)
     mean = common.seed_mean(per_run)
     figure = plots.training_curves(runs, metrics=CURVE_METRICS)
