@@ -1,7 +1,7 @@
 """``offpolicylab`` command line (DESIGN §2.5).
 
     offpolicylab list
-    offpolicylab demo [--out DIR] [--workers N]
+    offpolicylab demo [--world synthetic_lm|token_mdp] [--out DIR] [--workers N] [--updates N]
     offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
                      [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local]
@@ -230,7 +230,7 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
         }
         return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
-    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates or 600,
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates or 400,
             "eval_every": 50, "sample_every": 0, "checkpoint_every": 300, "seed": 0, "schedule": stale}
     reference = {**objectives[0], "label": "grpo_on_policy", "schedule": "stale_k:0"}
     return {"base": base, "axes": {"objective": [reference, *objectives]}}
@@ -260,10 +260,11 @@ def demo_figure(run_dirs: list[Path], path: Path) -> Path:
         frame["schedule"] = json.loads((run_dir / "config.json").read_text()).get("schedule", "on_policy")
         frames.append(frame)
     sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     if frames:
         data = pd.concat(frames, ignore_index=True)
         sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
+        sns.move_legend(ax, "center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(used)) or "return")
     ax.set_title("on-policy vs stale data")
     fig.tight_layout()
