@@ -1,4 +1,4 @@
-"""Worlds: softmax bandits, token-sequence MDPs small enough to enumerate, GSM8k.
+"""Worlds: softmax bandits, token-sequence MDPs small enough to enumerate, a calibrated synthetic LM, GSM8k.
 
 >>> from envs import make_task, list_tasks
 >>> task = make_task("token_mdp", family="arithmetic", vocab_size="5", eos="true")   # CLI strings are fine
@@ -10,11 +10,12 @@ A new world (e.g. ``gsm8k``) plugs in with :func:`register_task` (name, builder,
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from envs.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
 from envs.gym_envs import ENV_IDS, register_envs
+from envs.synthetic_lm import Recipe, SyntheticLM, build_synthetic_lm
 from envs.token_mdp import CREDITS, FAMILIES, TokenMDP
 from offpolicylab.objectives.base import Param
 
@@ -36,6 +37,7 @@ class WorldSpec:
     params: dict[str, Param]
     list_params: tuple[str, ...] = ()
     doc: str = ""
+    train_defaults: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields this world defaults
 
 
 def _build_bandit(rewards: tuple[float, ...] | None, behavior_probs: tuple[float, ...] | None, bernoulli: bool,
@@ -78,6 +80,36 @@ _WORLDS: dict[str, WorldSpec] = {
         },
         doc="synthetic token-sequence MDP (target / arithmetic / forking)",
     ),
+    "synthetic_lm": WorldSpec(
+        build_synthetic_lm,
+        {
+            "num_keys": Param(Recipe.num_keys, int, low=1, doc="keys k (one evaluation prompt each; the reward asks "
+                                                               "for a hidden digit table[k])"),
+            "num_train_prompts": Param(Recipe.num_train_prompts, int, low=1, doc="fixed training prompts"),
+            "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
+            "vocab_size": Param(Recipe.vocab_size, int, low=16, doc="vocabulary V (10 digits, ANS, text)"),
+            "alpha": Param(Recipe.alpha, float, low=0.0, low_open=True,
+                           doc="teacher sharpness: more near-deterministic positions as it grows"),
+            "delta": Param(Recipe.delta, float, low=0.0, high=1.0, high_open=True,
+                           doc="teacher tail share: weight of the broad softmax in p_T"),
+            "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0,
+                                      doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
+            "ans_prob": Param(Recipe.ans_prob, float, low=0.0, high=1.0, low_open=True,
+                              doc="teacher probability of ANS at position T-2"),
+            "digit_scale": Param(Recipe.digit_scale, float, low=0.0, doc="teacher digit logits: context part scale"),
+            "key_scale": Param(Recipe.key_scale, float, low=0.0, doc="teacher digit logits: key part scale"),
+            "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width"),
+            "num_layers": Param(Recipe.num_layers, int, low=1, doc="pi0 transformer layers"),
+            "num_heads": Param(Recipe.num_heads, int, low=1, doc="pi0 attention heads"),
+            "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="pi0 distillation steps"),
+            "distill_batch": Param(Recipe.distill_batch, int, low=1, doc="teacher sequences per distillation step"),
+            "seed": Param(Recipe.seed, int, low=0, doc="world seed (teacher, prompts, table, pi0)"),
+            "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
+        },
+        doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",
+        train_defaults={"optimizer": "adamw", "lr": 1.5e-3, "advantage": "std", "grad_clip": 1.0,
+                        "prompts_per_update": 8, "group_size": 8, "temperature": 1.0, "policy": "transformer"},
+    ),
 }
 
 
@@ -99,6 +131,13 @@ def task_params(name: str) -> dict[str, Param]:
     if name not in _WORLDS:
         raise ValueError(f"unknown world {name!r}; valid: {', '.join(_WORLDS)}")
     return dict(_WORLDS[name].params)
+
+
+def world_train_defaults(name: str) -> dict[str, Any]:
+    """TrainConfig values a world suggests (e.g. AdamW and its learning rate) for fields a config leaves unset;
+    empty for worlds without any (and for unknown names, which :func:`make_task` reports)."""
+    spec = _WORLDS.get(name)
+    return dict(spec.train_defaults) if spec is not None else {}
 
 
 def make_task(name: str, **params: Any) -> Any:
@@ -139,10 +178,12 @@ _register_gsm8k()
 __all__ = [
     "ENV_IDS",
     "SoftmaxBandit",
+    "SyntheticLM",
     "TokenMDP",
     "list_tasks",
     "make_task",
     "register_task",
     "task_params",
     "three_arm_pitfall",
+    "world_train_defaults",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
+KL_INIT_MODES = ("auto", "on", "off")
 MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
 
 # Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
@@ -63,12 +64,15 @@ class TrainConfig:
     eval_every: int = _f(10, "evaluate greedy / sampled reward (and exact return where enumerable) every N updates")
     eval_samples: int | None = _f(None, "sampled responses per evaluation prompt (none: the policy's default, 4 "
                                         "for the toy policies, 1 for hf)")
+    eval_kl_init: str = _f("auto", "sampled KL(π‖π_0) on the evaluation samples (k1, k3 per token; keeps a frozen "
+                                   "copy of π_0): auto = on except for the hf policy, on, off")
     sample_every: int = _f(25, "write ratio/entropy samples for histograms every N updates (0 = never)")
     checkpoint_every: int = _f(50, "write the checkpoint every N updates and after the last (a resumed run replays "
                                    "at most N-1 updates from it and ends identical; each write costs ~5-10 ms)")
     fsync: bool = _f(False, "fsync metrics and checkpoint at each checkpoint (survives OS crashes; checkpoints "
                             "are atomic against a killed process either way)")
-    collapse_margin: float = _f(0.2, "collapse: smoothed reward falls this far below its running peak ...")
+    collapse_margin: float = _f(0.2, "collapse: the current policy's smoothed reward falls this far below its "
+                                      "running peak ...")
     collapse_spike: float = _f(5.0, "... within `collapse_window` updates of a KL or grad-norm spike "
                                     "(value > this factor × its running mean)")
     collapse_window: int = _f(20, "updates a spike stays relevant to the collapse test")
@@ -116,6 +120,8 @@ class TrainConfig:
             raise ValueError(f"grad_clip={self.grad_clip!r} is invalid; valid: a number > 0 (inf = no clipping)")
         if self.advantage not in ADVANTAGE_CHOICES:
             raise ValueError(f"unknown advantage {self.advantage!r}; valid: {', '.join(ADVANTAGE_CHOICES)}")
+        if self.eval_kl_init not in KL_INIT_MODES:
+            raise ValueError(f"eval_kl_init={self.eval_kl_init!r} is invalid; valid: {', '.join(KL_INIT_MODES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         for name in ("collapse_margin", "collapse_spike"):
@@ -130,12 +136,16 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping; unknown keys raise ``ValueError`` naming the valid ones."""
+        """Build from a mapping; unknown keys raise ``ValueError`` naming the valid ones.  Fields the mapping
+        leaves out take the world's suggested values (``envs.world_train_defaults``), then the dataclass defaults."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        values = dict(data)
+        # imported here: the worlds package (torch, gymnasium) is heavy and this module is imported by every tool
+        from envs import world_train_defaults
+
+        values = {**world_train_defaults(str(data.get("world", cls.world))), **data}
         for f in fields(cls):  # coerce CLI-ish strings of scalar fields
             kind = scalar_kind(f.type)
             if f.name in values and isinstance(values[f.name], str) and kind in ("int", "float", "bool"):

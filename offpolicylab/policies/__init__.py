@@ -16,6 +16,7 @@ from offpolicylab.policies.base import Policy, Prompts, Rollout
 from offpolicylab.policies.hf import hf_policy_params, make_hf_policy
 from offpolicylab.policies.sequence_model import SequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
+from offpolicylab.policies.transformer import TransformerPolicy
 
 POLICY_PARAMS: dict[str, dict[str, Param]] = {
     "tabular": {
@@ -32,6 +33,16 @@ POLICY_PARAMS: dict[str, dict[str, Param]] = {
         "logit_scale": Param(0.4, float, low=0.0, low_open=True,
                              doc="logits = logit_scale/√features · head(features); smaller explores longer"),
         "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
+        "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
+    },
+    "transformer": {
+        "init": Param("pretrained", str, choices=("pretrained", "random"),
+                      doc="pretrained = the world's π₀ (synthetic_lm) when it has one; random = fresh weights"),
+        "d_model": Param(None, int, low=1, optional=True, doc="width (default: π₀'s, else 64)"),
+        "num_layers": Param(None, int, low=1, optional=True, doc="layers (default: π₀'s, else 2)"),
+        "num_heads": Param(None, int, low=1, optional=True, doc="attention heads (default: π₀'s, else 4)"),
+        "max_prompt_len": Param(64, int, low=1, doc="longest prompt (random init; π₀ keeps its own)"),
+        "seed": Param(0, int, doc="initial-weight seed (random init)"),
         "sampler_noise_std": Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)"),
     },
     "hf": hf_policy_params(),  # a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)
@@ -61,6 +72,8 @@ def make_policy(kind: str, task: Any, **params: Any) -> Any:
                          f"({type(task).__name__}); valid: --policy hf")
     common = {"vocab_size": task.vocab_size, "response_len": task.max_response_len, "eos_id": task.eos_id,
               "sampler_noise_std": config["sampler_noise_std"]}
+    if kind == "transformer":
+        return _make_transformer(task, config, common)
     if kind == "tabular":
         init = task.initial_logits() if config["init"] == "task" and hasattr(task, "initial_logits") else None
         context = "none" if task.max_response_len == 1 and task.eos_id is None else config["context"]
@@ -71,6 +84,27 @@ def make_policy(kind: str, task: Any, **params: Any) -> Any:
                                logit_scale=config["logit_scale"], max_prompt_len=config["max_prompt_len"], **common)
 
 
+def _make_transformer(task: Any, config: dict[str, Any], common: dict[str, Any]) -> TransformerPolicy:
+    """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
+    sizes = {key: config[key] for key in ("d_model", "num_layers", "num_heads")}
+    pretrained = config["init"] == "pretrained" and hasattr(task, "pretrained_policy")
+    if not pretrained:
+        defaults = {"d_model": 64, "num_layers": 2, "num_heads": 4}
+        sizes = {key: defaults[key] if value is None else value for key, value in sizes.items()}
+        return TransformerPolicy(prompt_vocab_size=getattr(task, "prompt_vocab_size", None),
+                                 max_prompt_len=config["max_prompt_len"], seed=config["seed"], **sizes, **common)
+    policy = task.pretrained_policy()
+    shape = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
+             "num_heads": policy.shape.num_heads}
+    clash = [f"{key}={value} (π₀ has {shape[key]})" for key, value in sizes.items()
+             if value is not None and value != shape[key]]
+    if clash:
+        raise ValueError(f"transformer {', '.join(clash)} differs from the world's pretrained π₀; valid: leave the "
+                         "sizes unset, or init=random")
+    policy.sampler_noise_std = common["sampler_noise_std"]
+    return policy
+
+
 __all__ = [
     "POLICY_PARAMS",
     "AutoregressivePolicy",
@@ -79,6 +113,7 @@ __all__ = [
     "Rollout",
     "SequenceModelPolicy",
     "TabularSoftmaxPolicy",
+    "TransformerPolicy",
     "list_policies",
     "make_policy",
 ]
