@@ -252,6 +252,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from offpolicylab.sweep import run_sweep
 
     grid = demo_grid(args.updates, args.world)
+    TrainConfig.from_dict(grid["base"])  # bad options are refused before π₀ is built
     envs.make_task(grid["base"]["world"], **grid["base"]["world_params"])  # a cached π₀ is built once, not per worker
     rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty(),
                      rerun_changed=args.rerun_changed)
@@ -306,7 +307,7 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
         }
         return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
-    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates or 400,
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": 400 if updates is None else updates,
             "eval_every": 50, "sample_every": 0, "checkpoint_every": 300, "seed": 0, "schedule": stale}
     reference = {**objectives[0], "label": "grpo_on_policy", "schedule": "stale_k:0"}
     return {"base": base, "axes": {"objective": [reference, *objectives]}}
