@@ -1,7 +1,7 @@
 """``offpolicylab`` command line (docs/design.md, "Command line").
 
     offpolicylab list
-    offpolicylab demo [--out DIR] [--workers N]
+    offpolicylab demo [--world synthetic_lm|token_mdp] [--out DIR] [--workers N] [--updates N]
     offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
                      [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local] [--rerun-changed]
@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
 
-    demo = sub.add_parser("demo", help="staleness demo on a token MDP (no download, a few minutes on 2 cores)")
+    demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
+    demo.add_argument("--world", default="synthetic_lm", choices=DEMO_WORLDS,
+                      help="synthetic_lm (default: stale_k:256 on the calibrated LM world) or token_mdp")
     demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
@@ -243,13 +245,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from offpolicylab.runs import RunDir
     from offpolicylab.sweep import run_sweep
+    from offpolicylab.worlds import make_world
 
-    grid = demo_grid(args.updates)
+    grid = demo_grid(args.updates, args.world)
+    TrainConfig.from_dict(grid["base"])  # bad options are refused before π₀ is built
+    make_world(grid["base"]["world"], **grid["base"]["world_params"])  # a cached π₀ is built once, not per worker
     rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty(),
                      rerun_changed=args.rerun_changed)
     figure = demo_figure(args.out, Path(args.out) / "demo.png")
-    _print_table(rows)
+    _print_table([{**row, **_demo_returns(RunDir(Path(args.out) / row["cell"]).read_summary() or {})} for row in rows])
     print(f"figure: {figure}")
     return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
 
@@ -272,34 +278,42 @@ def _plot(argv: list[str]) -> int:
 
 
 # ============================================================================================ the demo
-DEMO_STALENESS = 32
+DEMO_STALENESS = {"token_mdp": 32, "synthetic_lm": 256}
+DEMO_WORLDS = tuple(DEMO_STALENESS)
 
 
-def demo_grid(updates: int | None = None) -> dict[str, Any]:
-    """grpo (ε = 0.2), grpo without trust region and m2po, each on-policy and at staleness DEMO_STALENESS, on a
-    forking token MDP (few high-entropy decision tokens decide the reward)."""
-    return {
-        "base": {
+def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
+              world_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The demo's runs.  ``synthetic_lm``: grpo (ε = 0.2), grpo without trust region and m2po at staleness 256, and
+    on-policy grpo as the reference (on-policy, one update per batch, the three objectives have the same gradient),
+    with the world's transformer π₀ and training defaults and its Monte-Carlo return.  ``token_mdp``: the same three
+    objectives on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
+    if world not in DEMO_STALENESS:
+        raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
+    objectives: list[dict[str, Any]] = [
+        {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
+        {"label": "grpo_no_trust_region", "objective": "grpo",
+         "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
+        {"label": "m2po", "objective": "m2po"},
+    ]
+    stale = f"stale_k:{DEMO_STALENESS[world]}"
+    if world == "token_mdp":
+        base: dict[str, Any] = {
             "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
                                                    "num_prompts": 4},
             "policy": "tabular", "updates": 120 if updates is None else updates, "prompts_per_update": 4, "group_size": 8,
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
-        },
-        "axes": {
-            "objective": [
-                {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
-                {"label": "grpo_no_trust_region", "objective": "grpo",
-                 "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
-                {"label": "m2po", "objective": "m2po"},
-            ],
-            "schedule": ["stale_k:0", f"stale_k:{DEMO_STALENESS}"],
-        },
-    }
+        }
+        return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": 400 if updates is None else updates,
+            "eval_every": 50, "sample_every": 0, "checkpoint_every": 300, "seed": 0, "schedule": stale}
+    reference = {**objectives[0], "label": "grpo_on_policy", "schedule": "stale_k:0"}
+    return {"base": base, "axes": {"objective": [reference, *objectives]}}
 
 
 def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
-    """Return (exact where available, else batch reward) per update, one line per cell of the demo sweep, named
-    by its grid labels."""
+    """Return per update, one line per cell of the demo sweep (named by its grid label): the exact return where the
+    world enumerates its responses, else the Monte-Carlo evaluation return, else the batch reward."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,26 +323,40 @@ def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
 
     from offpolicylab.runs import load_runs
 
-    frames = []
+    frames, used = [], set()
     for run in load_runs([sweep_dir]):
         frame = run.metrics
-        column = "exact_return" if "exact_return" in frame and frame["exact_return"].notna().any() else "reward_mean"
+        column = next(c for c in (*_DEMO_RETURNS, "reward_mean") if c in frame and frame[c].notna().any())
+        used.add(column)
         frame = frame[["update", column]].dropna().rename(columns={column: "return"})
-        frame["objective"] = run.labels.get("objective", run.objective)
-        frame["schedule"] = run.labels.get("schedule", run.staleness)
+        frame["objective"] = run.labels.get("objective", run.path.name)
+        frame["schedule"] = run.staleness
         frames.append(frame)
     sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     if frames:
         data = pd.concat(frames, ignore_index=True)
         sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
-    ax.set_ylabel("exact return J(π)")
-    ax.set_title("token MDP: on-policy vs stale data")
+        sns.move_legend(ax, "center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(used)) or "return")
+    ax.set_title("on-policy vs stale data")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_DEMO_RETURNS = {"exact_return": "exact return J(π)", "eval_reward_sampled": "evaluation return (Monte Carlo)"}
+
+
+def _demo_returns(summary: dict[str, Any]) -> dict[str, Any]:
+    """Peak and final Monte-Carlo evaluation return of a run's summary where there is no exact return (a stale
+    run's batch reward is the reward of the old policy's samples)."""
+    if "final_exact_return" in summary:
+        return {}
+    return {f"{edge}_eval_return": summary[f"{edge}_eval_reward_sampled"] for edge in ("peak", "final")
+            if f"{edge}_eval_reward_sampled" in summary}
 
 
 # ============================================================================================ helpers
@@ -347,8 +375,8 @@ def _summary_line(name: str, summary: dict[str, Any]) -> str:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["cell", "status", "peak_exact_return", "final_exact_return", "peak_reward_mean", "final_reward_mean",
-               "collapse_update"]
+    columns = ["cell", "status", "peak_exact_return", "final_exact_return", "peak_eval_return", "final_eval_return",
+               "peak_reward_mean", "final_reward_mean", "collapse_update"]
     columns = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
     cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

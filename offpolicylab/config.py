@@ -16,6 +16,7 @@ from offpolicylab.registry import Param
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
+KL_INIT_MODES = ("auto", "on", "off")
 MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
@@ -76,6 +77,9 @@ class TrainConfig:
     eval_samples: int | None = _f(Param(None, int, low=1, optional=True,
                                         doc="sampled responses per evaluation prompt (none: the policy's default, 4 "
                                             "for the toy policies, 1 for hf)"))
+    eval_kl_init: str = _f(Param("auto", str, choices=KL_INIT_MODES,
+                                 doc="sampled KL(π‖π_0) on the evaluation samples (k1, k3 per token; keeps a frozen "
+                                     "copy of π_0): auto = on except for the hf policy, on, off"))
     sample_every: int = _f(Param(25, int, low=0, doc="write ratio/entropy samples for histograms every N updates "
                                                      "(0 = never)"))
     checkpoint_every: int = _f(Param(50, int, low=1, doc="write the checkpoint every N updates and after the last "
@@ -84,7 +88,8 @@ class TrainConfig:
     fsync: bool = _f(Param(False, bool, doc="fsync metrics and checkpoint at each checkpoint (survives OS crashes; "
                                             "checkpoints are atomic against a killed process either way)"))
     collapse_margin: float = _f(Param(0.2, float, low=0.0, low_open=True,
-                                      doc="collapse: smoothed reward falls this far below its running peak ..."))
+                                      doc="collapse: the current policy's smoothed reward falls this far below "
+                                          "its running peak ..."))
     collapse_spike: float = _f(Param(5.0, float, low=0.0, low_open=True,
                                      doc="... within `collapse_window` updates of a KL or grad-norm spike "
                                          "(value > this factor × its running mean)"))
@@ -109,12 +114,17 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones."""
+        """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
+        Fields the mapping leaves out take the world's suggested values
+        (:func:`offpolicylab.worlds.world_train_defaults`), then the dataclass defaults."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        return cls(**data)
+        # imported here: the worlds package (torch, gymnasium) is heavy and this module is imported by every tool
+        from offpolicylab.worlds import world_train_defaults
+
+        return cls(**{**world_train_defaults(str(data.get("world", cls.world))), **data})
 
 
 _PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(TrainConfig)}

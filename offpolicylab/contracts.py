@@ -5,8 +5,8 @@ Data flow: a :class:`World` gives :class:`Prompts`; a :class:`Policy` *samples* 
 asks the policy to *score* the same token ids (``logp``, ``entropy`` with grad) to build a ``TokenBatch``.
 
 Optional abilities are runtime-checkable protocols of their own (``isinstance(world, ExactWorld)``):
-:class:`ExactWorld`, :class:`InitialLogitsWorld`, :class:`GreedyPolicy`, :class:`ClonablePolicy`,
-:class:`PrefixTreePolicy`.
+:class:`ExactWorld`, :class:`InitialLogitsWorld`, :class:`PretrainedWorld`, :class:`GreedyPolicy`,
+:class:`ClonablePolicy`, :class:`PrefixTreePolicy`.
 """
 
 from __future__ import annotations
@@ -202,3 +202,10 @@ class InitialLogitsWorld(Protocol):
     """A world that suggests the tabular policy's starting logits (e.g. π_b of the 3-arm pitfall), or None."""
 
     def initial_logits(self) -> Tensor | None: ...
+
+
+@runtime_checkable
+class PretrainedWorld(Protocol):
+    """A world that ships its own pretrained policy π₀ (the synthetic LM's distilled transformer)."""
+
+    def pretrained_policy(self) -> Any: ...

@@ -16,9 +16,11 @@ At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer ste
 5. **objective**  ``objective.update(batch)`` once per optimizer update, then ``objective(batch)`` → loss, metrics.
 6. **step**       backward, global-norm gradient clipping, optimizer step (skipped, and the run stopped as
                   ``collapsed``, when the loss or gradient is not finite).
-7. **diagnostics** objective metrics, reward, grad norm, staleness; every ``eval_every`` updates greedy / sampled
-                  reward on ``world.eval_prompts()`` and, where the world is enumerable, the exact return J(π) and the
-                  exact KL(π‖π_0); collapse detection (:mod:`offpolicylab.diagnostics.collapse`).
+7. **diagnostics** objective metrics (ratio mean / max / 99.9th percentile, KL estimates, entropy, ...), reward of
+                  the consumed batch and of the current policy's fresh responses, pre-clip grad norm, staleness; every ``eval_every`` updates the sampled reward on
+                  ``world.eval_prompts()`` with its standard error, the greedy reward, the sampled KL(π‖π_0) and, where
+                  the world is enumerable, the exact return J(π) and the exact KL(π‖π_0); collapse detection
+                  (:mod:`offpolicylab.diagnostics.collapse`).
 8. **run directory** metrics row, histogram samples, events, atomic checkpoint (:mod:`offpolicylab.runs`).
 """
 
@@ -120,8 +122,10 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
     for update in _progress(range(start, cfg.updates), cfg.updates, start, progress):
         tick = time.perf_counter()
         # 1-2. schedule → rollout: generate what is due now, consume this update's batch
+        fresh = []
         for key in schedule.generate_at(update, cfg.updates):
             parts.buffer[key] = generate(parts, update, watch)
+            fresh.append(parts.buffer[key])
         rollout = parts.buffer[schedule.key(update)]
         for key in schedule.release_after(update, cfg.updates):
             parts.buffer.pop(key, None)
@@ -141,7 +145,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             out.loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         with watch("other"):
-            row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics)}
+            row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
+                   "reward_current": current_reward(fresh, update)}
             finite = math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
         if finite:
             with watch("policy_backward"):
@@ -159,7 +164,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             now = time.perf_counter()
             row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
             reason = (parts.detector.non_finite(update) if not finite else
-                      parts.detector.observe(update, row["reward_mean"], row.get("kl_k3", 0.0), row["grad_norm"]))
+                      parts.detector.observe(update, detector_reward(row, schedule), row.get("kl_k3", 0.0),
+                                             row["grad_norm"]))
             # 8. run directory
             run.append_metrics(row)
             if not finite:
@@ -190,7 +196,7 @@ def build(config: TrainConfig) -> Parts:
     check_memory(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
-    keep_initial = schedule.other_share > 0 or _enumerable(world)
+    keep_initial = schedule.other_share > 0 or _enumerable(world) or tracks_kl_init(config)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
@@ -375,30 +381,74 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
     return dict(zip(named, values, strict=True))
 
 
+def current_reward(fresh: list[Rollout], update: int) -> float:
+    """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
+    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data)."""
+    rewards = [r.rewards[r.version == update] for r in fresh]
+    rewards = torch.cat(rewards) if rewards else torch.zeros(0)
+    return float(rewards.mean()) if rewards.numel() else math.nan
+
+
+def detector_reward(row: dict[str, float], schedule: Schedule) -> float | None:
+    """The reward the collapse detector observes: the current policy's (``reward_current``); None (hold) at updates
+    where it generated nothing; the consumed batch's reward for the offline schedules, whose data never come from
+    the current policy."""
+    if schedule.kind == "offline":
+        return row["reward_mean"]
+    return row["reward_current"] if math.isfinite(row["reward_current"]) else None
+
+
 def is_due(update: int, every: int, total: int) -> bool:
     return update % every == 0 or update == total - 1
 
 
+def tracks_kl_init(config: TrainConfig) -> bool:
+    """Whether evaluation estimates KL(π‖π_0) from its samples: ``eval_kl_init`` on, or auto and not the hf policy
+    (an LLM's frozen copy would double its memory unless asked for)."""
+    return config.eval_kl_init == "on" or (config.eval_kl_init == "auto" and config.policy != "hf")
+
+
 def eval_columns(parts: Parts) -> list[str]:
-    columns = ["eval_reward_sampled", "eval_reward_greedy"]
+    columns = ["eval_reward_sampled", "eval_reward_se", "eval_reward_greedy"]
+    if tracks_kl_init(parts.config):
+        columns += ["eval_kl_init_k1", "eval_kl_init_k3"]
     if _enumerable(parts.world):
         columns += ["exact_return", "exact_kl_init"]
     return columns
 
 
 def evaluate(parts: Parts, update: int) -> dict[str, float]:
-    """Reward of sampled and greedy responses on ``world.eval_prompts()``; exact J(π) and KL(π‖π_0) when the world
+    """Monte-Carlo J: the mean reward of ``eval_samples`` sampled responses per prompt of ``world.eval_prompts()``
+    and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the reward of greedy
+    responses; the sampled KL(π‖π_0) (:func:`kl_to_initial`) when tracked; exact J(π) and KL(π‖π_0) when the world
     can enumerate its responses.  Uses its own generator, so evaluation never shifts the training randomness."""
     cfg, world, policy = parts.config, parts.world, parts.policy
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
     prompts = world.eval_prompts()
     sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gen)
-    out = {"eval_reward_sampled": _mean_reward(world, sampled, gen), "eval_reward_greedy": math.nan}
+    rewards = _rewards(world, sampled, gen)
+    out = {"eval_reward_sampled": float(rewards.mean()),
+           "eval_reward_se": float(stats.stratified_standard_error(rewards, sampled.group_ids)),
+           "eval_reward_greedy": math.nan}
     if isinstance(policy, GreedyPolicy):
-        out["eval_reward_greedy"] = _mean_reward(world, policy.greedy(prompts), gen)
+        out["eval_reward_greedy"] = float(_rewards(world, policy.greedy(prompts), gen).mean())
+    if tracks_kl_init(cfg):
+        out.update(kl_to_initial(parts.frozen_initial, sampled))
     if _enumerable(world):
         out.update(exact_diagnostics(parts))
     return out
+
+
+def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
+    """Per-token estimates of KL(π‖π_0) from responses sampled by π (Schulman's k1 and k3 with
+    δ = log π_0(y_t) − log π(y_t), :func:`stats.ratio_summary`): k1 = E[−δ], k3 = E[e^δ − 1 − δ] ≥ 0, token means.
+    log π is the sampler's ``behavior_logp``; π_0 scores the same tokens (one forward, no grad), at the sampling
+    temperature, so the KL is between the tempered distributions."""
+    with torch.no_grad():
+        initial_logp, _ = initial.score(sampled)
+    delta = initial_logp.detach().to(sampled.behavior_logp.dtype) - sampled.behavior_logp
+    kl = stats.ratio_summary(delta, sampled.response_mask)
+    return {"eval_kl_init_k1": float(kl["kl_k1"]), "eval_kl_init_k3": float(kl["kl_k3"])}
 
 
 def exact_diagnostics(parts: Parts) -> dict[str, float]:
@@ -575,9 +625,9 @@ def _clone(policy: Policy) -> Policy:
     return policy.clone() if isinstance(policy, ClonablePolicy) else copy.deepcopy(policy)
 
 
-def _mean_reward(world: World, rollout: Rollout, gen: torch.Generator) -> float:
+def _rewards(world: World, rollout: Rollout, gen: torch.Generator) -> Tensor:
     rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
-    return float(rewards.float().mean())
+    return rewards.float().cpu()
 
 
 def describe_defaults(config: TrainConfig) -> str:

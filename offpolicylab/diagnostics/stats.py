@@ -6,6 +6,8 @@ Notation: r = exp(Δ), Δ = log r = logp − behavior_logp.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -29,6 +31,32 @@ def masked_max(values: Tensor, mask: Tensor) -> Tensor:
     neg_inf = torch.full((), float("-inf"), dtype=values.dtype, device=values.device)
     top = torch.where(mask > 0, values, neg_inf).max()
     return torch.where(torch.isfinite(top), top, values.new_zeros(()))
+
+
+def masked_quantile(values: Tensor, mask: Tensor, q: float) -> Tensor:
+    """The q-quantile of the valid tokens' values with linear interpolation (``numpy.quantile``'s default): with the
+    n valid values sorted, v_(0) ≤ … ≤ v_(n−1), and p = q·(n − 1), it is v_(⌊p⌋) + (p − ⌊p⌋)·(v_(⌊p⌋+1) − v_(⌊p⌋));
+    0 when no token is valid.  One sort, no host sync (invalid tokens are sorted first as −inf)."""
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q={q!r} is invalid; valid: a number in [0, 1]")
+    flat = torch.where(mask > 0, values, torch.full((), float("-inf"), dtype=values.dtype, device=values.device))
+    flat = flat.reshape(-1)
+    if flat.numel() == 0:
+        return values.new_zeros(())
+    ordered = flat.sort().values
+    count = (mask > 0).sum().reshape(())
+    position = q * (count - 1).clamp_min(0).to(torch.float64)  # float64: a float32 position is off by ~1e-4
+    below = position.floor()
+    last = flat.numel() - 1
+    low = (flat.numel() - count + below.long()).clamp(0, last)
+    high = (low + 1).clamp(max=last)
+    value = ordered[low] + (position - below).to(values.dtype) * (ordered[high] - ordered[low])
+    value = torch.where(position > below, value, ordered[low])  # exact index: no (−inf) − (−inf) at the end
+    return torch.where(count > 0, value, values.new_zeros(()))
+
+
+RATIO_TAIL_QUANTILE = 0.999
+"""The quantile of token ratios reported as ``ratio_p999`` (the tail M2PO's figures show; the max is one token)."""
 
 
 def trust_region_mask(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
@@ -59,7 +87,8 @@ def effective_sample_size(log_ratio: Tensor, mask: Tensor) -> Tensor:
 def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """The standard ratio statistics over valid tokens, in one pass (Δ = log r, r = e^Δ):
 
-        ratio_mean = E[r], ratio_max = max r, log_ratio_abs_mean = E|Δ|,
+        ratio_mean = E[r], ratio_max = max r, ratio_p999 = its 99.9th percentile (:func:`masked_quantile`),
+        log_ratio_abs_mean = E|Δ|,
         m2 = E[Δ²]  (M̂2 of M2PO, "Prosperity before collapse"),  ess = (Σ r)² / (n Σ r²)  (Kong 1992),
         kl_k1 = E[−Δ], kl_k3 = E[(e^Δ − 1) − Δ]  (Schulman's estimators of KL(π_b ‖ π_θ) from samples of π_b;
         k3 is unbiased and non-negative).
@@ -77,12 +106,36 @@ def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     return {
         "ratio_mean": mean(ratio),
         "ratio_max": masked_max(ratio, mask),
+        "ratio_p999": masked_quantile(ratio, mask, RATIO_TAIL_QUANTILE),
         "log_ratio_abs_mean": mean(delta.abs()),
         "m2": mean(delta**2),
         "ess": effective_sample_size(delta, mask),
         "kl_k1": mean(-delta),
         "kl_k3": mean(torch.expm1(clamped) - delta),
     }
+
+
+def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
+    """Standard error of the mean of ``values`` [N] when each group (e.g. the responses to one fixed prompt) is a
+    stratum: SE = √(Σ_g n_g s_g²) / N, with s_g² the unbiased variance inside group g (n_g ≥ 2 everywhere).  With
+    fixed evaluation prompts this is the Monte-Carlo error of the sampled responses alone.  When some group has a
+    single value the within-group variance is unknown and the i.i.d. formula s/√N of all values is used (it also
+    counts the spread between groups, so it is larger).  0 for N < 2.  (For evaluation: unlike the per-update
+    statistics above, it reads the group sizes on the host.)"""
+    values = values.detach().to(torch.float64).reshape(-1)
+    total = values.numel()
+    if total < 2:
+        return values.new_zeros(())
+    groups = int(group_ids.max()) + 1
+    zeros = values.new_zeros(groups)
+    count = zeros.index_add(0, group_ids, torch.ones_like(values))
+    present = count > 0
+    if bool((count[present] < 2).any()):
+        return values.std(unbiased=True) / math.sqrt(total)
+    mean = zeros.index_add(0, group_ids, values) / count.clamp_min(1.0)
+    squares = zeros.index_add(0, group_ids, (values - mean[group_ids]) ** 2)  # (n_g − 1)·s_g² per group
+    within = torch.where(present, squares / (count - 1).clamp_min(1.0) * count, zeros)
+    return within.sum().sqrt() / total
 
 
 def fraction(selected: Tensor, mask: Tensor) -> Tensor:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from offpolicylab.contracts import InitialLogitsWorld, Policy, Prompts, Rollout, World
+from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
 from offpolicylab.policies.hf import hf_policy_params, make_hf_policy
 from offpolicylab.policies.sequence_model import SequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
+from offpolicylab.policies.transformer import TransformerPolicy
 from offpolicylab.registry import Param, Registry
 
 POLICIES: Registry[Policy] = Registry("policy")
@@ -48,6 +49,28 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
                                **_shape("sequence_model", world))
 
 
+def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
+                      **sizes: int | None) -> TransformerPolicy:
+    """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
+    shape = _shape("transformer", world)
+    if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
+        defaults = {"d_model": 64, "num_layers": 2, "num_heads": 4}
+        sizes = {key: defaults[key] if value is None else value for key, value in sizes.items()}
+        return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
+                                 max_prompt_len=max_prompt_len, seed=seed, sampler_noise_std=sampler_noise_std,
+                                 **sizes, **shape)
+    policy = world.pretrained_policy()
+    pretrained = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
+                  "num_heads": policy.shape.num_heads}
+    clash = [f"{key}={value} (π₀ has {pretrained[key]})" for key, value in sizes.items()
+             if value is not None and value != pretrained[key]]
+    if clash:
+        raise ValueError(f"transformer {', '.join(clash)} differs from the world's pretrained π₀; valid: leave the "
+                         "sizes unset, or init=random")
+    policy.sampler_noise_std = sampler_noise_std
+    return policy
+
+
 POLICIES.register("tabular", build_tabular, {
     "context": Param("prev_token", str, choices=CONTEXTS, doc="what a logits row is conditioned on"),
     "init": Param("world", str, choices=("world", "uniform"),
@@ -64,6 +87,16 @@ POLICIES.register("sequence_model", build_sequence_model, {
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
     "sampler_noise_std": _SAMPLER_NOISE,
 }, doc="a small GRU sequence model")
+POLICIES.register("transformer", build_transformer, {
+    "init": Param("pretrained", str, choices=("pretrained", "random"),
+                  doc="pretrained = the world's π₀ (synthetic_lm) when it has one; random = fresh weights"),
+    "d_model": Param(None, int, low=1, optional=True, doc="width (default: π₀'s, else 64)"),
+    "num_layers": Param(None, int, low=1, optional=True, doc="layers (default: π₀'s, else 2)"),
+    "num_heads": Param(None, int, low=1, optional=True, doc="attention heads (default: π₀'s, else 4)"),
+    "max_prompt_len": Param(64, int, low=1, doc="longest prompt (random init; π₀ keeps its own)"),
+    "seed": Param(0, int, doc="initial-weight seed (random init)"),
+    "sampler_noise_std": _SAMPLER_NOISE,
+}, doc="a small causal transformer (the synthetic_lm world's π₀ by default)")
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),
                   doc="a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)")
 
@@ -88,6 +121,7 @@ __all__ = [
     "Rollout",
     "SequenceModelPolicy",
     "TabularSoftmaxPolicy",
+    "TransformerPolicy",
     "list_policies",
     "make_policy",
 ]

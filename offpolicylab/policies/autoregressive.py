@@ -8,7 +8,8 @@ so the log-probs recorded at sampling and those recomputed at scoring come from 
     behavior_logp_t = log softmax(z_t / τ)[y_t],     z = response_logits(prompt, y_{<t})
     entropy_t       = −Σ_v p_v log p_v,              p = softmax(z_t / τ)
 
-Sampling loops over positions only (``T`` calls of ``response_logits`` on the growing buffer); scoring is one call;
+Sampling loops over positions only (``T`` calls of :meth:`AutoregressivePolicy.next_logits`, by default
+``response_logits`` on the growing buffer; a policy with a key/value cache decodes incrementally); scoring is one call;
 :meth:`AutoregressivePolicy.prefix_tree_log_probs` (exact enumeration) gives π(· | x, y_{<t}) once per distinct
 prefix, by default from one ``response_logits`` call over the V^(T−1) prefixes of length T−1.
 After an EOS the remaining positions are padded with the EOS id and masked out (``response_mask`` = 0 there,
@@ -71,6 +72,18 @@ class AutoregressivePolicy(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> Any:
         """Restore :meth:`state_dict`'s output."""
 
+    # ------------------------------------------------------------------------------------------ decoding hooks
+    def start_decoding(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> Any:
+        """Per-batch decoding state handed to :meth:`next_logits` (e.g. a key/value cache); default None."""
+        return None
+
+    def next_logits(self, state: Any, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                    response_ids: Tensor, t: int) -> Tensor:
+        """Logits ``[B, V]`` of response position ``t`` given ``response_ids[:, :t]`` (called for t = 0, 1, …
+        in order).  Default: ``response_logits(...)[:, t]`` on the whole buffer; a subclass with an incremental
+        pass (a KV cache) overrides this and :meth:`start_decoding` and must give the same numbers."""
+        return self.response_logits(prompt_ids, prompt_mask, prompt_index, response_ids)[:, t]
+
     # ------------------------------------------------------------------------------------------ shared path
     @property
     def pad_id(self) -> int:
@@ -98,8 +111,10 @@ class AutoregressivePolicy(ABC):
         behavior = torch.zeros(batch, width)
         sampler = torch.zeros(batch, width) if self.sampler_noise_std > 0 else None
         with torch.no_grad():
+            state = self.start_decoding(prompt_ids, prompt_mask, prompt_index)
             for t in range(width):
-                logp = torch.log_softmax(self._scaled_logits(prompt_ids, prompt_mask, prompt_index, ids, temperature)[:, t], -1)
+                logits = self.next_logits(state, prompt_ids, prompt_mask, prompt_index, ids, t)
+                logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
                 engine_logp = logp
                 if sampler is not None:
                     noise = torch.randn(logp.shape, generator=generator, dtype=logp.dtype)
@@ -164,8 +179,9 @@ class AutoregressivePolicy(ABC):
         mask = torch.zeros(n, self.response_len)
         behavior = torch.zeros(n, self.response_len)
         with torch.no_grad():
+            state = self.start_decoding(prompts.ids, prompts.mask, prompts.index)
             for t in range(self.response_len):
-                logp = torch.log_softmax(self.response_logits(prompts.ids, prompts.mask, prompts.index, ids)[:, t], -1)
+                logp = torch.log_softmax(self.next_logits(state, prompts.ids, prompts.mask, prompts.index, ids, t), -1)
                 token = torch.where(alive, logp.argmax(-1), torch.full((n,), self.pad_id))
                 ids[:, t], mask[:, t] = token, alive.to(mask.dtype)
                 behavior[:, t] = torch.where(alive, logp.gather(1, token[:, None]).squeeze(1), 0.0)
@@ -183,3 +199,22 @@ class AutoregressivePolicy(ABC):
 def _check_temperature(temperature: float) -> None:
     if not (isinstance(temperature, (int, float)) and temperature > 0 and temperature < float("inf")):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} (use greedy() for argmax)")
+
+
+class ModulePolicy(AutoregressivePolicy):
+    """An :class:`AutoregressivePolicy` whose whole trainable state is one torch module, ``self.model``."""
+
+    model: torch.nn.Module
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return list(self.model.parameters())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: value.detach().clone() for key, value in self.model.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any:
+        try:
+            return self.model.load_state_dict(state)
+        except RuntimeError as error:
+            raise ValueError(f"{type(self).__name__} state does not match the architecture: "
+                             f"{str(error).splitlines()[0]}") from None

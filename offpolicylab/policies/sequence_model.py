@@ -29,12 +29,11 @@ Why this shape (measured under on-policy GRPO on the token MDPs, Adam lr 0.01, 8
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from offpolicylab.policies.autoregressive import AutoregressivePolicy
+from offpolicylab.policies.autoregressive import ModulePolicy
 
 
 class _PromptGRUCore(nn.Module):
@@ -111,7 +110,7 @@ class _PromptGRUCore(nn.Module):
         return self.head(features) * self.output_multiplier
 
 
-class SequenceModelPolicy(AutoregressivePolicy):
+class SequenceModelPolicy(ModulePolicy):
     """GRU policy over prompt + response tokens (see module docstring).
 
     ``prompt_vocab_size``: number of distinct prompt token ids (defaults to ``vocab_size``).
@@ -163,15 +162,3 @@ class SequenceModelPolicy(AutoregressivePolicy):
             raise ValueError(f"prompt has {prompt_ids.shape[1]} positions, the policy has max_prompt_len "
                              f"{self.max_prompt_len}")
         return torch.where(prompt_mask > 0, prompt_ids, torch.full_like(prompt_ids, self.pad_token)).long()
-
-    def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        return list(self.model.parameters())
-
-    def state_dict(self) -> dict[str, Any]:
-        return {key: value.detach().clone() for key, value in self.model.state_dict().items()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> Any:
-        try:
-            return self.model.load_state_dict(state)
-        except RuntimeError as error:
-            raise ValueError(f"sequence-model state does not match the architecture: {error}") from None

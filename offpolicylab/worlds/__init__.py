@@ -16,6 +16,7 @@ from offpolicylab.contracts import World
 from offpolicylab.registry import Param, Registry
 from offpolicylab.worlds.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
 from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
+from offpolicylab.worlds.synthetic_lm import Recipe, SyntheticLM, build_synthetic_lm
 from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
 
 WORLDS: Registry[World] = Registry("world")
@@ -61,10 +62,50 @@ WORLDS.register(
     doc="synthetic token-sequence MDP (target / arithmetic / forking)",
 )
 
+WORLDS.register(
+    "synthetic_lm", build_synthetic_lm,
+    {
+        "num_keys": Param(Recipe.num_keys, int, low=1, doc="keys k (one evaluation prompt each; the reward asks "
+                                                           "for a hidden digit table[k])"),
+        "num_train_prompts": Param(Recipe.num_train_prompts, int, low=1, doc="fixed training prompts"),
+        "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
+        "vocab_size": Param(Recipe.vocab_size, int, low=16, doc="vocabulary V (10 digits, ANS, text)"),
+        "alpha": Param(Recipe.alpha, float, low=0.0, low_open=True,
+                       doc="teacher sharpness: more near-deterministic positions as it grows"),
+        "delta": Param(Recipe.delta, float, low=0.0, high=1.0, high_open=True,
+                       doc="teacher tail share: weight of the broad softmax in p_T"),
+        "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0,
+                                  doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
+        "ans_prob": Param(Recipe.ans_prob, float, low=0.0, high=1.0, low_open=True,
+                          doc="teacher probability of ANS at position T-2"),
+        "digit_scale": Param(Recipe.digit_scale, float, low=0.0, doc="teacher digit logits: context part scale"),
+        "key_scale": Param(Recipe.key_scale, float, low=0.0, doc="teacher digit logits: key part scale"),
+        "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width"),
+        "num_layers": Param(Recipe.num_layers, int, low=1, doc="pi0 transformer layers"),
+        "num_heads": Param(Recipe.num_heads, int, low=1, doc="pi0 attention heads"),
+        "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="pi0 distillation steps"),
+        "distill_batch": Param(Recipe.distill_batch, int, low=1, doc="teacher sequences per distillation step"),
+        "seed": Param(Recipe.seed, int, low=0, doc="world seed (teacher, prompts, table, pi0)"),
+        "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
+    },
+    doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",
+    train_defaults={"optimizer": "adamw", "lr": 1.5e-3, "advantage": "std", "grad_clip": 1.0,
+                    "prompts_per_update": 8, "group_size": 8, "temperature": 1.0, "policy": "transformer"},
 
-def register_world(name: str, builder: Callable[..., World], params: dict[str, Param], doc: str = "") -> None:
-    """Add a world; a duplicate name raises ``ValueError``."""
-    WORLDS.register(name, builder, params, doc)
+)
+
+
+def register_world(name: str, builder: Callable[..., World], params: dict[str, Param], doc: str = "",
+                   train_defaults: dict[str, Any] | None = None) -> None:
+    """Add a world (with the TrainConfig values it suggests, ``train_defaults``); a duplicate name raises
+    ``ValueError``."""
+    WORLDS.register(name, builder, params, doc, train_defaults=dict(train_defaults or {}))
+
+
+def world_train_defaults(name: str) -> dict[str, Any]:
+    """TrainConfig values a world suggests (e.g. AdamW and its learning rate) for fields a config leaves unset;
+    empty for worlds without any (and for unknown names, which :func:`make_world` reports)."""
+    return dict(WORLDS.get(name).meta.get("train_defaults", {})) if name in WORLDS else {}
 
 
 def list_worlds() -> list[str]:
@@ -94,9 +135,11 @@ __all__ = [
     "ENV_IDS",
     "WORLDS",
     "SoftmaxBandit",
+    "SyntheticLM",
     "TokenMDP",
     "list_worlds",
     "make_world",
     "register_world",
     "three_arm_pitfall",
+    "world_train_defaults",
 ]

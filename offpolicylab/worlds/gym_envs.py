@@ -6,6 +6,7 @@
   not-yet-generated positions hold ``PAD = max(prompt vocab, V)``; action = the next token in ``Discrete(V)``;
   reward 0 until the episode ends (after T tokens or at EOS), then the world's terminal reward.  ``reset`` draws the
   prompt from ``np_random`` unless ``options={"prompt_index": i}``.
+- :class:`SyntheticLMEnv`: the same for the synthetic-LM world (V = 256 tokens, T = 32, reward 1 / 0.1 / 0).
 
 Registered ids (:data:`ENV_IDS`) are created on ``import offpolicylab.worlds``; ``gymnasium.make("offpolicylab/TokenMDP-v0")``.
 """
@@ -21,6 +22,7 @@ import torch
 from gymnasium import spaces
 
 from offpolicylab.worlds.bandits import PITFALL_BEHAVIOR, PITFALL_REWARDS, SoftmaxBandit
+from offpolicylab.worlds.synthetic_lm import build_synthetic_lm
 from offpolicylab.worlds.token_mdp import TokenMDP
 
 
@@ -54,7 +56,11 @@ class TokenMDPEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self, **world: Any) -> None:
-        self.world = TokenMDP(**world)
+        self._attach(TokenMDP(**world))
+
+    def _attach(self, world: Any) -> None:
+        """Spaces and buffers for ``world`` (fixed-length prompts ``prompt_tokens`` [N, P], ``num_prompts``)."""
+        self.world = world
         self.pad = max(self.world.prompt_vocab_size, self.world.vocab_size)
         self.prompt_len, self.length = self.world.prompt_len, self.world.max_response_len
         self.observation_space = spaces.MultiDiscrete(np.full(self.prompt_len + self.length, self.pad + 1))
@@ -95,6 +101,14 @@ class TokenMDPEnv(gym.Env):
         return float(reward[0])
 
 
+class SyntheticLMEnv(TokenMDPEnv):
+    """The :mod:`offpolicylab.worlds.synthetic_lm` world token by token (as :class:`TokenMDPEnv`); keyword arguments are the
+    world's parameters (``make_world("synthetic_lm", ...)``); the first build of a recipe distils π₀."""
+
+    def __init__(self, **world: Any) -> None:
+        self._attach(build_synthetic_lm(**world))
+
+
 ENV_IDS: dict[str, tuple[str, dict[str, Any]]] = {
     "offpolicylab/Bandit-v0": ("offpolicylab.worlds.gym_envs:BanditEnv", {}),
     "offpolicylab/BernoulliBandit-v0": ("offpolicylab.worlds.gym_envs:BanditEnv", {"bernoulli": True}),
@@ -105,6 +119,7 @@ ENV_IDS: dict[str, tuple[str, dict[str, Any]]] = {
     "offpolicylab/TokenMDPArithmetic-v0": ("offpolicylab.worlds.gym_envs:TokenMDPEnv", {"family": "arithmetic", "eos": True,
                                                                          "length": 3, "vocab_size": 5}),
     "offpolicylab/TokenMDPForking-v0": ("offpolicylab.worlds.gym_envs:TokenMDPEnv", {"family": "forking"}),
+    "offpolicylab/SyntheticLM-v0": ("offpolicylab.worlds.gym_envs:SyntheticLMEnv", {}),
 }
 
 

@@ -27,12 +27,13 @@ from torch import Tensor
 
 from offpolicylab.contracts import Prompts
 from offpolicylab.worlds.exact import MAX_ENUMERATION, EnumerableWorld
+from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
 FAMILIES = ("target", "arithmetic", "forking")
 CREDITS = ("partial", "exact")
 
 
-class TokenMDP(EnumerableWorld):
+class TokenMDP(FixedPrompts, EnumerableWorld):
     """A token-sequence world (see module docstring).  Prompts are fixed: ``num_prompts`` of them, all of length
     ``prompt_len``, no padding; ``sample_prompts`` draws indices uniformly with replacement, ``eval_prompts`` is all
     of them in order."""
@@ -122,19 +123,9 @@ class TokenMDP(EnumerableWorld):
         self.targets = torch.randint(self.vocab_size, (self.num_prompts, self.max_response_len), generator=generator)
 
     # ------------------------------------------------------------------------------------------ World
-    def sample_prompts(self, n: int, generator: torch.Generator | None = None) -> Prompts:
-        """``n`` prompts drawn uniformly with replacement."""
-        if n < 1:
-            raise ValueError(f"number of prompts must be >= 1, got {n}")
-        return self._prompts(torch.randint(self.num_prompts, (n,), generator=generator))
-
     def eval_prompts(self) -> Prompts:
         """All prompts, in index order."""
         return self._prompts(torch.arange(self.num_prompts))
-
-    def _prompts(self, index: Tensor) -> Prompts:
-        ids = self.prompt_tokens[index]
-        return Prompts(ids=ids, mask=torch.ones(ids.shape), index=index)
 
     def reward(self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,
                generator: torch.Generator | None = None) -> Tensor:

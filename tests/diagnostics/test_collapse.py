@@ -44,3 +44,14 @@ def test_non_finite_and_state_round_trip() -> None:
     clone = CollapseDetector()
     clone.load_state_dict(detector.state_dict())
     assert clone == detector and isinstance(clone.count, int)
+
+
+def test_absent_reward_holds_the_smoothed_reward() -> None:
+    """reward None (the current policy generated nothing this update) leaves the smoothed reward and the peak
+    unchanged while spikes are still tracked: the drop is judged on the last reward seen."""
+    detector = CollapseDetector(margin=0.2, factor=5.0, window=5, alpha=1.0, warmup=3)
+    rewards = [0.5, 0.6, 0.7, None, None, 0.3, None]
+    grads = [1.0, 1.0, 1.0, 1.0, 50.0, 1.0, 1.0]
+    flagged = feed(detector, rewards, [0.0] * 7, grads)
+    assert flagged == [5]  # 0.7 → 0.3 at u = 5, within 5 updates of the spike at u = 4
+    assert detector.reward_ema == 0.3 and detector.peak == 0.7

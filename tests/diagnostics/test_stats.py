@@ -96,3 +96,38 @@ def test_sequence_log_ratio_and_fraction_equal_numpy() -> None:
         assert got[i] == pytest.approx(lr[i][m[i]].mean() if m[i].any() else 0.0, rel=1e-12)
     selected = log_ratio > 0
     assert stats.fraction(selected, mask).item() == pytest.approx(np.mean(lr[m] > 0), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("q", [0.0, 0.5, 0.9, 0.999, 1.0])
+def test_masked_quantile_matches_numpy(seed: int, q: float) -> None:
+    """numpy.quantile (linear interpolation) of the valid tokens only, worked out in float64."""
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 40)), int(rng.integers(1, 50)))
+    values = rng.lognormal(0.0, 3.0, size=shape)
+    mask = (rng.random(shape) > 0.4).astype(np.float64)
+    if seed == 0:
+        mask[:] = 0.0
+        mask[0, 0] = 1.0  # a single valid token
+    got = stats.masked_quantile(torch.from_numpy(values), torch.from_numpy(mask), q)
+    expected = np.quantile(values[mask > 0], q) if mask.any() else 0.0
+    assert float(got) == pytest.approx(float(expected), rel=1e-12, abs=1e-300)
+
+
+def test_masked_quantile_without_valid_tokens_is_zero() -> None:
+    values = torch.tensor([[3.0, 1.0]])
+    assert float(stats.masked_quantile(values, torch.zeros(1, 2), 0.999)) == 0.0
+    assert float(stats.masked_quantile(torch.zeros(0, 3), torch.zeros(0, 3), 0.5)) == 0.0
+    with pytest.raises(ValueError, match="valid: a number in"):
+        stats.masked_quantile(values, torch.ones(1, 2), 1.5)
+
+
+def test_ratio_p999_is_the_tail_of_the_token_ratios() -> None:
+    """ratio_p999 = numpy's 99.9th percentile of r = exp(Δ) over valid tokens (not of Δ, not of padding)."""
+    rng = np.random.default_rng(7)
+    delta = rng.standard_t(2, size=(64, 48)) * 0.5
+    mask = (rng.random((64, 48)) > 0.1).astype(np.float32)
+    summary = stats.ratio_summary(torch.from_numpy(delta).float(), torch.from_numpy(mask))
+    expected = np.percentile(np.exp(delta.astype(np.float32))[mask > 0].astype(np.float64), 99.9)
+    assert float(summary["ratio_p999"]) == pytest.approx(expected, rel=1e-5)
+    assert float(summary["ratio_p999"]) <= float(summary["ratio_max"])

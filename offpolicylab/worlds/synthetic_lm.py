@@ -1,0 +1,341 @@
+"""A calibrated synthetic language-model world: a random teacher network plays "the data the pretrained model
+saw", a small causal transformer distilled from it is π₀ ("the pretrained model"), and a sparse verifiable reward
+with GSM8k-like 1 / 0.1 / 0 credit asks for a hidden key → digit answer at the end of a 32-token response.
+
+Tokens (V = 256 by default): ids 0–9 are answer digits, 10 is the answer marker ANS, the rest are text.  A prompt is
+4 tokens: a key token (text id 11 + k, k ∈ {0 … K−1}) and 3 random text tokens; 512 fixed training prompts (keys
+balanced) and K fixed evaluation prompts (one per key, fresh contexts), all drawn from ``seed``.
+
+**Teacher** (a random :class:`~offpolicylab.policies.transformer.CausalTransformer` over prompt + response, weights
+from ``seed``).  At response position t with hidden state h its standardised logits ẑ = (z − mean z) / std z
+(z = W h + b over the allowed tokens) and a sharpness κ(h) = exp(γ · u·h) (u a fixed random unit vector, h layer-normed so u·h ≈ N(0, 1)) give
+
+    p_T(· | x, y_{<t}) = (1 − δ) · softmax(α κ ẑ) + δ · softmax(ẑ)                      over text tokens,
+
+so α moves the share of near-deterministic positions against high-entropy forks (κ spreads the sharpness over
+positions) and δ puts a tail of sampled tokens with p < 1e-3 into the data.  The format is built in: at t = T−2
+the teacher writes ANS with probability ``ans_prob`` (else text from p_T), and at t = T−1 after ANS it writes a
+digit from softmax(``key_scale`` · E[k] + ``digit_scale`` · ẑ_digits) — E a fixed random [K, 10] Gaussian matrix,
+so the data's answer depends on the key (π₀ learns to carry the key to the answer position, as an LLM carries the
+question) yet stays near uniform (entropy ≈ 1.9 nat), independent of the hidden reward table: the high-entropy
+decision position; text positions never hold digits or ANS.
+
+**π₀** is a :class:`~offpolicylab.policies.transformer.TransformerPolicy` distilled by minimising
+KL(p_T ‖ π₀) over the full next-token distribution on teacher-sampled sequences of random prompts (AdamW, cosine
+learning rate, fixed steps and seed), then cached on disk (``cache_dir``, file named by the SHA-256 of the
+recipe; ``torch.save`` of tensors and numbers, loaded with ``weights_only=True``).
+
+**Reward** (verifiable, like GSM8k's 1 / 0.1 / 0; Cobbe et al. 2021, M2PO's scorer): the format is valid when
+y_{T−2} = ANS, y_{T−1} is a digit and the response stays on the pretrained manifold, m(y) ≥ θ with
+m(y) = (1/T) Σ_t max(log p_T(y_t | x, y_{<t}), −30) the mean teacher log-probability per token and θ its 1st
+percentile over π₀'s own samples on the training prompts (computed once at build, cached with π₀).  Then
+r = 1.0 if y_{T−1} = table[key] (a hidden random key → digit table, balanced: each digit answers ⌊K/10⌋ or
+⌈K/10⌉ keys, so no constant answer beats chance), 0.1 if the format is valid but the digit is wrong, 0 otherwise.  Degenerate text (loops, gibberish) falls below θ and loses even the format credit, as an LLM's
+answer stops being extractable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from offpolicylab.contracts import Prompts
+from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
+from offpolicylab.worlds.fixed_prompts import FixedPrompts
+
+NUM_DIGITS = 10
+ANS = 10
+FIRST_TEXT = 11
+CONTEXT_LEN = 3
+LOG_FLOOR = -30.0
+CORRECT_REWARD = 1.0
+FORMAT_REWARD = 0.1
+RECIPE_VERSION = 3  # bump when the build code changes what a recipe produces
+CORPUS_CHUNK = 8  # distillation steps whose teacher sequences are sampled together
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines the teacher, π₀ and θ (the cache key is the SHA-256 of this, see :meth:`digest`)."""
+
+    vocab_size: int = 256
+    response_len: int = 32
+    num_keys: int = 64
+    num_train_prompts: int = 512
+    alpha: float = 48.0
+    delta: float = 0.005
+    sharpness_spread: float = 1.5
+    ans_prob: float = 0.9
+    digit_scale: float = 0.3
+    key_scale: float = 1.0
+    teacher_d_model: int = 32
+    teacher_layers: int = 1
+    teacher_heads: int = 2
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    distill_steps: int = 600
+    distill_batch: int = 128
+    distill_lr: float = 5e-3
+    threshold_samples: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < FIRST_TEXT + max(self.num_keys, CONTEXT_LEN) + 1:
+            raise ValueError(f"vocab_size={self.vocab_size} is too small; valid: >= {FIRST_TEXT + self.num_keys + 1} "
+                             f"(10 digits, ANS and at least num_keys + 1 text tokens)")
+        if self.response_len < 3:
+            raise ValueError(f"response_len={self.response_len} is invalid; valid: >= 3 (text, ANS, digit)")
+        for name in ("num_keys", "num_train_prompts", "distill_batch", "threshold_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: an integer >= 1")
+        if not 0.0 <= self.delta < 1.0:
+            raise ValueError(f"delta={self.delta} is invalid; valid: a float in [0, 1)")
+        if not 0.0 < self.ans_prob <= 1.0:
+            raise ValueError(f"ans_prob={self.ans_prob} is invalid; valid: a float in (0, 1]")
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
+        text = json.dumps({"recipe": asdict(self), "version": RECIPE_VERSION,
+                           "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$OFFPOLICYLAB_CACHE/synthetic_lm``, else ``$XDG_CACHE_HOME/offpolicylab/synthetic_lm`` (~/.cache)."""
+    root = os.environ.get("OFFPOLICYLAB_CACHE")
+    if root:
+        return Path(root) / "synthetic_lm"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "offpolicylab" / "synthetic_lm"
+
+
+# ================================================================================================ the teacher
+class Teacher:
+    """The random teacher p_T of the module docstring (no parameters are trained)."""
+
+    def __init__(self, recipe: Recipe) -> None:
+        self.recipe = recipe
+        self.vocab_size, self.response_len = recipe.vocab_size, recipe.response_len
+        shape = TransformerShape(recipe.vocab_size, recipe.vocab_size, 1 + CONTEXT_LEN + recipe.response_len,
+                                 recipe.teacher_d_model, recipe.teacher_layers, recipe.teacher_heads)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(recipe.seed + 7919)
+            self.net = CausalTransformer(shape).eval()
+            direction = torch.randn(shape.d_model)
+            self.key_logits = torch.randn(recipe.num_keys, NUM_DIGITS)  # the data's key-dependent answer beliefs
+        self.direction = direction / direction.norm()
+        self.net.requires_grad_(False)
+
+    def log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """log p_T(· | x, y_{<t}) for every response position, [B, T, V] (−inf where p_T = 0), one causal pass."""
+        tokens = torch.cat([prompt, response[:, :-1]], dim=1)
+        with torch.no_grad():
+            hidden = self.net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
+            previous = torch.cat([prompt[:, -1:], response[:, :-1]], dim=1)
+            return self._distribution(hidden, torch.arange(self.response_len), previous, prompt[:, 0])
+
+    def sample(self, prompt: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """(responses [B, T], log p_T [B, T, V]) sampled with a key/value cache."""
+        batch, width = prompt.shape[0], self.response_len
+        response = torch.zeros(batch, width, dtype=torch.long)
+        log_probs = torch.empty(batch, width, self.vocab_size)
+        cache = KVCache()
+        with torch.no_grad():
+            inputs, previous = prompt, prompt[:, -1]
+            for t in range(width):
+                hidden = self.net(inputs, torch.ones_like(inputs, dtype=torch.bool), cache)[:, -1:]
+                logp = self._distribution(hidden, torch.tensor([t]), previous[:, None], prompt[:, 0])[:, 0]
+                token = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+                response[:, t], log_probs[:, t] = token, logp
+                inputs, previous = token[:, None], token
+        return response, log_probs
+
+    def _distribution(self, hidden: Tensor, steps: Tensor, previous: Tensor, key_token: Tensor) -> Tensor:
+        """log p_T [B, W, V] at response positions ``steps`` [W] from hidden states [B, W, d], the token before
+        each position ``previous`` [B, W] (the format rule at t = T−1 reads whether it is ANS) and the prompt's key
+        token [B] (the digit logits depend on the key)."""
+        r, vocab = self.recipe, self.vocab_size
+        z = self.net.head(hidden)
+        text = torch.arange(vocab) >= FIRST_TEXT
+        z_text = _standardise(z[..., FIRST_TEXT:])
+        kappa = torch.exp(r.sharpness_spread * (hidden @ self.direction))
+        sharp = torch.softmax(r.alpha * kappa[..., None] * z_text, -1)
+        p_text = (1 - r.delta) * sharp + r.delta * torch.softmax(z_text, -1)
+        probs = torch.zeros(*z.shape[:-1], vocab)
+        probs[..., text] = p_text
+        is_ans_slot = (steps == self.response_len - 2)[None, :, None]
+        ans = torch.zeros_like(probs)
+        ans[..., ANS] = r.ans_prob
+        probs = torch.where(is_ans_slot, ans + (1 - r.ans_prob) * probs, probs)
+        digits = torch.zeros_like(probs)
+        key_part = r.key_scale * self.key_logits[(key_token - FIRST_TEXT).clamp(0, r.num_keys - 1)][:, None]
+        digits[..., :NUM_DIGITS] = torch.softmax(key_part + r.digit_scale * _standardise(z[..., :NUM_DIGITS]), -1)
+        is_digit_slot = (steps == self.response_len - 1)[None, :, None] & (previous == ANS)[..., None]
+        probs = torch.where(is_digit_slot, digits, probs)
+        return probs.log()
+
+    def mean_log_prob(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """m(y) = (1/T) Σ_t max(log p_T(y_t | x, y_{<t}), LOG_FLOOR), [B]."""
+        logp = self.log_probs(prompt, response).gather(-1, response[..., None]).squeeze(-1)
+        return logp.clamp(min=LOG_FLOOR).mean(1)
+
+
+def _standardise(z: Tensor) -> Tensor:
+    return (z - z.mean(-1, keepdim=True)) / z.std(-1, keepdim=True).clamp(min=1e-6)
+
+
+# ================================================================================================ the world
+class SyntheticLM(FixedPrompts):
+    """The ``synthetic_lm`` world (module docstring).  ``make_world("synthetic_lm", ...)`` builds it; the first
+    build of a recipe distils π₀ (minutes for the default recipe), later builds load it from ``cache_dir``."""
+
+    eos_id: int | None = None
+
+    def __init__(self, recipe: Recipe | None = None, cache_dir: str | Path | None = None) -> None:
+        self.recipe = recipe or Recipe()
+        r = self.recipe
+        self.vocab_size, self.max_response_len = r.vocab_size, r.response_len
+        self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
+        generator = torch.Generator().manual_seed(r.seed)
+        # balanced: every digit answers ⌊K/10⌋ or ⌈K/10⌉ keys, so no constant answer beats chance
+        self.table = (torch.arange(r.num_keys) % NUM_DIGITS)[torch.randperm(r.num_keys, generator=generator)]
+        train_keys = torch.arange(r.num_train_prompts) % r.num_keys
+        eval_keys = torch.arange(r.num_keys)
+        keys = torch.cat([train_keys, eval_keys])
+        self.prompt_tokens = self.spell_prompts(keys, generator)
+        self.prompt_keys = keys
+        self.num_prompts = r.num_train_prompts
+        self.teacher = Teacher(r)
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_path = self.cache_dir / f"{r.digest()[:32]}.pt"
+        self.pretrained_state, self.threshold = load_or_build(self)
+
+    # ------------------------------------------------------------------------------------------ prompts
+    def spell_prompts(self, keys: Tensor, generator: torch.Generator) -> Tensor:
+        """[key token, 3 random text tokens] for each key: [N, 4]."""
+        context = torch.randint(FIRST_TEXT, self.vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
+        return torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
+
+    def eval_prompts(self) -> Prompts:
+        """The K evaluation prompts (one per key, contexts unseen in training)."""
+        return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))
+
+    # ------------------------------------------------------------------------------------------ reward
+    def reward(self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,
+               generator: torch.Generator | None = None) -> Tensor:
+        """1.0 (valid format, right digit) / 0.1 (valid format, wrong digit) / 0 (invalid format), [B]."""
+        if response_ids.dim() != 2 or response_ids.shape[1] != self.max_response_len:
+            raise ValueError(f"response_ids must be [B, {self.max_response_len}], got {tuple(response_ids.shape)}")
+        response_ids = response_ids.cpu()
+        prompt_index = prompt_index.cpu()
+        valid = self.format_valid(self.prompt_tokens[prompt_index], response_ids)
+        right = response_ids[:, -1] == self.table[self.prompt_keys[prompt_index]]
+        return torch.where(valid, torch.where(right, CORRECT_REWARD, FORMAT_REWARD), 0.0)
+
+    def format_valid(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """ANS at T−2, a digit at T−1 and mean teacher log-prob m(y) ≥ θ: [B] bool."""
+        shape_ok = (response[:, -2] == ANS) & (response[:, -1] < NUM_DIGITS)
+        return shape_ok & (self.teacher.mean_log_prob(prompt, response) >= self.threshold)
+
+    # ------------------------------------------------------------------------------------------ π₀
+    def pretrained_policy(self) -> TransformerPolicy:
+        """A fresh copy of π₀."""
+        return make_student(self.recipe, self.pretrained_state)
+
+
+# ================================================================================================ building π₀
+def make_student(recipe: Recipe, state: dict[str, Tensor] | None = None) -> TransformerPolicy:
+    """A transformer policy of the recipe's π₀ architecture (initial weights from ``recipe.seed``)."""
+    return TransformerPolicy(recipe.vocab_size, recipe.response_len, prompt_vocab_size=recipe.vocab_size,
+                             max_prompt_len=1 + CONTEXT_LEN, d_model=recipe.d_model, num_layers=recipe.num_layers,
+                             num_heads=recipe.num_heads, seed=recipe.seed, state=state)
+
+
+def random_prompts(recipe: Recipe, n: int, generator: torch.Generator) -> Tensor:
+    """Prompts of the world's form with random keys and contexts (the distillation corpus): [n, 4]."""
+    keys = torch.randint(recipe.num_keys, (n, 1), generator=generator)
+    context = torch.randint(FIRST_TEXT, recipe.vocab_size, (n, CONTEXT_LEN), generator=generator)
+    return torch.cat([FIRST_TEXT + keys, context], dim=1)
+
+
+def distill(recipe: Recipe, teacher: Teacher, log_every: int = 0) -> TransformerPolicy:
+    """π₀ = argmin E_{x, y ~ p_T} Σ_t KL(p_T(· | x, y_{<t}) ‖ π(· | x, y_{<t})), AdamW (weight decay 0.01), linear
+    warm-up over 5 % of the steps then cosine decay to 0, ``distill_steps`` steps of ``distill_batch`` fresh teacher
+    sequences (random prompts of the world's form)."""
+    student = make_student(recipe)
+    params = student.trainable_parameters()
+    optimizer = torch.optim.AdamW(params, lr=recipe.distill_lr, weight_decay=0.01)
+    warmup = max(1, recipe.distill_steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (
+        1 + math.cos(math.pi * min(1.0, s / max(1, recipe.distill_steps)))))
+    generator = torch.Generator().manual_seed(recipe.seed + 104729)
+    batch = recipe.distill_batch
+    ones, index = torch.ones(batch, 1 + CONTEXT_LEN), torch.zeros(batch, dtype=torch.long)
+    for step in range(recipe.distill_steps):
+        if step % CORPUS_CHUNK == 0:  # teacher sequences for the next CORPUS_CHUNK steps, sampled in one pass
+            prompts = random_prompts(recipe, CORPUS_CHUNK * batch, generator)
+            responses, teacher_logps = teacher.sample(prompts, generator)
+        rows = slice((step % CORPUS_CHUNK) * batch, (step % CORPUS_CHUNK + 1) * batch)
+        prompt, response, teacher_logp = prompts[rows], responses[rows], teacher_logps[rows]
+        logits = student.response_logits(prompt, ones, index, response)
+        loss = kl_to_teacher(teacher_logp, torch.log_softmax(logits, -1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        if log_every and step % log_every == 0:
+            print(f"distill step {step}: KL {float(loss.detach()):.4f}", flush=True)
+    return student
+
+
+def kl_to_teacher(teacher_logp: Tensor, student_logp: Tensor) -> Tensor:
+    """Mean over positions of KL(p_T ‖ π) = Σ_v p_T,v (log p_T,v − log π_v) (terms with p_T,v = 0 add 0)."""
+    p = teacher_logp.exp()
+    terms = torch.where(p > 0, p * (teacher_logp - student_logp), torch.zeros_like(p))
+    return terms.sum(-1).mean()
+
+
+def format_threshold(world: SyntheticLM, policy: TransformerPolicy) -> float:
+    """θ = 1st percentile of m(y) over ``threshold_samples`` samples of ``policy`` per training prompt."""
+    r = world.recipe
+    generator = torch.Generator().manual_seed(r.seed + 1299709)
+    prompts = world._prompts(torch.arange(world.num_prompts))
+    rollout = policy.sample(prompts, r.threshold_samples, 1.0, generator)
+    scores = world.teacher.mean_log_prob(rollout.prompt_ids.long(), rollout.response_ids)
+    return float(torch.quantile(scores.double(), 0.01))
+
+
+def load_or_build(world: SyntheticLM) -> tuple[dict[str, Tensor], float]:
+    """(π₀ state, θ) from ``world.cache_path`` when it holds this recipe, else distilled and written atomically."""
+    recipe_json = json.dumps(asdict(world.recipe), sort_keys=True)
+    path = world.cache_path
+    if path.exists():
+        try:
+            stored = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a corrupt cache file is rebuilt, never trusted
+            stored = {"error": str(exc)}
+        if stored.get("recipe") == recipe_json and stored.get("version") == RECIPE_VERSION:
+            return stored["state"], float(stored["threshold"])
+    with torch.random.fork_rng(devices=[]):
+        student = distill(world.recipe, world.teacher)
+        threshold = format_threshold(world, student)
+    state = student.state_dict()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save({"recipe": recipe_json, "version": RECIPE_VERSION, "state": state, "threshold": threshold}, partial)
+    os.replace(partial, path)
+    return state, threshold
+
+
+def build_synthetic_lm(cache_dir: str | None = None, **recipe: Any) -> SyntheticLM:
+    """The ``synthetic_lm`` world for ``worlds.make_world`` (recipe fields as keyword arguments)."""
+    return SyntheticLM(replace(Recipe(), **recipe), cache_dir=cache_dir)

@@ -1,0 +1,52 @@
+"""``offpolicylab demo``: both demo worlds run end to end (at a few updates) and draw their figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from offpolicylab import cli
+from offpolicylab.runs import RunDir
+from offpolicylab.sweep import run_sweep
+
+SMALL_LM = json.loads((Path(__file__).resolve().parents[2] / "experiments" / "synthetic_lm_grid_small.json")
+                      .read_text())["base"]["world_params"]
+
+
+def test_token_mdp_demo_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "demo"
+    assert cli.main(["demo", "--world", "token_mdp", "--out", str(out), "--updates", "4", "--workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("completed") == 6 and "peak_exact_return" in printed
+    assert (out / "demo.png").stat().st_size > 10_000
+
+
+def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The synthetic-LM demo (a small recipe): grpo, grpo without trust region and m2po at stale_k:256 and
+    on-policy grpo, the figure from the Monte-Carlo evaluation return, the table's eval-return columns from each
+    summary."""
+    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
+    grid = cli.demo_grid(4, world_params=SMALL_LM)
+    grid["base"].update(eval_every=2, prompts_per_update=2, group_size=2)
+    rows = run_sweep(grid, tmp_path / "demo", workers=1)
+    assert [row["status"] for row in rows] == ["completed"] * 4
+    schedules = [json.loads((tmp_path / "demo" / row["cell"] / "config.json").read_text())["schedule"]
+                 for row in rows]
+    assert schedules == ["stale_k:0", "stale_k:256", "stale_k:256", "stale_k:256"]
+    summary = RunDir(tmp_path / "demo" / rows[0]["cell"]).read_summary()
+    returns = cli._demo_returns(summary)
+    assert returns == {"peak_eval_return": summary["peak_eval_reward_sampled"],
+                       "final_eval_return": summary["final_eval_reward_sampled"]}
+    figure = cli.demo_figure([tmp_path / "demo" / row["cell"] for row in rows], tmp_path / "demo.png")
+    assert figure.stat().st_size > 10_000
+
+
+def test_unknown_demo_world_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["demo", "--world", "gsm8k"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'gsm8k'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="valid: token_mdp, synthetic_lm"):
+        cli.demo_grid(world="gsm8k")

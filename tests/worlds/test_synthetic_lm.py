@@ -1,0 +1,240 @@
+"""The synthetic-LM world on a tiny recipe (seconds): teacher distribution against NumPy, reward on hand-built
+responses, the π₀ cache, the Gymnasium env and a CLI run with the world's training defaults."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+from offpolicylab import cli
+from offpolicylab.policies import make_policy
+from offpolicylab.worlds import make_world, world_train_defaults
+from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, NUM_DIGITS, Recipe, SyntheticLM
+
+TINY = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16, "num_heads": 2,
+        "num_layers": 1, "distill_steps": 40, "distill_batch": 16}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("slm_cache")
+
+
+@pytest.fixture(scope="module")
+def world(cache) -> SyntheticLM:
+    return make_world("synthetic_lm", cache_dir=str(cache), **TINY)
+
+
+# ------------------------------------------------------------------------------------------ teacher
+def test_teacher_distribution_matches_numpy_formula(world):
+    r = world.recipe
+    prompt = world.prompt_tokens[:3]
+    response = torch.randint(FIRST_TEXT, r.vocab_size, (3, r.response_len), generator=torch.Generator().manual_seed(0))
+    response[0, -2], response[0, -1] = ANS, 3
+    logp = world.teacher.log_probs(prompt, response).double().numpy()
+    net = world.teacher.net
+    with torch.no_grad():
+        tokens = torch.cat([prompt, response[:, :-1]], 1)
+        hidden = net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
+        z = net.head(hidden).double().numpy()
+        u_h = (hidden @ world.teacher.direction).double().numpy()
+
+    def softmax(x):
+        e = np.exp(x - x.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    def standard(x):
+        return (x - x.mean(-1, keepdims=True)) / x.std(-1, ddof=1, keepdims=True)
+
+    zt = standard(z[..., FIRST_TEXT:])
+    kappa = np.exp(r.sharpness_spread * u_h)
+    text = (1 - r.delta) * softmax(r.alpha * kappa[..., None] * zt) + r.delta * softmax(zt)
+    expected = np.zeros_like(z)
+    expected[..., FIRST_TEXT:] = text
+    expected[:, -2] *= 1 - r.ans_prob
+    expected[:, -2, ANS] = r.ans_prob
+    expected[0, -1] = 0.0
+    key = int(prompt[0, 0]) - FIRST_TEXT
+    expected[0, -1, :NUM_DIGITS] = softmax(r.key_scale * world.teacher.key_logits[key].double().numpy()
+                                           + r.digit_scale * standard(z[0, -1, :NUM_DIGITS]))
+    assert np.allclose(np.exp(logp), expected, atol=1e-5)
+    assert np.allclose(np.exp(logp).sum(-1), 1.0, atol=1e-5)
+
+
+def test_teacher_sampling_probabilities_equal_full_pass(world):
+    prompt = world.prompt_tokens[:5]
+    response, logp = world.teacher.sample(prompt, torch.Generator().manual_seed(1))
+    full = world.teacher.log_probs(prompt, response)
+    finite = torch.isfinite(full)
+    assert torch.equal(finite, torch.isfinite(logp))
+    # the sharp component multiplies float32 rounding of the hidden state (~1e-7) by α κ (~1e2-1e3)
+    assert (full[finite] - logp[finite]).abs().max() < 1e-4
+
+
+# ------------------------------------------------------------------------------------------ reward
+def _teacher_greedy_text(world, prompt):
+    """The teacher's most probable token at every position (high teacher log-probability: on the manifold)."""
+    r = world.recipe
+    response = torch.full((1, r.response_len), FIRST_TEXT)
+    for t in range(r.response_len - 2):
+        response[0, t] = world.teacher.log_probs(prompt[None], response)[0, t].argmax()
+    return response
+
+
+def test_reward_on_hand_built_responses(world):
+    index = 5
+    prompt, key = world.prompt_tokens[index], int(world.prompt_keys[index])
+    right = int(world.table[key])
+    wrong = (right + 1) % NUM_DIGITS
+    base = _teacher_greedy_text(world, prompt)
+    loop = torch.full_like(base, 3)  # degenerate: a digit repeated through the text (teacher probability 0 there)
+
+    def build(text, slot, digit):
+        y = text.clone()
+        y[0, -2], y[0, -1] = slot, digit
+        return y
+
+    cases = {  # (response, reward worked out from the rule: format valid? digit right?)
+        "valid, right digit": (build(base, ANS, right), 1.0),
+        "valid, wrong digit": (build(base, ANS, wrong), 0.1),
+        "no ANS at T-2": (build(base, FIRST_TEXT + 1, right), 0.0),
+        "text instead of a digit at T-1": (build(base, ANS, FIRST_TEXT + 2), 0.0),
+        "ANS at T-1 (not a digit)": (build(base, ANS, ANS), 0.0),
+        "degenerate loop, right digit": (build(loop, ANS, right), 0.0),
+    }
+    responses = torch.cat([c[0] for c in cases.values()])
+    got = world.reward(torch.full((len(cases),), index), responses, torch.ones(responses.shape))
+    assert got.tolist() == pytest.approx([c[1] for c in cases.values()])
+    m = world.teacher.mean_log_prob(prompt[None].expand(2, -1), torch.cat([cases["valid, right digit"][0],
+                                                                             cases["degenerate loop, right digit"][0]]))
+    assert m[0] >= world.threshold > m[1]
+    log_p_format = float(np.log(world.recipe.ans_prob)) + float(world.teacher.log_probs(
+        prompt[None], cases["degenerate loop, right digit"][0])[0, -1, right])
+    assert float(m[1]) == pytest.approx((-30.0 * (world.recipe.response_len - 2) + log_p_format)
+                                        / world.recipe.response_len, abs=1e-4)  # log 0 floored at -30
+
+
+def test_threshold_is_the_first_percentile_of_pi0_samples(world):
+    policy = world.pretrained_policy()
+    prompts = world._prompts(torch.arange(world.num_prompts))
+    rollout = policy.sample(prompts, world.recipe.threshold_samples, 1.0,
+                            torch.Generator().manual_seed(world.recipe.seed + 1299709))
+    m = world.teacher.mean_log_prob(rollout.prompt_ids.long(), rollout.response_ids).double().numpy()
+    assert world.threshold == pytest.approx(float(np.percentile(m, 1)), abs=1e-6)
+    below = int((m < world.threshold).sum())  # linear interpolation at rank 0.01 (n-1): ceil of it lie below
+    assert below == int(np.ceil(0.01 * (m.size - 1)))
+
+
+def test_prompts_keys_and_eval_set(world):
+    r = world.recipe
+    assert world.prompt_tokens.shape == (r.num_train_prompts + r.num_keys, 4)
+    assert torch.equal(world.eval_prompts().ids[:, 0], FIRST_TEXT + torch.arange(r.num_keys))
+    assert torch.equal(torch.bincount(world.prompt_keys[: r.num_train_prompts]),
+                       torch.full((r.num_keys,), r.num_train_prompts // r.num_keys))
+    assert int(world.sample_prompts(50, torch.Generator().manual_seed(0)).index.max()) < r.num_train_prompts
+    big = make_world("synthetic_lm", cache_dir=str(world.cache_dir), **{**TINY, "num_keys": 15, "num_train_prompts": 30})
+    counts = torch.bincount(big.table, minlength=NUM_DIGITS)  # 15 keys: five digits answer 2 keys, five answer 1
+    assert sorted(counts.tolist()) == [1] * 5 + [2] * 5
+
+
+# ------------------------------------------------------------------------------------------ π₀ cache
+def test_cache_is_deterministic_and_keyed_by_the_recipe(world, cache, tmp_path):
+    other = make_world("synthetic_lm", cache_dir=str(tmp_path), **TINY)  # cold build elsewhere
+    assert other.cache_path.name == world.cache_path.name
+    assert other.threshold == world.threshold
+    assert all(torch.equal(other.pretrained_state[k], world.pretrained_state[k]) for k in world.pretrained_state)
+    changed = replace(Recipe(**{k: v for k, v in TINY.items()}), alpha=world.recipe.alpha * 2)
+    assert changed.digest() != world.recipe.digest()
+    # a file under the new recipe's name that holds another recipe is rebuilt, not reused
+    shutil.copy(world.cache_path, tmp_path / SyntheticLM(changed, cache_dir=tmp_path).cache_path.name)
+    rebuilt = SyntheticLM(changed, cache_dir=tmp_path)
+    assert not all(torch.equal(rebuilt.pretrained_state[k], world.pretrained_state[k])
+                   for k in world.pretrained_state)
+    stored = torch.load(rebuilt.cache_path, weights_only=True)
+    assert json.loads(stored["recipe"])["alpha"] == world.recipe.alpha * 2
+
+
+def test_policy_starts_from_pi0(world):
+    policy = make_policy("transformer", world)
+    assert all(torch.equal(policy.state_dict()[k], world.pretrained_state[k]) for k in world.pretrained_state)
+    with pytest.raises(ValueError, match="differs from the world's pretrained"):
+        make_policy("transformer", world, d_model=32)
+    fresh = make_policy("transformer", world, init="random", d_model=16, num_heads=2, num_layers=1)
+    assert not all(torch.equal(fresh.state_dict()[k], world.pretrained_state[k]) for k in world.pretrained_state)
+
+
+def test_bad_recipe_values_name_the_valid_range(cache):
+    with pytest.raises(ValueError, match="vocab_size=20 is too small"):
+        make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "vocab_size": 20, "num_keys": 10})
+    with pytest.raises(ValueError, match="delta"):
+        make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "delta": 1.5})
+
+
+# ------------------------------------------------------------------------------------------ Gymnasium, CLI
+def test_gymnasium_env(cache):
+    env = gym.make("offpolicylab/SyntheticLM-v0", cache_dir=str(cache), **TINY)
+    check_env(env.unwrapped, skip_render_check=True)
+    env = env.unwrapped
+    _, info = env.reset(seed=0, options={"prompt_index": 2})
+    world = env.world
+    key = int(world.prompt_keys[2])
+    response = _teacher_greedy_text(world, world.prompt_tokens[2])[0].tolist()
+    response[-2:] = [ANS, int(world.table[key])]
+    rewards = [env.step(token)[1] for token in response]
+    assert rewards == [0.0] * (len(response) - 1) + [1.0]
+
+
+def test_cli_run_trains_with_the_world_defaults(cache, tmp_path, capsys):
+    args = ["run", "--world", "synthetic_lm", "--objective", "grpo", "--updates", "2", "--eval-every", "1",
+            "--prompts-per-update", "2", "--group-size", "4", "--out", str(tmp_path / "run"),
+            "--world-param", f"cache_dir={cache}"]
+    args += [x for k, v in TINY.items() for x in ("--world-param", f"{k}={v}")]
+    assert cli.main(args) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    for key, value in world_train_defaults("synthetic_lm").items():
+        if key not in ("prompts_per_update", "group_size"):
+            assert config[key] == value, key
+    assert config["prompts_per_update"] == 2  # a flag that was given wins
+    assert (tmp_path / "run" / "metrics.csv").read_text().count("\n") == 3
+
+
+# ------------------------------------------------------------------------------------------ calibration measurements
+def test_pi0_profile_shares_against_numpy(world):
+    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
+
+    policy = world.pretrained_policy()
+    profile = policy_token_profile(world, policy, samples_per_prompt=2, seed=3)
+    rollout = policy.sample(world._prompts(torch.arange(world.num_prompts)), 2, 1.0, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = policy.response_logits(rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index,
+                                        rollout.response_ids).double().numpy()
+    logp = logits - logits.max(-1, keepdims=True)
+    logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
+    entropy = -(np.exp(logp) * logp).sum(-1)
+    sampled = np.take_along_axis(logp, rollout.response_ids.numpy()[..., None], -1)[..., 0]
+    assert profile["n_tokens"] == entropy.size
+    assert profile["share_entropy_below_0.1"] == pytest.approx(float((entropy < 0.1).mean()), abs=1e-9)
+    assert profile["share_entropy_at_least_1"] == pytest.approx(float((entropy >= 1.0).mean()), abs=1e-9)
+    assert profile["share_sampled_prob_below_1e-3"] == pytest.approx(float((sampled < np.log(1e-3)).mean()),
+                                                                     abs=1e-9)
+    assert profile["median_entropy"] == pytest.approx(float(np.median(entropy)), abs=1e-5)
+
+
+def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
+    from offpolicylab.config import TrainConfig
+    from offpolicylab.worlds.synthetic_lm_calibration import update_kls
+
+    params = {**TINY, "cache_dir": str(cache)}
+    config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
+                                    "prompts_per_update": 2, "group_size": 4, "lr": 1e-3, "updates": 3})
+    kls = update_kls(config, 3)
+    assert len(kls) == 3 and all(k >= -1e-9 for k in kls) and max(kls) > 0  # KL >= 0 up to rounding
+    small = update_kls(TrainConfig.from_dict({**config.to_dict(), "lr": 1e-6}), 3)
+    assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
