@@ -45,7 +45,8 @@ if str(ROOT) not in sys.path:  # run as `python experiments/collapse_experiment.
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab import plots  # noqa: E402
-from offpolicylab.sweep import Cell, expand_grid, get_engine, load_grid, result_row, write_results  # noqa: E402
+from offpolicylab.runs import write_grid, write_sweep_results  # noqa: E402
+from offpolicylab.sweep import Cell, expand_grid, get_engine, load_grid, result_row  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"
 MAJORITY = 2 / 3
@@ -92,12 +93,11 @@ def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list
     cells = expand_grid(grid, out)
     high = max(_schedule_staleness(c.config.get("schedule", "on_policy")) for c in cells)
     order = sorted(range(len(cells)), key=lambda i: priority(cells[i], high))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "grid.json").write_text(json.dumps(grid, indent=2) + "\n")
+    write_grid(out, grid)
     summaries = get_engine("local")([cells[i] for i in order], workers, False)
     by_cell = dict(zip(order, summaries, strict=True))
     rows = [result_row(cell, by_cell[i]) for i, cell in enumerate(cells)]
-    write_results(out / "sweep_results.csv", rows)
+    write_sweep_results(out, rows)
     return rows
 
 

@@ -19,7 +19,6 @@ the same names (identical configurations, so identical results) instead of re-ru
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -29,8 +28,9 @@ import common
 
 from offpolicylab import plots
 from offpolicylab.config import TrainConfig
-from offpolicylab.objectives import get_objective
+from offpolicylab.runs import RunDir
 from offpolicylab.sweep import expand_grid, load_grid
+from offpolicylab.trainer import resolve_config
 
 EXPERIMENTS = common.ROOT.parent / "experiments"
 J = "eval_reward_sampled"
@@ -84,20 +84,15 @@ def reuse_cells(grid: dict[str, Any], runs: Path, source: Path | None) -> list[s
     returns the names copied."""
     copied = []
     for cell in expand_grid(grid, runs) if source is not None else []:
-        done, target = source / cell.name, Path(cell.out_dir)
-        finished = (done / "summary.json").is_file() and \
-            json.loads((done / "summary.json").read_text()).get("status") in ("completed", "collapsed")
-        if finished and not target.exists() and json.loads((done / "config.json").read_text()) == resolved(cell.config):
-            shutil.copytree(done, target)
+        done, target = RunDir(source / cell.name), Path(cell.out_dir)
+        summary = done.read_summary() if done.holds_run() else None
+        finished = summary is not None and summary.get("status") in ("completed", "collapsed")
+        if finished and not target.exists() and done.read_config() == resolve_config(TrainConfig.from_dict(cell.config)):
+            shutil.copytree(done.path, target)
             copied.append(cell.name)
     return copied
 
 
-def resolved(cell_config: dict[str, Any]) -> dict[str, Any]:
-    """The config.json the trainer writes for ``cell_config`` (objective parameters filled in with defaults)."""
-    config = TrainConfig.from_dict(cell_config).to_dict()
-    config["objective_params"] = dict(get_objective(config["objective"], **config["objective_params"]).config)
-    return json.loads(json.dumps(config))
 
 
 def table(runs: list[plots.Run]) -> common.pd.DataFrame:

@@ -39,7 +39,7 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
     returns = cli._demo_returns(summary)
     assert returns == {"peak_eval_return": summary["peak_eval_reward_sampled"],
                        "final_eval_return": summary["final_eval_reward_sampled"]}
-    figure = cli.demo_figure([tmp_path / "demo" / row["cell"] for row in rows], tmp_path / "demo.png")
+    figure = cli.demo_figure(tmp_path / "demo", tmp_path / "demo.png")
     assert figure.stat().st_size > 10_000
 
 
