@@ -1,4 +1,4 @@
-"""The staleness-collapse experiment: objectives × staleness × seeds, a Markdown table and the seed papers' three
+"""The staleness-collapse experiment: objectives × staleness × seeds, a Markdown table and the source papers' three
 criteria evaluated mechanically.
 
     python experiments/collapse_experiment.py experiments/synthetic_lm_grid.json --out runs/synthetic_lm --workers 2

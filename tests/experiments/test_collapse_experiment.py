@@ -41,7 +41,7 @@ def fake_run(label: str, staleness: int, seed: int, curve: list[float], se: floa
     name = f"objective={label}__schedule={schedule.replace(':', '-')}__seed={seed}"
     summary = {"status": "collapsed" if collapse >= 0 else "completed", "collapse_update": collapse}
     return plots.Run(Path("/nowhere") / name, {"objective": "grpo", "schedule": schedule, "seed": seed}, metrics,
-                     summary=summary)
+                     summary=summary, labels={"objective": label}, label=label)
 
 
 def test_run_stats_reads_peak_final_and_mechanism() -> None:

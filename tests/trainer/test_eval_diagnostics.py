@@ -100,7 +100,7 @@ def test_kl_to_initial_is_off_for_the_llm_policy_unless_asked() -> None:
     assert not trainer.tracks_kl_init(TrainConfig(policy="hf"))
     assert trainer.tracks_kl_init(TrainConfig(policy="hf", eval_kl_init="on"))
     assert not trainer.tracks_kl_init(TrainConfig(policy="tabular", eval_kl_init="off"))
-    with pytest.raises(ValueError, match="eval_kl_init='sometimes' is invalid; valid: auto, on, off"):
+    with pytest.raises(ValueError, match="eval_kl_init='sometimes' is invalid; valid: one of auto, on, off"):
         TrainConfig(eval_kl_init="sometimes")
 
 
