@@ -45,7 +45,7 @@ if str(ROOT) not in sys.path:  # run as `python experiments/collapse_experiment.
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab import plots  # noqa: E402
-from offpolicylab.runs import write_grid, write_sweep_results  # noqa: E402
+from offpolicylab.runs import read_grid, write_grid, write_sweep_results  # noqa: E402
 from offpolicylab.sweep import Cell, expand_grid, get_engine, load_grid, result_row  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"
@@ -307,10 +307,8 @@ def criteria_markdown(verdict: dict[str, Any]) -> str:
 # ============================================================================================ helpers
 def _grid_labels(out: Path) -> list[str]:
     """Objective labels in the order of the grid file the sweep saved (empty when there is none)."""
-    path = out / "grid.json"
-    if not path.is_file():
-        return []
-    values = json.loads(path.read_text()).get("axes", {}).get("objective", [])
+    grid = read_grid(out)
+    values = [] if grid is None else grid.get("axes", {}).get("objective", [])
     return [v.get("label", v.get("objective")) if isinstance(v, dict) else str(v) for v in values]
 
 

@@ -422,14 +422,20 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
     return [load_run(d, by_sweep[d.parent].get(d.name, {})) for d in dirs]
 
 
-def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
-    """{cell directory name: its axis labels} of the sweep whose grid file is in ``sweep_dir`` ({} without one)."""
-    from offpolicylab.sweep import expand_grid, load_grid
+def read_grid(sweep_dir: str | Path) -> dict[str, Any] | None:
+    """The grid file a sweep in ``sweep_dir`` ran (validated as ``offpolicylab sweep`` does), or None without one."""
+    from offpolicylab.sweep import load_grid
 
     grid_path = Path(sweep_dir) / GRID_FILE
-    if not grid_path.is_file():
-        return {}
-    return {cell.name: cell.labels for cell in expand_grid(load_grid(grid_path), sweep_dir)}
+    return load_grid(grid_path) if grid_path.is_file() else None
+
+
+def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
+    """{cell directory name: its axis labels} of the sweep whose grid file is in ``sweep_dir`` ({} without one)."""
+    from offpolicylab.sweep import expand_grid
+
+    grid = read_grid(sweep_dir)
+    return {} if grid is None else {cell.name: cell.labels for cell in expand_grid(grid, sweep_dir)}
 
 
 def load_samples(path: str | Path) -> dict[str, np.ndarray]:
