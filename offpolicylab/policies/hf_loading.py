@@ -12,6 +12,8 @@ raises a ``ValueError`` that says how to pass a local model instead (docs/llm.md
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,21 +148,17 @@ def load_model_and_tokenizer(
     return lm, tokenizer
 
 
-class _offline_errors:
+@contextmanager
+def _offline_errors(model: str) -> Iterator[None]:
     """Turn the hub's OSError for an unreachable / unknown id into a ValueError that says what to pass instead."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None or not isinstance(exc, OSError) or is_local(self.model):
-            return False
+    try:
+        yield
+    except OSError as exc:
+        if is_local(model):
+            raise
         offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
         why = "HF_HUB_OFFLINE is set" if offline else "the hub could not be reached or has no such model"
-        raise ValueError(f"cannot load model {self.model!r} from the Hugging Face hub ({why}: {exc}); "
+        raise ValueError(f"cannot load model {model!r} from the Hugging Face hub ({why}: {exc}); "
                          + OFFLINE_HELP) from exc
 
 
@@ -205,17 +203,13 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
     return out
 
 
-class _remote_code_errors:
+@contextmanager
+def _remote_code_errors(model: str) -> Iterator[None]:
     """Turn transformers' refusal of a model with custom code into a one-line ValueError naming the opt-in."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> bool:
-        if isinstance(exc, ValueError) and "trust_remote_code" in str(exc) and not remote_code_allowed():
-            raise ValueError(f"model {self.model!r} contains custom code, which offpolicylab does not run; pass "
-                             "--trust-remote-code only if you trust that code") from exc
-        return False
+    try:
+        yield
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc) or remote_code_allowed():
+            raise
+        raise ValueError(f"model {model!r} contains custom code, which offpolicylab does not run; pass "
+                         "--trust-remote-code only if you trust that code") from exc
