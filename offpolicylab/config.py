@@ -87,9 +87,12 @@ class TrainConfig:
                                                          "ends identical)"))
     fsync: bool = _f(Param(False, bool, doc="fsync metrics and checkpoint at each checkpoint (survives OS crashes; "
                                             "checkpoints are atomic against a killed process either way)"))
-    collapse_margin: float = _f(Param(0.2, float, low=0.0, low_open=True,
-                                      doc="collapse: the current policy's smoothed reward falls this far below "
-                                          "its running peak ..."))
+    collapse_margin: float = _f(Param(0.1, float, low=0.0, low_open=True,
+                                      doc="collapse: the current policy's smoothed reward falls at least this far "
+                                          "below its running peak ..."))
+    collapse_gain_fraction: float = _f(Param(0.5, float, low=0.0, high=1.0,
+                                             doc="... and by at least this fraction of its gain (peak − first "
+                                                 "smoothed reward; 0 = the absolute test alone) ..."))
     collapse_spike: float = _f(Param(5.0, float, low=0.0, low_open=True,
                                      doc="... within `collapse_window` updates of a KL or grad-norm spike "
                                          "(value > this factor × its running mean)"))

@@ -16,7 +16,7 @@ def test_drop_with_grad_spike_is_a_collapse_at_the_first_low_point() -> None:
     # alpha = 1: the smoothed reward is the reward itself.  Peak 0.9, spike at update 12, drop ≥ 0.2 at 13.
     rewards = [0.1 * min(u, 9) for u in range(12)] + [0.85, 0.6, 0.5]
     grads = [1.0] * 12 + [50.0, 1.0, 1.0]
-    detector = CollapseDetector(margin=0.2, factor=5.0, window=5, alpha=1.0, warmup=3)
+    detector = CollapseDetector(margin=0.2, gain_fraction=0.0, factor=5.0, window=5, alpha=1.0, warmup=3)
     assert feed(detector, rewards, [0.01] * 15, grads) == [13]
     assert detector.collapsed_at == 13
 
@@ -35,6 +35,22 @@ def test_kl_spike_counts_and_old_spikes_expire() -> None:
     kls = [0.01] * 10 + [1.0] + [0.01] * 10  # spike at update 10, drop at update 20
     assert feed(CollapseDetector(alpha=1.0, warmup=3, window=20), rewards, kls, [1.0] * 21) == [20]
     assert feed(CollapseDetector(alpha=1.0, warmup=3, window=5), rewards, kls, [1.0] * 21) == []
+
+
+def test_the_drop_must_give_back_half_the_gain_or_the_floor_whichever_is_larger() -> None:
+    """Defaults margin 0.1, gain_fraction ½.  Rise 0.2 → 0.8 (gain 0.6): a fall to 0.6 (drop 0.2 < 0.3) is not a
+    collapse, a fall to 0.45 (drop 0.35 ≥ 0.3) is.  A run that never gains (0.18 → 0.0) collapses by the floor."""
+    rise = [0.2 + 0.1 * min(u, 6) for u in range(12)]  # 0.2 … 0.8, peak 0.8 from update 6
+    grads = [1.0] * 12 + [50.0, 1.0, 1.0]
+    partial = CollapseDetector(alpha=1.0, warmup=3, window=5)
+    assert feed(partial, rise + [0.7, 0.6, 0.6], [0.01] * 15, grads) == []
+    full = CollapseDetector(alpha=1.0, warmup=3, window=5)
+    assert feed(full, rise + [0.7, 0.6, 0.45], [0.01] * 15, grads) == [14]
+    fall = [0.18] * 12 + [0.15, 0.09, 0.0]  # drop 0.09 at u = 13 is under the floor, 0.18 at u = 14 is not
+    never_gained = CollapseDetector(alpha=1.0, warmup=3, window=5)
+    assert feed(never_gained, fall, [0.01] * 15, grads) == [14]
+    absolute = CollapseDetector(margin=0.2, gain_fraction=0.0, alpha=1.0, warmup=3, window=5)
+    assert feed(absolute, fall, [0.01] * 15, grads) == []  # the old absolute test missed this fall
 
 
 def test_non_finite_and_state_round_trip() -> None:
