@@ -70,8 +70,8 @@ class Recipe:
     response_len: int = 32
     num_keys: int = 64
     num_train_prompts: int = 512
-    alpha: float = 48.0
-    delta: float = 0.005
+    alpha: float = 7.0
+    delta: float = 0.125
     sharpness_spread: float = 1.5
     ans_prob: float = 0.9
     digit_scale: float = 0.3
@@ -82,7 +82,7 @@ class Recipe:
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 4
-    distill_steps: int = 600
+    distill_steps: int = 1200
     distill_batch: int = 128
     distill_lr: float = 5e-3
     threshold_samples: int = 8
@@ -107,6 +107,9 @@ class Recipe:
         text = json.dumps({"recipe": asdict(self), "version": RECIPE_VERSION,
                            "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+PACKAGED_DIR = Path(__file__).resolve().parent.parent / "data" / "synthetic_lm"
 
 
 def default_cache_dir() -> Path:
@@ -314,17 +317,29 @@ def format_threshold(world: SyntheticLM, policy: TransformerPolicy) -> float:
     return float(torch.quantile(scores.double(), 0.01))
 
 
+def read_cached(path: Path, recipe: Recipe) -> tuple[dict[str, Tensor], float] | None:
+    """(π₀ state, θ) stored at ``path`` for exactly this recipe and build version, else None (a missing, corrupt or
+    foreign file is never trusted; tensors only, ``weights_only=True``)."""
+    if not path.exists():
+        return None
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - a corrupt cache file is rebuilt, never trusted
+        return None
+    if stored.get("recipe") != json.dumps(asdict(recipe), sort_keys=True) or stored.get("version") != RECIPE_VERSION:
+        return None
+    return stored["state"], float(stored["threshold"])
+
+
 def load_or_build(world: SyntheticLM) -> tuple[dict[str, Tensor], float]:
-    """(π₀ state, θ) from ``world.cache_path`` when it holds this recipe, else distilled and written atomically."""
+    """(π₀ state, θ) from ``world.cache_path``, else from the copy shipped with the package (the default recipe's
+    build, made by this same code), else distilled and written to ``world.cache_path`` atomically."""
+    for path in (world.cache_path, PACKAGED_DIR / world.cache_path.name):
+        cached = read_cached(path, world.recipe)
+        if cached is not None:
+            return cached
     recipe_json = json.dumps(asdict(world.recipe), sort_keys=True)
     path = world.cache_path
-    if path.exists():
-        try:
-            stored = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - a corrupt cache file is rebuilt, never trusted
-            stored = {"error": str(exc)}
-        if stored.get("recipe") == recipe_json and stored.get("version") == RECIPE_VERSION:
-            return stored["state"], float(stored["threshold"])
     with torch.random.fork_rng(devices=[]):
         student = distill(world.recipe, world.teacher)
         threshold = format_threshold(world, student)

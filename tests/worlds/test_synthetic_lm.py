@@ -238,3 +238,24 @@ def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     assert len(kls) == 3 and all(k >= -1e-9 for k in kls) and max(kls) > 0  # KL >= 0 up to rounding
     small = update_kls(TrainConfig.from_dict({**config.to_dict(), "lr": 1e-6}), 3)
     assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
+
+
+# ------------------------------------------------------------------ the default recipe against the real-LM profile
+def test_default_world_matches_the_committed_smollm2_profile(tmp_path, capsys):
+    """The default recipe's π₀ (the copy shipped with the package, built by this module's recipe) has each headline
+    share of the committed SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
+    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
+    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, Recipe, read_cached
+    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
+
+    shipped = PACKAGED_DIR / f"{Recipe().digest()[:32]}.pt"
+    assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold the default recipe's π₀"
+    world = make_world("synthetic_lm", cache_dir=str(tmp_path))  # empty cache: the shipped copy is used
+    assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
+    reference = load_profile("smollm2_135m_instruct_gsm8k")
+    rows = compare_profiles(reference, policy_token_profile(world, world.pretrained_policy()))
+    print(format_comparison(rows, names=("SmolLM2-135M", "synthetic_lm π₀")))
+    checked = {row.name: row for row in rows if row.within is not None}
+    assert set(checked) == set(SHARE_KEYS)
+    for row in checked.values():
+        assert abs(row.candidate - row.reference) <= 0.05, (row.name, row.reference, row.candidate)
