@@ -38,6 +38,7 @@ class TokenBatch:
     prox_logp: Tensor | None = None
     entropy: Tensor | None = None
     staleness: Tensor | None = None
+    _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -89,12 +90,20 @@ class TokenBatch:
 
     @property
     def log_ratio(self) -> Tensor:
-        """log r = logp - behavior_logp (grad flows through ``logp``), zero on padded tokens."""
-        return (self.logp - self.behavior_logp) * self.mask
+        """log r = logp - behavior_logp (grad flows through ``logp``), zero on padded tokens (both terms are 0 there,
+        see :meth:`_zero_padded`, so no mask is applied)."""
+        return self.logp - self.behavior_logp
+
+    def ratio(self) -> Tensor:
+        """r = exp(logp − behavior_logp), detached (1 on padded tokens); computed once per batch and shared by the
+        objective and its metrics."""
+        if self._ratio is None:
+            self._ratio = torch.exp(self.logp.detach() - self.behavior_logp)
+        return self._ratio
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         values.update(changes)
         return TokenBatch(**values)
 
