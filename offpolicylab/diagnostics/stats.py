@@ -147,8 +147,9 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     below = position.floor()
     low = (count - 1 - below.long()).clamp(0, k - 1)  # rank from the top of order statistic ⌊p⌋
     high = (low - 1).clamp_min(0)  # of ⌊p⌋ + 1 (the same one at the very top)
-    value = top[low] + (position - below).to(values.dtype) * (top[high] - top[low])
-    value = torch.where(position > below, value, top[low])
+    pair = top.gather(0, torch.stack([low, high]))  # a gather, not top[low]: indexing with a tensor syncs the host
+    value = pair[0] + (position - below).to(values.dtype) * (pair[1] - pair[0])
+    value = torch.where(position > below, value, pair[0])
     return top[0], torch.where(count > 0, value, values.new_zeros(()))
 
 

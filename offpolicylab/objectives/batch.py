@@ -101,6 +101,12 @@ class TokenBatch:
             self._ratio = torch.exp(self.logp.detach() - self.behavior_logp)
         return self._ratio
 
+    def sequence_log_ratio(self) -> Tensor:
+        """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
+        detached: GSPO's log s_i, MIS-PO's log ρ(τ) (:func:`~offpolicylab.diagnostics.stats.sequence_log_ratio`,
+        with the padding already 0)."""
+        return self.log_ratio.detach().sum(dim=-1) / self.mask.sum(dim=-1).clamp_min(1.0)
+
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -40,7 +40,7 @@ def mispo_loss(
     delta = log_ratio.detach()
     valid = batch.mask > 0
     tok_ok = (delta >= _log_or_minus_inf(tok_bounds[0])) & (delta <= _log_or_minus_inf(tok_bounds[1]))
-    log_rho = stats.sequence_log_ratio(delta, batch.mask)
+    log_rho = batch.sequence_log_ratio()
     traj_ok = (log_rho >= log_traj_low) & (log_rho <= log_traj_high)
     keep = tok_ok & traj_ok[:, None] & valid
     ratio = torch.exp(torch.where(keep, log_ratio, torch.zeros_like(log_ratio)))
@@ -160,7 +160,7 @@ class ACMISPO(Objective):
         """k ← k + 1; b_k = clip(β·b_{k−1} + (1 − β)·Quantile_{A*_k}(|log ρ|), b_min, b_max) on this batch."""
         self._k += 1
         level = target_acceptance(self._k, self.a_start, self.a_end, self.warmup)
-        z = stats.sequence_log_ratio(batch.log_ratio.detach(), batch.mask).abs().to(torch.float64)
+        z = batch.sequence_log_ratio().abs().to(torch.float64)
         valid = batch.mask.sum(dim=-1) > 0
         candidate = acceptance_quantile(z, valid, level)
         previous = self._bound.to(candidate.device)

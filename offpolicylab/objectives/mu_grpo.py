@@ -73,11 +73,10 @@ class MuGRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio
-        vetoed = negative_advantage_veto(log_ratio, batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
-        safe_log_ratio = torch.where(vetoed, torch.zeros_like(log_ratio), log_ratio)
-        loss, clipped = ppo_clip_loss(safe_log_ratio, batch.advantages, self.eps_low, self.eps_high)
-        clipped = clipped & ~vetoed
+        vetoed = negative_advantage_veto(batch.log_ratio, batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
+        safe_ratio = torch.where(vetoed, 1.0, batch.ratio())  # r = e^0 on vetoed tokens: no overflow leaks from them
+        loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
+        clipped = (kept == 0) & ~vetoed
         per_token = torch.where(vetoed, torch.zeros_like(loss), loss)
         has_tokens = batch.mask.sum(dim=-1) > 0
         vetoed_responses = vetoed.any(dim=-1) & has_tokens
