@@ -102,33 +102,37 @@ def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
 
 def fused_ratio_summary(delta: Tensor, mask: Tensor, ratio: Tensor | None = None) -> dict[str, Tensor]:
     """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
-    :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``.
+    :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``; ``ratio`` = e^Δ may be
+    passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))).
 
-    Fused: one exp, one expm1 and one reduction per statistic, padding removed by multiplying with the 0/1 mask (no
-    ``torch.where``, no boolean tensors, no host sync); ``ratio`` = min(e^Δ, e^80) may be passed when the caller
-    already has it.  Exact, not approximate: every statistic sums exactly the terms the unfused definition sums, so
-    the results are bit-identical to masking each statistic separately.  The 99.9th percentile and the max come
-    from one ``topk`` of the ⌈0.001·N⌉ + 2 largest masked ratios (N = B·T) instead of a sort of all N: with r ≥ 0 and
-    the padding at 0, the top ranks of the valid ratios are the top ranks of all of them.
+    Fused: one exp (none when ``ratio`` is given) and one expm1 for the ESS and k3, one reduction per statistic, the
+    padding removed by multiplying with the 0/1 mask (no ``torch.where``, no boolean tensors, no host sync), every
+    elementwise step written into one scratch buffer (no allocation per statistic).  Exact, not approximate: every
+    statistic sums exactly the terms the unfused definition sums, so the results are bit-identical to masking each
+    statistic separately.  The 99.9th percentile and the max come from one ``topk`` of the ⌈0.001·(N − 1)⌉ + 2
+    largest masked ratios (N = B·T) instead of a sort of all N: with r ≥ 0 and the padding at 0, the top ranks of
+    the valid ratios are the top ranks of all of them.
     """
     if delta.numel() == 0:
         return {key: delta.new_ones(()) if key == "ess" else delta.new_zeros(()) for key in RATIO_METRICS}
+    mask = mask.to(delta.dtype)
     tokens = mask.sum()
     count = tokens.clamp_min(1.0)
+    work = torch.empty_like(delta)
     if ratio is None:
-        ratio = torch.exp(delta.clamp(max=EXP_CLAMP))
-    valid_ratio = ratio * mask
-    ratio_max, ratio_tail = _top_quantile(valid_ratio, tokens, RATIO_TAIL_QUANTILE)
-    return {
-        "ratio_mean": valid_ratio.sum() / count,
-        "ratio_max": ratio_max,
-        "ratio_p999": ratio_tail,
-        "log_ratio_abs_mean": delta.abs().sum() / count,
-        "m2": (delta**2).sum() / count,
-        "ess": _fused_ess(delta, mask, tokens, count),
-        "kl_k1": (0.0 - delta.sum()) / count,  # = Σ(−Δ) exactly, and +0 (not −0) when Σ Δ = 0, as that sum gives
-        "kl_k3": (torch.expm1(delta.clamp(max=EXP_CLAMP)) - delta).sum() / count,
-    }
+        torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
+    else:
+        torch.clamp(ratio, max=math.exp(EXP_CLAMP), out=work)
+    work.mul_(mask)  # valid ratios, 0 on padding
+    ratio_max, ratio_tail = _top_quantile(work, tokens, RATIO_TAIL_QUANTILE)
+    metrics = {"ratio_mean": work.sum() / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
+    metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum() / count
+    metrics["m2"] = torch.mul(delta, delta, out=work).sum() / count
+    metrics["ess"] = _fused_ess(delta, mask, tokens, count, work)
+    metrics["kl_k1"] = (0.0 - delta.sum()) / count  # = Σ(−Δ) exactly, and +0 (not −0) when Σ Δ = 0, as that sum gives
+    torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
+    metrics["kl_k3"] = work.sub_(delta).sum() / count
+    return metrics
 
 
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")
@@ -153,13 +157,15 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     return top[0], torch.where(count > 0, value, values.new_zeros(()))
 
 
-def _fused_ess(delta: Tensor, mask: Tensor, tokens: Tensor, count: Tensor) -> Tensor:
-    """:func:`effective_sample_size` of a zero-padded ``delta``: the max-rescaled weights e^(Δ − max Δ) with the
-    padding pushed to −finfo.max for the max and multiplied out afterwards (bit-identical to the masked form)."""
-    floor = torch.finfo(delta.dtype).max
-    top = (delta + (mask - 1.0) * floor).max()  # max over valid Δ (valid: Δ + 0 = Δ exactly)
-    weights = torch.exp((delta - top).clamp(max=0.0)) * mask  # valid: Δ − top ≤ 0, so the clamp only tames padding
-    ess = weights.sum() ** 2 / (count * (weights**2).sum()).clamp_min(torch.finfo(weights.dtype).tiny)
+def _fused_ess(delta: Tensor, mask: Tensor, tokens: Tensor, count: Tensor, work: Tensor) -> Tensor:
+    """:func:`effective_sample_size` of a zero-padded ``delta`` in the scratch buffer ``work``: the max-rescaled
+    weights e^(Δ − max Δ) with the padding pushed to −finfo.max for the max and multiplied out afterwards
+    (bit-identical to the masked form)."""
+    torch.sub(mask, 1.0, out=work).mul_(torch.finfo(delta.dtype).max).add_(delta)  # Δ on valid tokens (Δ + 0)
+    top = work.max()
+    torch.sub(delta, top, out=work).clamp_(max=0.0).exp_().mul_(mask)  # valid: Δ − top ≤ 0, the clamp tames padding
+    total = work.sum()
+    ess = total**2 / (count * work.mul_(work).sum()).clamp_min(torch.finfo(delta.dtype).tiny)
     return torch.where(tokens > 0, ess, delta.new_ones(()))
 
 

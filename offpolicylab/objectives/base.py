@@ -7,7 +7,6 @@ applies the optional TIS weight, aggregates with ``agg`` and adds the standard d
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -111,17 +110,13 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
     detached, no host sync.  Fused (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary`): the batch's
     log-ratio and entropy are already 0 on padded tokens and its ratio is shared with the objective."""
     mask = batch.mask
-    ratio = batch.ratio().clamp(max=RATIO_CAP)
-    metrics = stats.fused_ratio_summary(batch.log_ratio.detach(), mask, ratio)
+    metrics = stats.fused_ratio_summary(batch.log_ratio.detach(), mask, batch.ratio())
     count = mask.sum().clamp_min(1.0)
     metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / count
     if batch.entropy is not None:
         metrics["entropy"] = batch.entropy.sum() / count
     return metrics
 
-
-#: e^80: the ratio metrics use min(r, e^80) = exp(min(Δ, 80)) (:data:`~offpolicylab.diagnostics.stats.EXP_CLAMP`).
-RATIO_CAP = math.exp(stats.EXP_CLAMP)
 
 
 # ------------------------------------------------------------------------------------------------- registry
