@@ -128,7 +128,7 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, ratio: Tensor | None = None
     metrics = {"ratio_mean": work.sum() / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
     metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum() / count
     metrics["m2"] = torch.mul(delta, delta, out=work).sum() / count
-    metrics["ess"] = _fused_ess(delta, mask, tokens, count, work)
+    metrics["ess"] = fused_effective_sample_size(delta, mask, work)
     metrics["kl_k1"] = (0.0 - delta.sum()) / count  # = Σ(−Δ) exactly, and +0 (not −0) when Σ Δ = 0, as that sum gives
     torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
     metrics["kl_k3"] = work.sub_(delta).sum() / count
@@ -157,15 +157,18 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     return top[0], torch.where(count > 0, value, values.new_zeros(()))
 
 
-def _fused_ess(delta: Tensor, mask: Tensor, tokens: Tensor, count: Tensor, work: Tensor) -> Tensor:
-    """:func:`effective_sample_size` of a zero-padded ``delta`` in the scratch buffer ``work``: the max-rescaled
-    weights e^(Δ − max Δ) with the padding pushed to −finfo.max for the max and multiplied out afterwards
-    (bit-identical to the masked form)."""
+def fused_effective_sample_size(delta: Tensor, mask: Tensor, work: Tensor | None = None) -> Tensor:
+    """:func:`effective_sample_size` of a detached log-ratio ``delta`` that is already 0 on padded tokens, with a
+    binary float ``mask`` of its dtype (``work``: an optional scratch buffer like ``delta``): the max-rescaled
+    weights e^(Δ − max Δ) with the padding pushed to −finfo.max for the max and multiplied out afterwards, no
+    ``torch.where`` over tokens — bit-identical to the masked form."""
+    work = torch.empty_like(delta) if work is None else work
+    tokens = mask.sum()
     torch.sub(mask, 1.0, out=work).mul_(torch.finfo(delta.dtype).max).add_(delta)  # Δ on valid tokens (Δ + 0)
     top = work.max()
     torch.sub(delta, top, out=work).clamp_(max=0.0).exp_().mul_(mask)  # valid: Δ − top ≤ 0, the clamp tames padding
     total = work.sum()
-    ess = total**2 / (count * work.mul_(work).sum()).clamp_min(torch.finfo(delta.dtype).tiny)
+    ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum()).clamp_min(torch.finfo(delta.dtype).tiny)
     return torch.where(tokens > 0, ess, delta.new_ones(()))
 
 

@@ -6,6 +6,7 @@ a toy-MDP response has ``T`` tokens and an LLM completion up to ``T`` tokens.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -106,6 +107,22 @@ class TokenBatch:
         detached: GSPO's log s_i, MIS-PO's log ρ(τ) (:func:`~offpolicylab.diagnostics.stats.sequence_log_ratio`,
         with the padding already 0)."""
         return self.log_ratio.detach().sum(dim=-1) / self.mask.sum(dim=-1).clamp_min(1.0)
+
+    def keep_rows(self, keep: Tensor, advantages: Tensor) -> TokenBatch:
+        """A copy in which only the sequences where ``keep`` ([B] bool) holds remain — the others become padding
+        (mask 0, every token field 0) — with new per-sequence ``advantages`` ([B], finite).  Not validated again:
+        every value left was validated here and zeroing rows keeps the invariants, so the rows are removed with
+        products (x·1 = x, x·0 = 0 for the finite fields) instead of a full :meth:`replace`."""
+        rows = keep.to(self.mask.dtype)[:, None]
+        out = copy.copy(self)
+        out.mask = self.mask * rows
+        out.advantages = advantages.to(self.mask.dtype)[:, None] * out.mask
+        for name in ("logp", "behavior_logp", "sampler_logp", "prox_logp", "entropy"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, value * rows)
+        out._ratio = None
+        return out
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""

@@ -73,16 +73,17 @@ class MuGRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        vetoed = negative_advantage_veto(batch.log_ratio, batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
-        safe_ratio = torch.where(vetoed, 1.0, batch.ratio())  # r = e^0 on vetoed tokens: no overflow leaks from them
+        veto = negative_advantage_veto(batch.log_ratio, batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
+        vetoed = veto.to(batch.mask.dtype)
+        allowed = 1.0 - vetoed
+        safe_ratio = torch.exp(allowed * batch.log_ratio.detach())  # e^0 on vetoed tokens: no overflow leaks from them
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
-        clipped = (kept == 0) & ~vetoed
-        per_token = torch.where(vetoed, torch.zeros_like(loss), loss)
+        clipped = (1.0 - kept) * allowed
         has_tokens = batch.mask.sum(dim=-1) > 0
-        vetoed_responses = vetoed.any(dim=-1) & has_tokens
+        vetoed_responses = (vetoed.amax(dim=-1) > 0) & has_tokens
         metrics = {
             "clip_frac": stats.fraction(clipped, batch.mask),
             "nav_frac": stats.fraction(vetoed, batch.mask),
             "nav_response_frac": vetoed_responses.sum().to(batch.mask.dtype) / has_tokens.sum().clamp_min(1),
         }
-        return per_token, (~(clipped | vetoed)).to(batch.mask.dtype), metrics
+        return allowed * loss, kept * allowed, metrics

@@ -142,9 +142,9 @@ class REDDrop(Objective):
                 "got None"
             )
         advantages, keep = red_drop_advantages(batch.rewards, batch.group_ids)
-        kept_mask = batch.mask * keep[:, None].to(batch.mask.dtype)
-        out = super().__call__(batch.replace(advantages=advantages.to(batch.logp.dtype), mask=kept_mask),
-                               metrics=metrics)
+        kept = batch.keep_rows(keep, advantages)
+        kept_mask = kept.mask
+        out = super().__call__(kept, metrics=metrics)
         if not metrics:
             return out
         out.metrics["mask_frac"] = 1.0 - kept_mask.sum() / batch.mask.sum().clamp_min(1.0)

@@ -205,3 +205,17 @@ def test_objectives_losses_are_finite_on_padding_so_the_mask_product_is_exact(na
     for agg in AGG_MODES:
         assert torch.equal(aggregate(per_token, batch.mask, agg, finite_padding=True),
                            aggregate(per_token, batch.mask, agg))
+
+
+def test_keep_rows_equals_a_validated_replace() -> None:
+    """``keep_rows`` (products, no re-validation) gives the same batch as ``replace`` with the narrowed mask."""
+    fields = ragged_batch(5)
+    batch = TokenBatch(**{**fields, "sampler_logp": fields["behavior_logp"] + 0.01, "prox_logp": fields["logp"]})
+    keep = torch.tensor([True, False] * 6)
+    advantages = torch.randn(12, dtype=torch.float64)
+    fast = batch.keep_rows(keep, advantages)
+    slow = batch.replace(advantages=advantages, mask=batch.mask * keep[:, None].double())
+    for name in ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy", "rewards",
+                 "group_ids"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert torch.equal(fast.ratio(), slow.ratio()) and torch.equal(fast.log_ratio, slow.log_ratio)
