@@ -39,15 +39,18 @@ class SortedTrustRegion:
     """
 
     def __init__(self, delta_sq: Tensor, trust_region: Tensor, tau: float) -> None:
-        values = delta_sq.reshape(-1)[trust_region.reshape(-1) > 0].to(torch.float64)
-        small = values < tau
-        self.n = values.numel()
-        self.n_small = small.sum()
-        self.small_sum = torch.where(small, values, 0.0).sum()
-        self.small_max = torch.where(small, values, 0.0).max() if self.n else values.new_zeros(())
-        self.tail = torch.sort(values[~small]).values
+        """``delta_sq`` ≥ 0 and ``trust_region`` (0/1 floats) are [B, T]; only the tail is gathered."""
+        in_tail = trust_region * stats.indicator(torch.ge, delta_sq, tau)
+        small = trust_region - in_tail  # 0/1: H values < τ
+        small_values = delta_sq * small  # exact: the values or 0
+        self.n = int(trust_region.sum())
+        self.n_small = small.sum().to(torch.float64)
+        self.small_sum = small_values.sum(dtype=torch.float64)
+        self.small_max = small_values.max().to(torch.float64) if small_values.numel() else self.small_sum
+        tail = torch.masked_select(delta_sq, in_tail > 0).to(torch.float64)
+        self.tail = torch.sort(tail).values
         self.prefix = self.small_sum + torch.cumsum(self.tail, dim=0)  # P_{n_s + j}, j = 1 … n − n_s
-        self.ranks = self.n_small + torch.arange(1, self.tail.numel() + 1, device=values.device, dtype=values.dtype)
+        self.ranks = self.n_small + torch.arange(1, self.tail.numel() + 1, device=tail.device, dtype=tail.dtype)
 
 
 def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
