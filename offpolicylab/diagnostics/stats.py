@@ -160,14 +160,16 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
 def fused_effective_sample_size(delta: Tensor, mask: Tensor, work: Tensor | None = None) -> Tensor:
     """:func:`effective_sample_size` of a detached log-ratio ``delta`` that is already 0 on padded tokens, with a
     binary float ``mask`` of its dtype (``work``: an optional scratch buffer like ``delta``): the max-rescaled
-    weights e^(Δ − max Δ) with the padding pushed to −finfo.max for the max and multiplied out afterwards, no
+    weights e^(Δ − max Δ) with the padding pushed to −finfo.max, where the exp is 0 (the masked form's −inf), no
     ``torch.where`` over tokens — bit-identical to the masked form."""
     work = torch.empty_like(delta) if work is None else work
     tokens = mask.sum()
-    torch.sub(mask, 1.0, out=work).mul_(torch.finfo(delta.dtype).max).add_(delta)  # Δ on valid tokens (Δ + 0)
+    # Δ on valid tokens (Δ + 0 exactly), −finfo.max on padding: its max is the valid max and e^(−max − top) = 0
+    floor = torch.finfo(delta.dtype).max
+    torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta)
     top = work.max()
-    torch.sub(delta, top, out=work).clamp_(max=0.0).exp_().mul_(mask)  # valid: Δ − top ≤ 0, the clamp tames padding
-    total = work.sum()
+    top = torch.where(top > -floor, top, delta.new_zeros(()))  # no finite valid Δ: 0, as the masked form (weights 0)
+    total = work.sub_(top).exp_().sum()
     ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum()).clamp_min(torch.finfo(delta.dtype).tiny)
     return torch.where(tokens > 0, ess, delta.new_ones(()))
 

@@ -219,3 +219,14 @@ def test_keep_rows_equals_a_validated_replace() -> None:
                  "group_ids"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
     assert torch.equal(fast.ratio(), slow.ratio()) and torch.equal(fast.log_ratio, slow.log_ratio)
+
+
+def test_fused_ess_equals_the_masked_ess_at_the_edges() -> None:
+    """Valid log-ratios of −inf (a zero-probability token) or ±50, padding, no valid token: bit for bit."""
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    for values in ([[-math.inf, -math.inf, 0.0, 0.0], [-math.inf, 0.0, 0.0, 0.0]],
+                   [[50.0, -50.0, 0.0, 0.0], [3.0, 0.0, 0.0, 0.0]], [[-50.0, -60.0, 0.0, 0.0], [-70.0, 0.0, 0.0, 0.0]]):
+        delta = torch.tensor(values)
+        assert torch.equal(stats.fused_effective_sample_size(delta, mask), stats.effective_sample_size(delta, mask))
+    empty = torch.zeros(2, 4)
+    assert float(stats.fused_effective_sample_size(empty, empty)) == 1.0
