@@ -32,11 +32,12 @@ def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: flo
     trigger of a response that are not triggers themselves; ``suffix`` → from the first trigger of a response to its
     end (cumulative sum along T > 0), i.e. trigger ∪ H_κ from there on; ``response`` → every valid token of a response
     that has a trigger.  Nesting: trigger ⊆ suffix, nontrigger_suffix ⊆ suffix ⊆ response, trigger ∩
-    nontrigger_suffix = ∅.  Padding is never vetoed.  Float products instead of boolean tensors (slow on CPU).
+    nontrigger_suffix = ∅.  Padding (``mask`` 0; the mask holds 0 and 1) is never vetoed.  Float products instead of
+    boolean tensors (slow on CPU).
     """
     if scope not in NAV_SCOPES:
         raise ValueError(f"unknown nav_scope {scope!r}; valid: {', '.join(NAV_SCOPES)}")
-    valid = stats.indicator(torch.gt, mask, 0.0)
+    valid = mask if torch.is_floating_point(mask) else mask.to(torch.get_default_dtype())  # 0/1
     if scope == "none":
         return torch.zeros_like(valid)
     trigger = (valid * stats.indicator(torch.lt, advantages.detach().to(valid.dtype), 0.0)
@@ -83,12 +84,13 @@ class MuGRPO(Objective):
         allowed = 1.0 - vetoed
         safe_ratio = torch.exp(allowed * batch.log_ratio.detach())  # e^0 on vetoed tokens: no overflow leaks from them
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
-        clipped = (1.0 - kept) * allowed
-        has_tokens = batch.mask.sum(dim=-1) > 0
-        vetoed_responses = (vetoed.amax(dim=-1) > 0) & has_tokens
-        metrics = {
-            "clip_frac": stats.fraction(clipped, batch.mask),
-            "nav_frac": stats.fraction(vetoed, batch.mask),
-            "nav_response_frac": vetoed_responses.sum().to(batch.mask.dtype) / has_tokens.sum().clamp_min(1),
+        token_mask = kept * allowed
+        tokens = batch.mask.sum(dim=-1)
+        count = tokens.sum().clamp_min(1.0)
+        vetoed_responses = vetoed.amax(dim=-1)  # 0/1 per response; 0 for empty ones (padding is never vetoed)
+        metrics = {  # the clipped tokens are allowed − kept·allowed; vetoed and clipped tokens are never padding
+            "clip_frac": (allowed.sum() - token_mask.sum()) / count,
+            "nav_frac": vetoed.sum() / count,
+            "nav_response_frac": vetoed_responses.sum() / (tokens > 0).sum().clamp_min(1),
         }
-        return allowed * loss, kept * allowed, metrics
+        return allowed * loss, token_mask, metrics
