@@ -39,6 +39,7 @@ class TokenBatch:
     prox_logp: Tensor | None = None
     entropy: Tensor | None = None
     staleness: Tensor | None = None
+    _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
 
     def __post_init__(self) -> None:
@@ -95,18 +96,25 @@ class TokenBatch:
         see :meth:`_zero_padded`, so no mask is applied)."""
         return self.logp - self.behavior_logp
 
+    def delta(self) -> Tensor:
+        """Δ = log r = logp − behavior_logp, detached (0 on padded tokens); computed once per batch and shared by the
+        objective and its metrics (:attr:`log_ratio` is the same value with grad)."""
+        if self._delta is None:
+            self._delta = self.logp.detach() - self.behavior_logp
+        return self._delta
+
     def ratio(self) -> Tensor:
-        """r = exp(logp − behavior_logp), detached (1 on padded tokens); computed once per batch and shared by the
-        objective and its metrics."""
+        """r = exp(Δ), detached (1 on padded tokens); computed once per batch and shared by the objective and its
+        metrics."""
         if self._ratio is None:
-            self._ratio = torch.exp(self.logp.detach() - self.behavior_logp)
+            self._ratio = torch.exp(self.delta())
         return self._ratio
 
     def sequence_log_ratio(self) -> Tensor:
         """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
         detached: GSPO's log s_i, MIS-PO's log ρ(τ) (:func:`~offpolicylab.diagnostics.stats.sequence_log_ratio`,
         with the padding already 0)."""
-        return self.log_ratio.detach().sum(dim=-1) / self.mask.sum(dim=-1).clamp_min(1.0)
+        return self.delta().sum(dim=-1) / self.mask.sum(dim=-1).clamp_min(1.0)
 
     def keep_rows(self, keep: Tensor, advantages: Tensor) -> TokenBatch:
         """A copy in which only the sequences where ``keep`` ([B] bool) holds remain — the others become padding
@@ -121,7 +129,7 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, value * rows)
-        out._ratio = None
+        out._delta = out._ratio = None
         return out
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:

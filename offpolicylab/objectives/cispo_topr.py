@@ -67,7 +67,7 @@ class TOPR(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio.detach()
+        log_ratio = batch.delta()
         if self.ratio_level == "sequence":
             log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)
         negative = batch.advantages < 0

@@ -118,7 +118,7 @@ class M2PO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        delta = batch.log_ratio.detach()
+        delta = batch.delta()
         trust_region = trust_region_tokens(delta, batch.advantages)
         delta_sq = delta**2
         in_region = trust_region.sum()

@@ -37,7 +37,7 @@ def mispo_loss(
     Returns (ℓ, kept tokens as 0/1, metrics ``tok_accept_rate`` (valid tokens) and ``accept_rate`` (trajectories
     with at least one valid token)).  Rejected tokens get ℓ = 0 and exactly zero gradient whatever their ratio.
     """
-    delta = batch.log_ratio.detach()
+    delta = batch.delta()
     tok_ok = stats.indicator(torch.ge, delta, _log_or_minus_inf(tok_bounds[0])) * stats.indicator(
         torch.le, delta, _log_or_minus_inf(tok_bounds[1]))
     log_rho = batch.sequence_log_ratio()

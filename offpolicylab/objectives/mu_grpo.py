@@ -80,9 +80,9 @@ class MuGRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        vetoed = veto_weights(batch.log_ratio, batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
+        vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
         allowed = 1.0 - vetoed
-        safe_ratio = torch.exp(allowed * batch.log_ratio.detach())  # e^0 on vetoed tokens: no overflow leaks from them
+        safe_ratio = torch.exp(allowed * batch.delta())  # e^0 on vetoed tokens: no overflow leaks from them
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
         token_mask = kept * allowed
         tokens = batch.mask.sum(dim=-1)

@@ -218,7 +218,8 @@ def test_keep_rows_equals_a_validated_replace() -> None:
     for name in ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy", "rewards",
                  "group_ids"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name
-    assert torch.equal(fast.ratio(), slow.ratio()) and torch.equal(fast.log_ratio, slow.log_ratio)
+    assert torch.equal(fast.ratio(), slow.ratio()) and torch.equal(fast.delta(), slow.delta())
+    assert torch.equal(fast.log_ratio, slow.log_ratio)
 
 
 def test_fused_ess_equals_the_masked_ess_at_the_edges() -> None:
