@@ -6,6 +6,7 @@ Shared notation: r = exp(logp − behavior_logp), A = advantage, ℓ = per-token
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,14 +28,29 @@ class Reinforce(Objective):
 
 
 def straight_through(value: Tensor, logp: Tensor, coefficient: Tensor, slope: Tensor) -> Tensor:
-    """value + coefficient·(slope·(logp − sg(logp))): the value ``value`` (exactly) with gradient coefficient·slope
-    w.r.t. ``logp``, where value, coefficient and slope are detached.
+    """A tensor with the value ``value`` and the gradient coefficient·slope w.r.t. ``logp`` (value, coefficient and
+    slope detached, broadcastable to ``logp``'s shape): value + coefficient·(slope·(logp − sg(logp))) without
+    computing that sum.
 
-    This is how a loss ℓ = coefficient·f(logp) with f' = slope is differentiated without building a graph for f: the
-    backward pass is two products, computed in the order autograd uses for coefficient·f (upstream·coefficient, then
-    ·slope), so the gradient is bit-identical to differentiating the written-out formula.  ``slope`` must be finite
-    (an infinite ratio gives a nan loss here where the formula gives ±inf; both are non-finite)."""
-    return value + coefficient * (slope * (logp - logp.detach()))
+    This is how a loss ℓ = coefficient·f(logp) with f' = slope is differentiated without building a graph for f: no
+    elementwise work forward, two products backward, in the order autograd uses for coefficient·f (upstream ·
+    coefficient, then · slope), so the gradient is bit-identical to differentiating the written-out formula."""
+    return _StraightThrough.apply(value, logp, coefficient, slope)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """See :func:`straight_through` (first-order gradients only)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, logp: Tensor, coefficient: Tensor, slope: Tensor) -> Tensor:
+        ctx.save_for_backward(coefficient, slope)
+        ctx.shape = logp.shape
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None, None]:
+        coefficient, slope = ctx.saved_tensors
+        return None, (grad * coefficient * slope).expand(ctx.shape), None, None
 
 
 def ppo_clip_loss(
