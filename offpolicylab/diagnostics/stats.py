@@ -100,10 +100,13 @@ def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     return fused_ratio_summary(delta, mask)
 
 
-def fused_ratio_summary(delta: Tensor, mask: Tensor, ratio: Tensor | None = None) -> dict[str, Tensor]:
+def fused_ratio_summary(
+    delta: Tensor, mask: Tensor, ratio: Tensor | None = None, ess: Tensor | None = None
+) -> dict[str, Tensor]:
     """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
     :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``; ``ratio`` = e^Δ may be
-    passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))).
+    passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))), and so may ``ess``
+    (:func:`fused_effective_sample_size` of the same arguments).
 
     Fused: one exp (none when ``ratio`` is given) and one expm1 for the ESS and k3, one reduction per statistic, the
     padding removed by multiplying with the 0/1 mask (no ``torch.where``, no boolean tensors, no host sync), every
@@ -128,7 +131,7 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, ratio: Tensor | None = None
     metrics = {"ratio_mean": work.sum() / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
     metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum() / count
     metrics["m2"] = torch.mul(delta, delta, out=work).sum() / count
-    metrics["ess"] = fused_effective_sample_size(delta, mask, work)
+    metrics["ess"] = fused_effective_sample_size(delta, mask, work) if ess is None else ess
     metrics["kl_k1"] = (0.0 - delta.sum()) / count  # = Σ(−Δ) exactly, and +0 (not −0) when Σ Δ = 0, as that sum gives
     torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
     metrics["kl_k3"] = work.sub_(delta).sum() / count
@@ -163,6 +166,7 @@ def fused_effective_sample_size(delta: Tensor, mask: Tensor, work: Tensor | None
     weights e^(Δ − max Δ) with the padding pushed to −finfo.max, where the exp is 0 (the masked form's −inf), no
     ``torch.where`` over tokens — bit-identical to the masked form."""
     work = torch.empty_like(delta) if work is None else work
+    mask = mask.to(delta.dtype)
     tokens = mask.sum()
     # Δ on valid tokens (Δ + 0 exactly), −finfo.max on padding: its max is the valid max and e^(−max − top) = 0
     floor = torch.finfo(delta.dtype).max

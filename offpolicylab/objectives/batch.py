@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import Tensor
 
+from offpolicylab.diagnostics import stats
+
 _TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
 _SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
 _FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp")  # must be finite on unmasked tokens
@@ -41,6 +43,7 @@ class TokenBatch:
     staleness: Tensor | None = None
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
+    _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -110,6 +113,13 @@ class TokenBatch:
             self._ratio = torch.exp(self.delta())
         return self._ratio
 
+    def ess(self) -> Tensor:
+        """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
+        detached; computed once per batch and shared by the objective (P3O) and its metrics."""
+        if self._ess is None:
+            self._ess = stats.fused_effective_sample_size(self.delta(), self.mask)
+        return self._ess
+
     def sequence_log_ratio(self) -> Tensor:
         """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
         detached: GSPO's log s_i, MIS-PO's log ρ(τ) (:func:`~offpolicylab.diagnostics.stats.sequence_log_ratio`,
@@ -129,7 +139,7 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, value * rows)
-        out._delta = out._ratio = None
+        out._delta = out._ratio = out._ess = None
         return out
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:

@@ -45,7 +45,7 @@ class P3O(Objective):
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         log_ratio = batch.log_ratio
-        ess = stats.fused_effective_sample_size(batch.delta(), batch.mask)
+        ess = batch.ess()
         weight = batch.ratio().clamp(max=math.exp(EXP_CLAMP))  # = exp(min(Δ, 80))
         rho = torch.minimum(weight, ess).clamp_min(0.0)
         kl = kl_k3_behavior(log_ratio)
