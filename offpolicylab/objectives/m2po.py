@@ -42,15 +42,23 @@ class SortedTrustRegion:
         """``delta_sq`` ≥ 0 and ``trust_region`` (0/1 floats) are [B, T]; only the tail is gathered."""
         in_tail = trust_region * stats.indicator(torch.ge, delta_sq, tau)
         small = trust_region - in_tail  # 0/1: H values < τ
-        small_values = delta_sq * small  # exact: the values or 0
-        self.n = int(trust_region.sum())
+        self.small_values = delta_sq * small  # exact: the values or 0
         self.n_small = small.sum().to(torch.float64)
-        self.small_sum = small_values.sum(dtype=torch.float64)
-        self.small_max = small_values.max().to(torch.float64) if small_values.numel() else self.small_sum
+        self.small_sum = self.small_values.sum(dtype=torch.float64)
         tail = torch.masked_select(delta_sq, in_tail > 0).to(torch.float64)
         self.tail = torch.sort(tail).values
         self.prefix = self.small_sum + torch.cumsum(self.tail, dim=0)  # P_{n_s + j}, j = 1 … n − n_s
         self.ranks = self.n_small + torch.arange(1, self.tail.numel() + 1, device=tail.device, dtype=tail.dtype)
+
+    @property
+    def n(self) -> int:
+        """|H| (read on the host: only the cap variant needs it)."""
+        return int(self.n_small) + self.tail.numel()
+
+    @property
+    def small_max(self) -> Tensor:
+        """The largest H value below τ (0 when there is none)."""
+        return self.small_values.max().to(torch.float64) if self.small_values.numel() else self.small_sum
 
 
 def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
