@@ -148,7 +148,7 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     lower of the two interpolated order statistics is at most (1 − q)·(n − 1) + 1 ranks from the top)."""
     flat = values.reshape(-1)
     k = min(flat.numel(), math.ceil((1.0 - q) * (flat.numel() - 1)) + 2)
-    top = flat.topk(k).values  # descending
+    top = largest(flat, k)  # descending
     count = tokens.to(torch.int64)
     position = q * (count - 1).clamp_min(0).to(torch.float64)  # as masked_quantile: float64
     below = position.floor()
@@ -158,6 +158,24 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     value = pair[0] + (position - below).to(values.dtype) * (pair[1] - pair[0])
     value = torch.where(position > below, value, pair[0])
     return top[0], torch.where(count > 0, value, values.new_zeros(()))
+
+
+TOPK_BLOCK = 64
+"""Block length of :func:`largest`."""
+
+
+def largest(flat: Tensor, k: int) -> Tensor:
+    """The k largest values of the 1-D ``flat``, descending — exactly ``flat.topk(k).values``, read from the k
+    blocks of :data:`TOPK_BLOCK` values with the largest maxima: a value among the k largest lies in such a block
+    (otherwise k blocks would each hold a larger value).  One pass for the block maxima and two small ``topk``
+    instead of one ``topk`` over all N values, with static shapes (no host sync).  Sizes that are not a multiple of
+    the block, or with fewer than 4k blocks, take the plain ``topk``."""
+    blocks = flat.numel() // TOPK_BLOCK
+    if flat.numel() % TOPK_BLOCK or blocks < 4 * k:
+        return flat.topk(k).values
+    grid = flat.view(blocks, TOPK_BLOCK)
+    chosen = grid.amax(dim=1).topk(k).indices
+    return grid.index_select(0, chosen).reshape(-1).topk(k).values
 
 
 def fused_effective_sample_size(delta: Tensor, mask: Tensor, work: Tensor | None = None) -> Tensor:

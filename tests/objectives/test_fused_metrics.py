@@ -231,3 +231,16 @@ def test_fused_ess_equals_the_masked_ess_at_the_edges() -> None:
         assert torch.equal(stats.fused_effective_sample_size(delta, mask), stats.effective_sample_size(delta, mask))
     empty = torch.zeros(2, 4)
     assert float(stats.fused_effective_sample_size(empty, empty)) == 1.0
+
+
+@pytest.mark.parametrize("size", [64 * 1000, 64 * 4 * 70, 3000, 50])
+def test_largest_values_from_blocks_equal_topk(size: int) -> None:
+    """stats.largest reads the k largest values from the k blocks with the largest maxima (or falls back to one
+    topk): the same values as torch.topk, ties and a single dominant block included."""
+    gen = torch.Generator().manual_seed(size)
+    values = torch.randint(0, 40, (size,), generator=gen).float() / 3.0  # many ties
+    block = min(64, size)
+    values[:block] = 100.0 + torch.arange(float(block))  # one block holds the largest values
+    for k in (1, 5, math.ceil(0.001 * (size - 1)) + 2, 70):
+        k = min(k, size)
+        assert torch.equal(stats.largest(values, k), values.topk(k).values), k
