@@ -108,13 +108,13 @@ def fused_ratio_summary(
     passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))), and so may ``ess``
     (:func:`fused_effective_sample_size` of the same arguments).
 
-    Fused: one exp (none when ``ratio`` is given) and one expm1 for the ESS and k3, one reduction per statistic, the
-    padding removed by multiplying with the 0/1 mask (no ``torch.where``, no boolean tensors, no host sync), every
-    elementwise step written into one scratch buffer (no allocation per statistic).  Exact, not approximate: every
-    statistic sums exactly the terms the unfused definition sums, so the results are bit-identical to masking each
-    statistic separately.  The 99.9th percentile and the max come from one ``topk`` of the ⌈0.001·(N − 1)⌉ + 2
-    largest masked ratios (N = B·T) instead of a sort of all N: with r ≥ 0 and the padding at 0, the top ranks of
-    the valid ratios are the top ranks of all of them.
+    Fused: an exp for r (none when ``ratio`` is given), one for the ESS weights (none when ``ess`` is given) and an
+    expm1 for k3; one reduction per statistic; the padding removed by multiplying with the 0/1 mask (no
+    ``torch.where``, no boolean tensors, no host sync); every elementwise step written into one scratch buffer (no
+    allocation per statistic).  Exact, not approximate: every statistic sums exactly the terms the unfused definition
+    sums, so the results are bit-identical to masking each statistic separately.  The 99.9th percentile and the max
+    come from the ⌈0.001·(N − 1)⌉ + 2 largest masked ratios (:func:`largest`, N = B·T) instead of a sort of all N:
+    with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all of them.
     """
     if delta.numel() == 0:
         return {key: delta.new_ones(()) if key == "ess" else delta.new_zeros(()) for key in RATIO_METRICS}
