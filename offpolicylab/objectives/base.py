@@ -118,7 +118,6 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
     return metrics
 
 
-
 # ------------------------------------------------------------------------------------------------- registry
 OBJECTIVES: Registry[Objective] = Registry("objective")
 

@@ -129,16 +129,20 @@ class TokenBatch:
     def keep_rows(self, keep: Tensor, advantages: Tensor) -> TokenBatch:
         """A copy in which only the sequences where ``keep`` ([B] bool) holds remain — the others become padding
         (mask 0, every token field 0) — with new per-sequence ``advantages`` ([B], finite).  Not validated again:
-        every value left was validated here and zeroing rows keeps the invariants, so the rows are removed with
-        products (x·1 = x, x·0 = 0 for the finite fields) instead of a full :meth:`replace`."""
+        every value left was validated here and zeroing rows keeps the invariants.  The fields checked finite are
+        zeroed with products (x·1 = x, x·0 = 0), ``logp`` and ``entropy`` (not checked) with ``torch.where``."""
         rows = keep.to(self.mask.dtype)[:, None]
         out = copy.copy(self)
         out.mask = self.mask * rows
         out.advantages = advantages.to(self.mask.dtype)[:, None] * out.mask
-        for name in ("logp", "behavior_logp", "sampler_logp", "prox_logp", "entropy"):
+        for name in ("behavior_logp", "sampler_logp", "prox_logp"):
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, value * rows)
+        for name in ("logp", "entropy"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, torch.where(rows > 0, value, 0.0))
         out._delta = out._ratio = out._ess = None
         return out
 
