@@ -138,7 +138,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             batch = token_batch(rollout, logp, entropy, advantages, update)
         with watch("objective"):  # 5. objective
             parts.objective.update(batch)
-            out = parts.objective(batch, metrics=is_due(update, cfg.metrics_every, cfg.updates))
+            with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
+            out = parts.objective(batch) if with_metrics else parts.objective(batch, metrics=False)
         # 6. step
         with watch("policy_backward"):
             parts.optimizer.zero_grad(set_to_none=True)
