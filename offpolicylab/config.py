@@ -74,6 +74,9 @@ class TrainConfig:
     seed: int = _f(Param(0, int, low=0, high=MAX_SEED, doc="random seed (policy init, prompts, sampling, rewards)"))
     eval_every: int = _f(Param(10, int, low=1, doc="evaluate greedy / sampled reward (and exact return where "
                                                    "enumerable) every N updates"))
+    metrics_every: int = _f(Param(1, int, low=1, doc="compute the objective's metrics (ratio statistics, KL, ESS, "
+                                                     "clip fractions) every N updates and at the last; the loss "
+                                                     "and gradient are the same either way"))
     eval_samples: int | None = _f(Param(None, int, low=1, optional=True,
                                         doc="sampled responses per evaluation prompt (none: the policy's default, 4 "
                                             "for the toy policies, 1 for hf)"))

@@ -138,7 +138,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             batch = token_batch(rollout, logp, entropy, advantages, update)
         with watch("objective"):  # 5. objective
             parts.objective.update(batch)
-            out = parts.objective(batch)
+            with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
+            out = parts.objective(batch) if with_metrics else parts.objective(batch, metrics=False)
         # 6. step
         with watch("policy_backward"):
             parts.optimizer.zero_grad(set_to_none=True)
@@ -164,7 +165,7 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             now = time.perf_counter()
             row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
             reason = (parts.detector.non_finite(update) if not finite else
-                      parts.detector.observe(update, detector_reward(row, schedule), row.get("kl_k3", 0.0),
+                      parts.detector.observe(update, detector_reward(row, schedule), row.get("kl_k3"),
                                              row["grad_norm"]))
             # 8. run directory
             run.append_metrics(row)

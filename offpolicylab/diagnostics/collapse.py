@@ -41,9 +41,12 @@ class CollapseDetector:
     last_spike: int = -(10**9)
     collapsed_at: int = -1
 
-    def observe(self, update: int, reward: float | None, kl: float, grad_norm: float) -> str | None:
+    def observe(self, update: int, reward: float | None, kl: float | None, grad_norm: float) -> str | None:
         """Feed the metrics of one update (``reward`` None: no reward of the current policy at this update, the
-        smoothed reward is held); returns a reason string when this update is (the first) collapse."""
+        smoothed reward is held; ``kl`` None: no KL estimate at this update (metrics skipped), its running mean is
+        held and it cannot spike); returns a reason string when this update is (the first) collapse."""
+        measured_kl = kl is not None
+        kl = self.kl_mean if kl is None else kl  # held: the running mean is unchanged by its own value
         if not ((reward is None or math.isfinite(reward)) and math.isfinite(kl) and math.isfinite(grad_norm)):
             return self._flag(update, "non-finite metrics")
         if reward is not None:
@@ -52,7 +55,8 @@ class CollapseDetector:
             if first:
                 self.first = reward
             self.peak = max(self.peak, self.reward_ema)
-        if self.count >= self.warmup and (kl > self.factor * self.kl_mean or grad_norm > self.factor * self.grad_mean):
+        kl_spike = measured_kl and kl > self.factor * self.kl_mean
+        if self.count >= self.warmup and (kl_spike or grad_norm > self.factor * self.grad_mean):
             self.last_spike = update
         n = self.count + 1
         self.kl_mean += (kl - self.kl_mean) / n

@@ -61,18 +61,25 @@ class Objective:
 
     # ----------------------------------------------------------------------------------------------- the loss
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """Return (per-token loss ℓ [B, T], token mask [B, T] of tokens that carry gradient, extra metrics)."""
+        """Return (per-token loss ℓ [B, T], token mask [B, T] of tokens that carry gradient, extra metrics).
+
+        ℓ must be finite on padded tokens (every token field of the batch is 0 there): it is aggregated by
+        multiplying with the mask."""
         raise NotImplementedError(f"{type(self).__name__} must implement token_loss")
 
-    def __call__(self, batch: TokenBatch) -> LossOutput:
+    def __call__(self, batch: TokenBatch, *, metrics: bool = True) -> LossOutput:
+        """Loss, token mask and — unless ``metrics=False`` (the loss and gradient are the same either way) — the
+        standard metrics plus the objective's own."""
         per_token, token_mask, extra = self.token_loss(batch)
         token_mask = token_mask * batch.mask
         if self.tis_cap is not None and batch.sampler_logp is not None:
             per_token = per_token * tis_weight(batch, self.tis_cap)
-        loss = aggregate(per_token, batch.mask, self.agg)
-        metrics = standard_metrics(batch, token_mask)
-        metrics.update({key: value.detach() for key, value in extra.items()})
-        return LossOutput(loss=loss, metrics=metrics, token_mask=token_mask)
+        loss = aggregate(per_token, batch.mask, self.agg, finite_padding=True)
+        if not metrics:
+            return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
+        values = standard_metrics(batch, token_mask)
+        values.update({key: value.detach() for key, value in extra.items()})
+        return LossOutput(loss=loss, metrics=values, token_mask=token_mask)
 
     # ------------------------------------------------------------------------------------------------ state
     def update(self, batch: TokenBatch) -> None:
@@ -98,13 +105,16 @@ def tis_weight(batch: TokenBatch, cap: float) -> Tensor:
 
 
 def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]:
-    """ratio_mean/max, log_ratio_abs_mean, m2, ess, kl_k1, kl_k3, mask_frac (share of valid tokens the objective
-    removed from the gradient) and entropy when given — all detached, no host sync."""
+    """ratio_mean/max/p999, log_ratio_abs_mean, m2, ess, kl_k1, kl_k3 (:func:`~offpolicylab.diagnostics.stats.ratio_summary`),
+    mask_frac (share of valid tokens the objective removed from the gradient) and entropy when given — all
+    detached, no host sync.  Fused (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary`): the batch's
+    log-ratio and entropy are already 0 on padded tokens and its ratio is shared with the objective."""
     mask = batch.mask
-    metrics = stats.ratio_summary(batch.log_ratio.detach(), mask)
-    metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / mask.sum().clamp_min(1.0)
+    metrics = stats.fused_ratio_summary(batch.delta(), mask, batch.ratio(), batch.ess())
+    count = mask.sum().clamp_min(1.0)
+    metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / count
     if batch.entropy is not None:
-        metrics["entropy"] = stats.masked_mean(batch.entropy, mask)
+        metrics["entropy"] = batch.entropy.sum() / count
     return metrics
 
 

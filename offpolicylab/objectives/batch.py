@@ -6,10 +6,13 @@ a toy-MDP response has ``T`` tokens and an LLM completion up to ``T`` tokens.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor
+
+from offpolicylab.diagnostics import stats
 
 _TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
 _SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
@@ -38,6 +41,9 @@ class TokenBatch:
     prox_logp: Tensor | None = None
     entropy: Tensor | None = None
     staleness: Tensor | None = None
+    _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
+    _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
+    _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -89,12 +95,60 @@ class TokenBatch:
 
     @property
     def log_ratio(self) -> Tensor:
-        """log r = logp - behavior_logp (grad flows through ``logp``), zero on padded tokens."""
-        return (self.logp - self.behavior_logp) * self.mask
+        """log r = logp - behavior_logp (grad flows through ``logp``), zero on padded tokens (both terms are 0 there,
+        see :meth:`_zero_padded`, so no mask is applied)."""
+        return self.logp - self.behavior_logp
+
+    def delta(self) -> Tensor:
+        """Δ = log r = logp − behavior_logp, detached (0 on padded tokens); computed once per batch and shared by the
+        objective and its metrics (:attr:`log_ratio` is the same value with grad)."""
+        if self._delta is None:
+            self._delta = self.logp.detach() - self.behavior_logp
+        return self._delta
+
+    def ratio(self) -> Tensor:
+        """r = exp(Δ), detached (1 on padded tokens); computed once per batch and shared by the objective and its
+        metrics."""
+        if self._ratio is None:
+            self._ratio = torch.exp(self.delta())
+        return self._ratio
+
+    def ess(self) -> Tensor:
+        """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
+        detached; computed once per batch and shared by the objective (P3O) and its metrics."""
+        if self._ess is None:
+            self._ess = stats.fused_effective_sample_size(self.delta(), self.mask)
+        return self._ess
+
+    def sequence_log_ratio(self) -> Tensor:
+        """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
+        detached: GSPO's log s_i, MIS-PO's log ρ(τ) (:func:`~offpolicylab.diagnostics.stats.sequence_log_ratio`,
+        with the padding already 0)."""
+        return self.delta().sum(dim=-1) / self.mask.sum(dim=-1).clamp_min(1.0)
+
+    def keep_rows(self, keep: Tensor, advantages: Tensor) -> TokenBatch:
+        """A copy in which only the sequences where ``keep`` ([B] bool) holds remain — the others become padding
+        (mask 0, every token field 0) — with new per-sequence ``advantages`` ([B], finite).  Not validated again:
+        every value left was validated here and zeroing rows keeps the invariants.  The fields checked finite are
+        zeroed with products (x·1 = x, x·0 = 0), ``logp`` and ``entropy`` (not checked) with ``torch.where``."""
+        rows = keep.to(self.mask.dtype)[:, None]
+        out = copy.copy(self)
+        out.mask = self.mask * rows
+        out.advantages = advantages.to(self.mask.dtype)[:, None] * out.mask
+        for name in ("behavior_logp", "sampler_logp", "prox_logp"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, value * rows)
+        for name in ("logp", "entropy"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(out, name, torch.where(rows > 0, value, 0.0))
+        out._delta = out._ratio = out._ess = None
+        return out
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         values.update(changes)
         return TokenBatch(**values)
 

@@ -35,12 +35,12 @@ class CISPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        ratio = torch.exp(batch.log_ratio.detach())
+        ratio = batch.ratio()
         low = 1.0 - self.eps_low if math.isfinite(self.eps_low) else None
         high = 1.0 + self.eps_high if math.isfinite(self.eps_high) else None
         weight = ratio if low is None and high is None else ratio.clamp(min=low, max=high)
-        clipped = weight != ratio
         loss = -weight * batch.advantages * batch.logp
+        clipped = stats.indicator(torch.ne, weight, ratio)
         return loss, torch.ones_like(batch.mask), {"clip_frac": stats.fraction(clipped, batch.mask)}
 
 
@@ -67,7 +67,7 @@ class TOPR(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio.detach()
+        log_ratio = batch.delta()
         if self.ratio_level == "sequence":
             log_ratio = log_ratio.sum(dim=-1, keepdim=True).expand_as(log_ratio)
         negative = batch.advantages < 0

@@ -16,33 +16,65 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
+from offpolicylab.objectives.policy_gradient import straight_through
 
 M2PO_VARIANTS = ("mask", "cap")
 
 
-def _sorted_trust_region(delta_sq: Tensor, trust_region: Tensor) -> tuple[Tensor, Tensor]:
-    """Sort the H values of Δ² once (only those: the trust region is a fraction of all tokens).
+def trust_region_tokens(delta: Tensor, advantages: Tensor) -> Tensor:
+    """H as 0/1 floats: sign(A)·sign(Δ) > 0, i.e. (A > 0, r > 1) or (A < 0, r < 1); ``delta`` is 0 on padding, so
+    padding is never in H (:func:`~offpolicylab.diagnostics.stats.trust_region_mask` on a zero-padded Δ)."""
+    return stats.indicator(torch.gt, torch.sign(advantages.detach()) * torch.sign(delta), 0.0)
 
-    Returns float64 ``values`` v_(1) ≤ … ≤ v_(n) (n = |H|) and their cumulative sums ``prefix`` (P_k = Σ_{j≤k} v_(j)).
+
+class SortedTrustRegion:
+    """The H values of Δ² in ascending order, v_(1) ≤ … ≤ v_(n) (n = |H|), with their prefix sums P_k = Σ_{j≤k} v_(j),
+    sorting only the tail above τ.
+
+    Both variants' cut k* lies at or above n_s = #{v < τ}: every prefix of values below τ has mean < τ (mask) and
+    g(v_(k)) = P_k + (n − k)·v_(k) ≤ n·v_(k) < τn (cap).  So the n_s small values are only summed (S = P_{n_s}) and
+    just the n − n_s tail values are sorted, typically a small share of H; P_{n_s + j} = S + Σ_{i≤j} tail_(i).
+    Float64 throughout; S is summed in a different order than one running sum over all of H, which can move
+    P_k by float64 rounding only (k* changes only if some P_k/k lies within ~1e-16 relative of τ).
     """
-    values = torch.sort(delta_sq.reshape(-1)[trust_region.reshape(-1) > 0]).values.to(torch.float64)
-    return values, torch.cumsum(values, dim=0)
+
+    def __init__(self, delta_sq: Tensor, trust_region: Tensor, tau: float) -> None:
+        """``delta_sq`` ≥ 0 and ``trust_region`` (0/1 floats) are [B, T]; only the tail is gathered."""
+        in_tail = trust_region * stats.indicator(torch.ge, delta_sq, tau)
+        small = trust_region - in_tail  # 0/1: H values < τ
+        self.small_values = delta_sq * small  # exact: the values or 0
+        self.n_small = small.sum().to(torch.float64)
+        self.small_sum = self.small_values.sum(dtype=torch.float64)
+        tail = torch.masked_select(delta_sq, in_tail > 0).to(torch.float64)
+        self.tail = torch.sort(tail).values
+        self.prefix = self.small_sum + torch.cumsum(self.tail, dim=0)  # P_{n_s + j}, j = 1 … n − n_s
+        self.ranks = self.n_small + torch.arange(1, self.tail.numel() + 1, device=tail.device, dtype=tail.dtype)
+
+    @property
+    def n(self) -> int:
+        """|H| (read on the host: only the cap variant needs it)."""
+        return int(self.n_small) + self.tail.numel()
+
+    @property
+    def small_max(self) -> Tensor:
+        """The largest H value below τ (0 when there is none)."""
+        return self.small_values.max().to(torch.float64) if self.small_values.numel() else self.small_sum
 
 
 def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
-    """Paper variant: the H tokens to mask, [B, T] bool.
+    """Paper variant: the H tokens to mask, [B, T] as 0/1 floats.
 
     Keep the k* smallest Δ² of H, k* = max{k : (1/k) Σ_{j≤k} Δ²_(j) ≤ τ} (k = 0 allowed), i.e. mask the H tokens
     with the largest Δ² until the mean over the rest of H is ≤ τ.  The prefix mean of an ascending sequence is
     non-decreasing in k, so the valid k form {0..k*} and k* is a count; the mask is then the threshold
-    Δ² ≥ v_(k*+1).  Tokens tied exactly at the cut are all masked (the kept mean stays ≤ τ).
+    Δ² ≥ v_(k*+1).  Tokens tied exactly at the cut are all masked (the kept mean stays ≤ τ).  Only the values ≥ τ
+    are sorted (:class:`SortedTrustRegion`).
     """
-    values, prefix = _sorted_trust_region(delta_sq, trust_region)
-    ranks = torch.arange(1, values.numel() + 1, device=values.device, dtype=values.dtype)
-    k_star = (prefix <= tau * ranks).sum()
-    inf = torch.full((1,), float("inf"), dtype=values.dtype, device=values.device)
-    threshold = torch.cat([values, inf])[k_star]
-    return (trust_region > 0) & (delta_sq >= threshold.to(delta_sq.dtype))  # exact: values came from delta_sq
+    region = SortedTrustRegion(delta_sq, trust_region, tau)
+    cut = (region.prefix <= tau * region.ranks).sum()  # k* − n_s
+    inf = torch.full((1,), float("inf"), dtype=torch.float64, device=delta_sq.device)
+    threshold = torch.cat([region.tail, inf])[cut]
+    return trust_region * stats.indicator(torch.ge, delta_sq, threshold.to(delta_sq.dtype))  # exact: from delta_sq
 
 
 def m2po_cap_bound(delta_sq: Tensor, trust_region: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -53,19 +85,21 @@ def m2po_cap_bound(delta_sq: Tensor, trust_region: Tensor, tau: float) -> tuple[
     g(v_(k)) = P_k + (n − k)·v_(k).  Let k* = #{k ≥ 1 : g(v_(k)) ≤ τn}; then c = (τn − P_k*) / (n − k*) lies in
     [v_(k*), v_(k*+1)] and τ' = √c.  When M̂2 ≤ τ, τ' = max_H |Δ| (0 when H is empty): the tightest bound that
     clips nothing, so the logged bound stays finite.  The official ``_solve_tau_from_sorted_delta2`` returns the
-    breakpoint √v_(k*) instead of the exact root (a slightly tighter bound); we solve the equation exactly.
+    breakpoint √v_(k*) instead of the exact root (a slightly tighter bound); we solve the equation exactly.  Only
+    the values ≥ τ are sorted (:class:`SortedTrustRegion`).
     """
-    values, prefix = _sorted_trust_region(delta_sq, trust_region)
-    if values.numel() == 0:
+    region = SortedTrustRegion(delta_sq, trust_region, tau)
+    if region.n == 0:
         return delta_sq.new_zeros(()), torch.zeros((), dtype=torch.bool, device=delta_sq.device)
-    n = float(values.numel())
-    ranks = torch.arange(1, values.numel() + 1, device=values.device, dtype=values.dtype)
+    n = float(region.n)
     target = tau * n
-    k_star = ((prefix + (n - ranks) * values) <= target).sum()
-    below = torch.cat([prefix.new_zeros(1), prefix])[k_star]
-    solved = (target - below) / (n - k_star.to(values.dtype)).clamp_min(1.0)
-    active = prefix[-1] > target
-    cap = torch.where(active, solved, values[-1])
+    cut = ((region.prefix + (n - region.ranks) * region.tail) <= target).sum()
+    below = torch.cat([region.small_sum.reshape(1), region.prefix])[cut]  # P_k*
+    solved = (target - below) / (n - (region.n_small + cut).to(torch.float64)).clamp_min(1.0)
+    total = region.prefix[-1] if region.tail.numel() else region.small_sum
+    largest = region.tail[-1] if region.tail.numel() else region.small_max
+    active = total > target
+    cap = torch.where(active, solved, largest)
     return cap.sqrt().to(delta_sq.dtype), active
 
 
@@ -92,27 +126,28 @@ class M2PO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio
-        delta = log_ratio.detach()
-        trust_region = stats.trust_region_mask(delta, batch.advantages, batch.mask)
+        delta = batch.delta()
+        trust_region = trust_region_tokens(delta, batch.advantages)
         delta_sq = delta**2
+        in_region = trust_region.sum()
         metrics = {
-            "m2_tr": stats.masked_mean(delta_sq, trust_region),
-            "tr_frac": stats.fraction(trust_region > 0, batch.mask),
+            "m2_tr": (delta_sq * trust_region).sum() / in_region.clamp_min(1.0),
+            "tr_frac": in_region / batch.mask.sum().clamp_min(1.0),
         }
         if self.variant == "mask":
-            return self._mask_loss(batch, log_ratio, delta_sq, trust_region, metrics)
-        return self._cap_loss(batch, log_ratio, delta_sq, trust_region, metrics)
+            return self._mask_loss(batch, delta, delta_sq, trust_region, metrics)
+        return self._cap_loss(batch, batch.log_ratio, delta_sq, trust_region, metrics)
 
     def _mask_loss(
-        self, batch: TokenBatch, log_ratio: Tensor, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
+        self, batch: TokenBatch, delta: Tensor, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        masked = m2po_mask(delta_sq, trust_region, self.tau)
-        keep = ~masked
-        ratio = torch.exp(torch.where(keep, log_ratio, torch.zeros_like(log_ratio)))
-        per_token = torch.where(keep, -batch.advantages * ratio, torch.zeros_like(ratio))
-        metrics["m2_tr_after"] = stats.masked_mean(delta_sq, trust_region * keep)
-        return per_token, keep.to(batch.mask.dtype), metrics
+        keep = 1.0 - m2po_mask(delta_sq, trust_region, self.tau)
+        ratio = torch.exp(keep * delta)  # masked tokens get e^0: an overflowing ratio there cannot leak nan
+        negative = -batch.advantages
+        per_token = straight_through(keep * (negative * ratio), batch.logp, negative, keep * ratio)
+        kept_region = trust_region * keep
+        metrics["m2_tr_after"] = (delta_sq * kept_region).sum() / kept_region.sum().clamp_min(1.0)
+        return per_token, keep, metrics
 
     def _cap_loss(
         self, batch: TokenBatch, log_ratio: Tensor, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]

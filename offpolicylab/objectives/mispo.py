@@ -16,6 +16,7 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
+from offpolicylab.objectives.policy_gradient import straight_through
 
 
 def _log_or_minus_inf(value: float) -> float:
@@ -36,21 +37,21 @@ def mispo_loss(
     Returns (ℓ, kept tokens as 0/1, metrics ``tok_accept_rate`` (valid tokens) and ``accept_rate`` (trajectories
     with at least one valid token)).  Rejected tokens get ℓ = 0 and exactly zero gradient whatever their ratio.
     """
-    log_ratio = batch.log_ratio
-    delta = log_ratio.detach()
-    valid = batch.mask > 0
-    tok_ok = (delta >= _log_or_minus_inf(tok_bounds[0])) & (delta <= _log_or_minus_inf(tok_bounds[1]))
-    log_rho = stats.sequence_log_ratio(delta, batch.mask)
+    delta = batch.delta()
+    tok_ok = stats.indicator(torch.ge, delta, _log_or_minus_inf(tok_bounds[0])) * stats.indicator(
+        torch.le, delta, _log_or_minus_inf(tok_bounds[1]))
+    log_rho = batch.sequence_log_ratio()
     traj_ok = (log_rho >= log_traj_low) & (log_rho <= log_traj_high)
-    keep = tok_ok & traj_ok[:, None] & valid
-    ratio = torch.exp(torch.where(keep, log_ratio, torch.zeros_like(log_ratio)))
-    per_token = torch.where(keep, -batch.advantages * ratio, torch.zeros_like(ratio))
+    keep = tok_ok * traj_ok.to(delta.dtype)[:, None] * batch.mask
+    ratio = torch.exp(keep * delta)  # rejected tokens get e^0: an overflowing ratio there cannot leak nan
+    negative = -batch.advantages
+    per_token = straight_through(keep * (negative * ratio), batch.logp, negative, keep * ratio)
     has_tokens = (batch.mask.sum(dim=-1) > 0).to(batch.mask.dtype)
     metrics = {
         "tok_accept_rate": stats.fraction(tok_ok, batch.mask),
         "accept_rate": (traj_ok.to(has_tokens.dtype) * has_tokens).sum() / has_tokens.sum().clamp_min(1.0),
     }
-    return per_token, keep.to(batch.mask.dtype), metrics
+    return per_token, keep, metrics
 
 
 @register("mispo")
@@ -160,7 +161,7 @@ class ACMISPO(Objective):
         """k ← k + 1; b_k = clip(β·b_{k−1} + (1 − β)·Quantile_{A*_k}(|log ρ|), b_min, b_max) on this batch."""
         self._k += 1
         level = target_acceptance(self._k, self.a_start, self.a_end, self.warmup)
-        z = stats.sequence_log_ratio(batch.log_ratio.detach(), batch.mask).abs().to(torch.float64)
+        z = batch.sequence_log_ratio().abs().to(torch.float64)
         valid = batch.mask.sum(dim=-1) > 0
         candidate = acceptance_quantile(z, valid, level)
         previous = self._bound.to(candidate.device)

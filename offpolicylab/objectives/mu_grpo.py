@@ -20,29 +20,36 @@ NAV_SCOPES = ("none", "trigger", "nontrigger_suffix", "suffix", "response")
 
 
 def negative_advantage_veto(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: float, scope: str) -> Tensor:
-    """[B, T] bool: tokens removed by the negative-advantage veto.
+    """[B, T] bool: tokens removed by the negative-advantage veto (:func:`veto_weights` > 0)."""
+    return veto_weights(log_ratio, advantages, mask, kappa, scope) > 0
+
+
+def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: float, scope: str) -> Tensor:
+    """[B, T] 0/1 floats (``mask``'s dtype): 1 on tokens removed by the negative-advantage veto.
 
     Trigger tokens: valid tokens with A < 0 and r > κ (compared as log r > log κ).  Scopes:
     ``none`` → nothing; ``trigger`` → every trigger token; ``nontrigger_suffix`` → H_κ, the tokens after the first
     trigger of a response that are not triggers themselves; ``suffix`` → from the first trigger of a response to its
     end (cumulative sum along T > 0), i.e. trigger ∪ H_κ from there on; ``response`` → every valid token of a response
     that has a trigger.  Nesting: trigger ⊆ suffix, nontrigger_suffix ⊆ suffix ⊆ response, trigger ∩
-    nontrigger_suffix = ∅.  Padding is never vetoed.
+    nontrigger_suffix = ∅.  Padding (``mask`` 0; the mask holds 0 and 1) is never vetoed.  Float products instead of
+    boolean tensors (slow on CPU).
     """
     if scope not in NAV_SCOPES:
         raise ValueError(f"unknown nav_scope {scope!r}; valid: {', '.join(NAV_SCOPES)}")
-    valid = mask > 0
+    valid = mask if torch.is_floating_point(mask) else mask.to(torch.get_default_dtype())  # 0/1
     if scope == "none":
         return torch.zeros_like(valid)
-    trigger = valid & (advantages < 0) & (log_ratio.detach() > math.log(kappa))
+    trigger = (valid * stats.indicator(torch.lt, advantages.detach().to(valid.dtype), 0.0)
+               * stats.indicator(torch.gt, log_ratio.detach().to(valid.dtype), math.log(kappa)))
     if scope == "trigger":
         return trigger
-    suffix = valid & (torch.cumsum(trigger.to(torch.int32), dim=-1) > 0)
+    suffix = valid * stats.indicator(torch.gt, torch.cumsum(trigger, dim=-1), 0.0)  # exact: sums of 0/1 counts
     if scope == "suffix":
         return suffix
     if scope == "nontrigger_suffix":
-        return suffix & ~trigger
-    return valid & trigger.any(dim=-1, keepdim=True)
+        return suffix - trigger  # trigger ⊆ suffix
+    return valid * trigger.amax(dim=-1, keepdim=True)
 
 
 @register("mu_grpo")
@@ -73,17 +80,17 @@ class MuGRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio
-        vetoed = negative_advantage_veto(log_ratio, batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
-        safe_log_ratio = torch.where(vetoed, torch.zeros_like(log_ratio), log_ratio)
-        loss, clipped = ppo_clip_loss(safe_log_ratio, batch.advantages, self.eps_low, self.eps_high)
-        clipped = clipped & ~vetoed
-        per_token = torch.where(vetoed, torch.zeros_like(loss), loss)
-        has_tokens = batch.mask.sum(dim=-1) > 0
-        vetoed_responses = vetoed.any(dim=-1) & has_tokens
-        metrics = {
-            "clip_frac": stats.fraction(clipped, batch.mask),
-            "nav_frac": stats.fraction(vetoed, batch.mask),
-            "nav_response_frac": vetoed_responses.sum().to(batch.mask.dtype) / has_tokens.sum().clamp_min(1),
+        vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
+        allowed = 1.0 - vetoed
+        safe_ratio = torch.exp(allowed * batch.delta())  # e^0 on vetoed tokens: no overflow leaks from them
+        loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
+        token_mask = kept * allowed
+        tokens = batch.mask.sum(dim=-1)
+        count = tokens.sum().clamp_min(1.0)
+        vetoed_responses = vetoed.amax(dim=-1)  # 0/1 per response; 0 for empty ones (padding is never vetoed)
+        metrics = {  # the clipped tokens are allowed − kept·allowed; vetoed and clipped tokens are never padding
+            "clip_frac": (allowed.sum() - token_mask.sum()) / count,
+            "nav_frac": vetoed.sum() / count,
+            "nav_response_frac": vetoed_responses.sum() / (tokens > 0).sum().clamp_min(1),
         }
-        return per_token, (~(clipped | vetoed)).to(batch.mask.dtype), metrics
+        return allowed * loss, token_mask, metrics

@@ -4,6 +4,8 @@ public code: FeynRL-project/FeynRL ``algs/P3O/p3o.py``)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -43,17 +45,16 @@ class P3O(Objective):
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         log_ratio = batch.log_ratio
-        delta = log_ratio.detach()
-        ess = stats.effective_sample_size(delta, batch.mask).detach()
-        weight = torch.exp(delta.clamp(max=EXP_CLAMP))
-        rho = torch.minimum(weight, ess).clamp_min(0.0).detach()
+        ess = batch.ess()
+        weight = batch.ratio().clamp(max=math.exp(EXP_CLAMP))  # = exp(min(Δ, 80))
+        rho = torch.minimum(weight, ess).clamp_min(0.0)
         kl = kl_k3_behavior(log_ratio)
         kl_weight = 1.0 - ess
         per_token = -rho * batch.advantages * batch.logp + kl_weight * kl
         metrics = {
             "ess": ess,
             "p3o_kl_weight": kl_weight,
-            "clip_frac": stats.fraction(weight > ess, batch.mask),
-            "kl_behavior": stats.masked_mean(kl.detach(), batch.mask),
+            "clip_frac": stats.fraction(stats.indicator(torch.gt, weight, ess), batch.mask),
+            "kl_behavior": kl.detach().sum() / batch.mask.sum().clamp_min(1.0),  # KL_k3(0) = 0 on padding
         }
         return per_token, torch.ones_like(batch.mask), metrics

@@ -6,6 +6,7 @@ Shared notation: r = exp(logp − behavior_logp), A = advantage, ℓ = per-token
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -26,29 +27,60 @@ class Reinforce(Objective):
         return -batch.advantages * batch.logp, torch.ones_like(batch.mask), {}
 
 
+def straight_through(value: Tensor, logp: Tensor, coefficient: Tensor, slope: Tensor) -> Tensor:
+    """A tensor with the value ``value`` and the gradient coefficient·slope w.r.t. ``logp`` (value, coefficient and
+    slope detached, broadcastable to ``logp``'s shape): value + coefficient·(slope·(logp − sg(logp))) without
+    computing that sum.
+
+    This is how a loss ℓ = coefficient·f(logp) with f' = slope is differentiated without building a graph for f: no
+    elementwise work forward, two products backward, in the order autograd uses for coefficient·f (upstream ·
+    coefficient, then · slope), so the gradient is bit-identical to differentiating the written-out formula."""
+    return _StraightThrough.apply(value, logp, coefficient, slope)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """See :func:`straight_through` (first-order gradients only)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, logp: Tensor, coefficient: Tensor, slope: Tensor) -> Tensor:
+        ctx.save_for_backward(coefficient, slope)
+        ctx.shape = logp.shape
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None, None]:
+        coefficient, slope = ctx.saved_tensors
+        return None, (grad * coefficient * slope).expand(ctx.shape), None, None
+
+
 def ppo_clip_loss(
-    log_ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
+    logp: Tensor, ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
 ) -> tuple[Tensor, Tensor]:
     """ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)); with dual clip c: for A < 0, ℓ = min(ℓ, −A·c)
-    (Schulman et al. 2017; dual clip: Ye et al. 2020).  Returns (ℓ, clipped) where ``clipped`` marks tokens whose
-    gradient the clip removed.  ε = inf means no trust region: ℓ = −A·r."""
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    low = 1.0 - eps_low
-    high = 1.0 + eps_high
-    if math.isfinite(eps_low) or math.isfinite(eps_high):
-        clipped_ratio = ratio.clamp(min=low if math.isfinite(eps_low) else None, max=high if math.isfinite(eps_high) else None)
-    else:
-        clipped_ratio = ratio
-    surrogate = -advantages * clipped_ratio
-    loss = torch.maximum(unclipped, surrogate)
-    clipped = surrogate > unclipped
-    if dual_clip is not None:
-        cap = -advantages * dual_clip
-        dual = (advantages < 0) & (loss > cap)
-        loss = torch.where(dual, cap, loss)
-        clipped = clipped | dual
-    return loss, clipped
+    (Schulman et al. 2017; dual clip: Ye et al. 2020).  ε = inf means no trust region: ℓ = −A·r.
+
+    ``ratio`` is the value of r (detached; r = exp(logp − log π_old) or a sequence ratio): the gradient w.r.t.
+    ``logp`` is −A·r on the tokens ℓ = −A·r keeps and 0 where a clip set ℓ (:func:`straight_through`; the same
+    gradient, bit for bit, as autograd through exp, clamp, max and the dual-clip cap).  Returns (ℓ, kept) with
+    ``kept`` 1.0 on tokens whose gradient the clip kept, 0.0 on clipped ones.  Computed on detached floats (no
+    boolean tensors, no ``torch.where``): on CPU these are the slow kernels."""
+    ratio = ratio.detach()
+    negative = -advantages.detach()
+    unclipped = negative * ratio
+    low = 1.0 - eps_low if math.isfinite(eps_low) else None
+    high = 1.0 + eps_high if math.isfinite(eps_high) else None
+    if low is None and high is None:
+        return straight_through(unclipped, logp, negative, ratio), torch.ones_like(unclipped)
+    clipped_ratio = ratio.clamp(min=low, max=high)
+    surrogate = negative * clipped_ratio
+    value = torch.maximum(unclipped, surrogate)
+    if dual_clip is not None:  # cap −A·c on A < 0; A ≥ 0 gets 0, above its ℓ = −A·min(r, 1+ε_high) ≤ 0
+        value = torch.minimum(value, advantages.detach().clamp(max=0.0) * -dual_clip)
+    kept = stats.indicator(torch.eq, value, unclipped)
+    # autograd's max splits a tie −A·r = −A·clip(r) in halves, and the clip passes none of its half when r lies
+    # outside [1−ε_low, 1+ε_high] (the products can tie within rounding): half the gradient there, as autograd
+    tie_outside = stats.indicator(torch.eq, unclipped, surrogate) * stats.indicator(torch.ne, clipped_ratio, ratio)
+    return straight_through(value, logp, negative, kept * ratio * (1.0 - 0.5 * tie_outside)), kept
 
 
 @register("grpo")
@@ -65,12 +97,11 @@ class GRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio
-        weight = None
+        if batch.prox_logp is None:
+            ratio = batch.ratio()
+        else:
+            ratio = torch.exp(batch.logp.detach() - batch.prox_logp)
+        loss, kept = ppo_clip_loss(batch.logp, ratio, batch.advantages, self.eps_low, self.eps_high, self.dual_clip)
         if batch.prox_logp is not None:
-            log_ratio = (batch.logp - batch.prox_logp) * batch.mask
-            weight = torch.exp(batch.prox_logp - batch.behavior_logp).detach()
-        loss, clipped = ppo_clip_loss(log_ratio, batch.advantages, self.eps_low, self.eps_high, self.dual_clip)
-        if weight is not None:
-            loss = loss * weight
-        return loss, (~clipped).to(batch.mask.dtype), {"clip_frac": stats.fraction(clipped, batch.mask)}
+            loss = loss * torch.exp(batch.prox_logp - batch.behavior_logp)
+        return loss, kept, {"clip_frac": stats.fraction(1.0 - kept, batch.mask)}

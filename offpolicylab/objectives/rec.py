@@ -99,7 +99,7 @@ class REC(Objective):
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         log_ratio = batch.log_ratio
         keep = rec_keep_mask(
-            torch.exp(log_ratio.detach()), batch.advantages, self.mask, self.eps_low, self.eps_high,
+            batch.ratio(), batch.advantages, self.mask, self.eps_low, self.eps_high,
             self.ring_low, self.ring_high,
         )
         zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)

@@ -134,7 +134,7 @@ class REDDrop(Objective):
 
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
-    def __call__(self, batch: TokenBatch) -> LossOutput:
+    def __call__(self, batch: TokenBatch, *, metrics: bool = True) -> LossOutput:
         missing = [name for name in ("rewards", "group_ids") if getattr(batch, name) is None]
         if missing:
             raise ValueError(
@@ -142,8 +142,11 @@ class REDDrop(Objective):
                 "got None"
             )
         advantages, keep = red_drop_advantages(batch.rewards, batch.group_ids)
-        kept_mask = batch.mask * keep[:, None].to(batch.mask.dtype)
-        out = super().__call__(batch.replace(advantages=advantages.to(batch.logp.dtype), mask=kept_mask))
+        kept = batch.keep_rows(keep, advantages)
+        kept_mask = kept.mask
+        out = super().__call__(kept, metrics=metrics)
+        if not metrics:
+            return out
         out.metrics["mask_frac"] = 1.0 - kept_mask.sum() / batch.mask.sum().clamp_min(1.0)
         out.metrics["drop_frac"] = 1.0 - keep.to(batch.logp.dtype).mean()
         return out

@@ -27,7 +27,7 @@ def gspo_token_log_ratio(batch: TokenBatch) -> tuple[Tensor, Tensor]:
 
     The detached term is added last (as verl does) so the value is exactly log s_i.
     """
-    log_seq = stats.sequence_log_ratio(batch.log_ratio.detach(), batch.mask)
+    log_seq = batch.sequence_log_ratio()
     log_token = (batch.logp - batch.logp.detach()) + log_seq[:, None]
     return log_token, log_seq
 
@@ -51,9 +51,9 @@ class GSPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_token, _ = gspo_token_log_ratio(batch)
-        loss, clipped = ppo_clip_loss(log_token, batch.advantages, self.eps_low, self.eps_high)
-        return loss, (~clipped).to(batch.mask.dtype), {"clip_frac": stats.fraction(clipped, batch.mask)}
+        sequence_ratio = torch.exp(batch.sequence_log_ratio())[:, None]  # s_i, the value of s_it; ∂s_it/∂logp_it = s_i
+        loss, kept = ppo_clip_loss(batch.logp, sequence_ratio, batch.advantages, self.eps_low, self.eps_high)
+        return loss, kept, {"clip_frac": stats.fraction(1.0 - kept, batch.mask)}
 
 
 @register("rec_gspo")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from offpolicylab.objectives import get_objective
+from offpolicylab.objectives.m2po import m2po_cap_bound, m2po_mask
 from tests.objectives._golden import log_ratio_batch
 
 make_batch = partial(log_ratio_batch, behavior=-1.5)
@@ -212,3 +213,38 @@ def test_padding_does_not_matter() -> None:
 def test_bad_params_raise(params: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(params))):
         get_objective("m2po", **params)
+
+
+# ------------------------------------------------------------------------- tail-only sort vs sorting all of H
+def full_sort_cut(values: np.ndarray, tau: float) -> tuple[float, float, bool]:
+    """Both variants from ONE ascending sort of all H values (the definition): (mask threshold v_(k*+1) or inf,
+    cap c = τ'², active)."""
+    ordered = np.sort(values.astype(np.float64))
+    prefix = np.cumsum(ordered)
+    ranks = np.arange(1, ordered.size + 1)
+    k_mask = int((prefix <= tau * ranks).sum())
+    threshold = ordered[k_mask] if k_mask < ordered.size else math.inf
+    n = ordered.size
+    k_cap = int(((prefix + (n - ranks) * ordered) <= tau * n).sum())
+    below = prefix[k_cap - 1] if k_cap else 0.0
+    active = bool(prefix[-1] > tau * n)
+    cap = (tau * n - below) / max(n - k_cap, 1) if active else ordered[-1]
+    return threshold, cap, active
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("tau", [1e-4, 0.04, 0.3, 10.0])
+def test_sorting_only_the_tail_above_tau_gives_the_full_sort_cut(seed: int, tau: float) -> None:
+    """m2po_mask / m2po_cap_bound sort only the H values ≥ τ; values exactly at τ and ties included."""
+    gen = torch.Generator().manual_seed(seed)
+    delta_sq = (torch.randn(10, 30, generator=gen, dtype=torch.float64) * 0.3) ** 2
+    delta_sq[0, :4] = tau  # at τ exactly
+    delta_sq[1, :6] = delta_sq[1, 6]  # ties
+    region = (torch.rand(10, 30, generator=gen) < 0.6).double()
+    values = delta_sq.numpy()[region.numpy() > 0]
+    threshold, cap, active = full_sort_cut(values, tau)
+    np.testing.assert_array_equal(m2po_mask(delta_sq, region, tau).numpy(),
+                                  (region.numpy() > 0) & (delta_sq.numpy() >= threshold))
+    bound, got_active = m2po_cap_bound(delta_sq, region, tau)
+    assert bool(got_active) == active
+    assert float(bound) == pytest.approx(math.sqrt(cap), rel=1e-12)

@@ -1,0 +1,246 @@
+"""The fused standard metrics against (1) a NumPy reference written from the definitions and (2) the unfused
+per-statistic functions (bit for bit), and the ``metrics=False`` switch against the default call.
+
+Definitions (Δ = logp − behavior_logp over the n valid tokens, r = e^min(Δ, 80)): ratio_mean = mean r, ratio_max = max r,
+ratio_p999 = numpy.quantile(r, 0.999) (linear interpolation), log_ratio_abs_mean = mean |Δ|, m2 = mean Δ²,
+ess = (Σ w)² / (n Σ w²) with w = e^Δ (Kong 1992), kl_k1 = mean(−Δ), kl_k3 = mean(e^Δ − 1 − Δ), mask_frac = share of
+valid tokens outside the objective's token mask, entropy = mean entropy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import Tensor
+
+from offpolicylab.diagnostics import stats
+from offpolicylab.objectives import AGG_MODES, TokenBatch, aggregate, get_objective, list_objectives
+from offpolicylab.objectives.base import standard_metrics
+
+
+def ragged_batch(seed: int, rows: int = 12, length: int = 40, dtype: torch.dtype = torch.float64,
+                 spread: float = 0.5, empty_row: bool = True) -> dict[str, Tensor]:
+    """Random ragged batch: heavy-tailed log-ratios (10 % of tokens ×8), garbage (inf / nan / 1e6) in the padding,
+    optionally one row with no valid token."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, length + 1, (rows,), generator=gen)
+    if empty_row:
+        lengths[rows // 2] = 0
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).to(dtype)
+    behavior = torch.log(torch.rand(rows, length, generator=gen, dtype=dtype).clamp_min(1e-6))
+    noise = spread * torch.randn(rows, length, generator=gen, dtype=dtype)
+    noise = torch.where(torch.rand(rows, length, generator=gen) < 0.1, 8.0 * noise, noise)
+    garbage = torch.tensor([math.inf, -math.inf, math.nan, 1e6], dtype=dtype)[
+        torch.randint(0, 4, (rows, length), generator=gen)]
+    pad = mask == 0
+    return {
+        "logp": torch.where(pad, garbage, behavior + noise),
+        "behavior_logp": torch.where(pad, garbage.flip(0), behavior),
+        "advantages": torch.randn(rows, generator=gen, dtype=dtype),
+        "mask": mask,
+        "rewards": (torch.rand(rows, generator=gen) < 0.5).to(dtype),
+        "group_ids": torch.arange(rows) // 4,
+        "entropy": torch.where(pad, garbage, 3.0 * torch.rand(rows, length, generator=gen, dtype=dtype)),
+    }
+
+
+def reference_metrics(fields: dict[str, Tensor], token_mask: np.ndarray) -> dict[str, float]:
+    """The standard metrics from their definitions, in float64 NumPy (independent of the library)."""
+    mask = fields["mask"].numpy() > 0
+    delta = fields["logp"].double().numpy()[mask] - fields["behavior_logp"].double().numpy()[mask]
+    if delta.size == 0:
+        return {"ess": 1.0, "mask_frac": 0.0}
+    ratio = np.exp(np.minimum(delta, 80.0))
+    weights = np.exp(delta - delta.max())  # ESS is scale-free; rescaled so that e^Δ cannot overflow
+    return {
+        "ratio_mean": ratio.mean(),
+        "ratio_max": ratio.max(),
+        "ratio_p999": np.quantile(ratio, 0.999),
+        "log_ratio_abs_mean": np.abs(delta).mean(),
+        "m2": np.mean(delta**2),
+        "ess": weights.sum() ** 2 / (delta.size * np.sum(weights**2)),
+        "kl_k1": np.mean(-delta),
+        "kl_k3": np.mean(np.expm1(np.minimum(delta, 80.0)) - delta),
+        "mask_frac": 1.0 - token_mask[mask].sum() / delta.size,
+        "entropy": fields["entropy"].double().numpy()[mask].mean(),
+    }
+
+
+def unfused_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]:
+    """The standard metrics one statistic at a time with the masked (``torch.where``) functions and a full sort for
+    the quantile: the computation the fused path replaced."""
+    delta, mask = batch.log_ratio.detach(), batch.mask
+    clamped = delta.clamp(max=stats.EXP_CLAMP)
+    ratio = torch.exp(clamped)
+    return {
+        "ratio_mean": stats.masked_mean(ratio, mask),
+        "ratio_max": stats.masked_max(ratio, mask),
+        "ratio_p999": stats.masked_quantile(ratio, mask, stats.RATIO_TAIL_QUANTILE),
+        "log_ratio_abs_mean": stats.masked_mean(delta.abs(), mask),
+        "m2": stats.masked_mean(delta**2, mask),
+        "ess": stats.effective_sample_size(delta, mask),
+        "kl_k1": stats.masked_mean(-delta, mask),
+        "kl_k3": stats.masked_mean(torch.expm1(clamped) - delta, mask),
+        "mask_frac": 1.0 - token_mask.sum() / mask.sum().clamp_min(1.0),
+        "entropy": stats.masked_mean(batch.entropy, mask),
+    }
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_metrics_equal_numpy_definitions(seed: int, dtype: torch.dtype) -> None:
+    fields = ragged_batch(seed, dtype=dtype)
+    batch = TokenBatch(**fields)
+    token_mask = (torch.rand(batch.mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.8).to(dtype)
+    got = standard_metrics(batch, token_mask * batch.mask)
+    want = reference_metrics(fields, token_mask.double().numpy())
+    rel = 1e-12 if dtype == torch.float64 else 2e-5
+    for key, value in want.items():
+        assert float(got[key]) == pytest.approx(value, rel=rel, abs=1e-12 if dtype == torch.float64 else 1e-6), key
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(12, 40), (3, 1), (64, 200)])
+def test_fused_metrics_are_bit_identical_to_the_unfused_computation(
+    seed: int, dtype: torch.dtype, shape: tuple[int, int]
+) -> None:
+    fields = ragged_batch(seed, rows=shape[0], length=shape[1], dtype=dtype, empty_row=shape[0] > 3)
+    batch = TokenBatch(**fields)
+    token_mask = (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < 0.8).to(dtype) * batch.mask
+    fused = standard_metrics(batch, token_mask)
+    unfused = unfused_metrics(batch, token_mask)
+    assert set(fused) == set(unfused)
+    for key in unfused:
+        assert torch.equal(fused[key], unfused[key]), (key, fused[key], unfused[key])
+    public = stats.ratio_summary(batch.log_ratio, batch.mask)  # the public entry zeroes any padding itself
+    for key, value in public.items():
+        assert torch.equal(value, unfused[key]), key
+
+
+@pytest.mark.parametrize("valid", [0, 1, 2, 999, 1000, 1001, 2500])
+def test_tail_quantile_from_topk_equals_the_sorted_quantile(valid: int) -> None:
+    """The top-k read of the 99.9th percentile at the edges of k: n valid tokens among N = 3000, ties included."""
+    gen = torch.Generator().manual_seed(valid)
+    values = torch.randint(0, 50, (1, 3000), generator=gen).double() / 7.0  # many ties
+    mask = torch.zeros(1, 3000, dtype=torch.float64)
+    mask[0, torch.randperm(3000, generator=gen)[:valid]] = 1.0
+    batch = TokenBatch(logp=torch.log(values.clamp_min(1e-3)) * mask, behavior_logp=torch.zeros_like(values),
+                       advantages=torch.zeros(1, dtype=torch.float64), mask=mask)
+    fused = stats.fused_ratio_summary(batch.log_ratio, mask, batch.ratio())
+    ratio = batch.ratio().numpy()[0][mask.numpy()[0] > 0]
+    expected = np.quantile(ratio, 0.999) if valid else 0.0
+    assert float(fused["ratio_p999"]) == pytest.approx(expected, rel=1e-12)
+    assert torch.equal(fused["ratio_p999"], stats.masked_quantile(batch.ratio(), mask, 0.999))
+    assert float(fused["ratio_max"]) == (ratio.max() if valid else 0.0)
+
+
+def test_an_empty_batch_reports_neutral_values() -> None:
+    empty = torch.zeros(0, 5)
+    summary = stats.fused_ratio_summary(empty, empty)
+    assert set(summary) == set(stats.RATIO_METRICS)
+    assert summary["ess"] == 1.0 and all(summary[key] == 0.0 for key in summary if key != "ess")
+
+
+def test_fraction_and_indicator_equal_the_boolean_forms() -> None:
+    gen = torch.Generator().manual_seed(0)
+    left, right = torch.randn(6, 9, generator=gen), torch.randn(6, 9, generator=gen)
+    right[0, :3] = left[0, :3]  # ties
+    mask = (torch.rand(6, 9, generator=gen) < 0.6).float()
+    for test in (torch.gt, torch.ge, torch.lt, torch.eq):
+        assert torch.equal(stats.indicator(test, left, right), test(left, right).float())
+        assert torch.equal(stats.indicator(test, left, 0.0), test(left, 0.0).float())
+    selected = left > right
+    expected = selected.numpy()[mask.numpy() > 0].mean()
+    assert float(stats.fraction(selected, mask)) == pytest.approx(expected, rel=1e-6)
+    assert torch.equal(stats.fraction(selected, mask), stats.fraction(stats.indicator(torch.gt, left, right), mask))
+
+
+# ------------------------------------------------------------------------------------------ the metrics switch
+def _all_configs() -> list[Any]:
+    extra = [("grpo", {"dual_clip": 3.0}), ("grpo", {"eps_low": math.inf, "eps_high": math.inf}),
+             ("m2po", {"variant": "cap"}), ("rec", {"importance_sampling": True})]
+    return [(name, {}) for name in list_objectives()] + [(n, p) for n, p in extra if n in list_objectives()]
+
+
+def _loss_and_grad(name: str, params: dict[str, Any], fields: dict[str, Tensor], **call: Any):
+    objective = get_objective(name, **params)
+    logp = fields["logp"].clone().requires_grad_(True)
+    batch = TokenBatch(**{**fields, "logp": logp})
+    if objective.stateful:
+        objective.update(batch)
+    out = objective(batch, **call)
+    out.loss.backward()
+    return out, logp.grad
+
+
+@pytest.mark.parametrize(("name", "params"), _all_configs())
+@pytest.mark.parametrize("agg", AGG_MODES)
+def test_metrics_switch_changes_neither_loss_nor_gradient(name: str, params: dict[str, Any], agg: str) -> None:
+    fields = ragged_batch(3, spread=0.3)
+    params = {**params, "agg": agg}
+    with_metrics, grad = _loss_and_grad(name, params, fields)
+    without, grad_without = _loss_and_grad(name, params, fields, metrics=False)
+    assert torch.equal(with_metrics.loss, without.loss)
+    assert torch.equal(grad, grad_without)
+    assert torch.equal(with_metrics.token_mask, without.token_mask)
+    assert without.metrics == {} and "ratio_p999" in with_metrics.metrics
+
+
+@pytest.mark.parametrize(("name", "params"), _all_configs())
+def test_objectives_losses_are_finite_on_padding_so_the_mask_product_is_exact(name: str, params: dict[str, Any]) -> None:
+    """Objectives aggregate with ``finite_padding=True`` (ℓ·m instead of ``torch.where``): their per-token loss is finite
+    on padded tokens even when the caller's padding held inf / nan, and both aggregations agree bit for bit."""
+    fields = ragged_batch(4)
+    objective = get_objective(name, **params)
+    batch = TokenBatch(**fields)
+    if objective.stateful:
+        objective.update(batch)
+    per_token, _, _ = objective.token_loss(batch)
+    assert torch.isfinite(per_token[batch.mask == 0]).all()
+    for agg in AGG_MODES:
+        assert torch.equal(aggregate(per_token, batch.mask, agg, finite_padding=True),
+                           aggregate(per_token, batch.mask, agg))
+
+
+def test_keep_rows_equals_a_validated_replace() -> None:
+    """``keep_rows`` (products, no re-validation) gives the same batch as ``replace`` with the narrowed mask."""
+    fields = ragged_batch(5)
+    batch = TokenBatch(**{**fields, "sampler_logp": fields["behavior_logp"] + 0.01, "prox_logp": fields["logp"]})
+    keep = torch.tensor([True, False] * 6)
+    advantages = torch.randn(12, dtype=torch.float64)
+    fast = batch.keep_rows(keep, advantages)
+    slow = batch.replace(advantages=advantages, mask=batch.mask * keep[:, None].double())
+    for name in ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy", "rewards",
+                 "group_ids"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert torch.equal(fast.ratio(), slow.ratio()) and torch.equal(fast.delta(), slow.delta())
+    assert torch.equal(fast.log_ratio, slow.log_ratio)
+
+
+def test_fused_ess_equals_the_masked_ess_at_the_edges() -> None:
+    """Valid log-ratios of −inf (a zero-probability token) or ±50, padding, no valid token: bit for bit."""
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    for values in ([[-math.inf, -math.inf, 0.0, 0.0], [-math.inf, 0.0, 0.0, 0.0]],
+                   [[50.0, -50.0, 0.0, 0.0], [3.0, 0.0, 0.0, 0.0]], [[-50.0, -60.0, 0.0, 0.0], [-70.0, 0.0, 0.0, 0.0]]):
+        delta = torch.tensor(values)
+        assert torch.equal(stats.fused_effective_sample_size(delta, mask), stats.effective_sample_size(delta, mask))
+    empty = torch.zeros(2, 4)
+    assert float(stats.fused_effective_sample_size(empty, empty)) == 1.0
+
+
+@pytest.mark.parametrize("size", [64 * 1000, 64 * 4 * 70, 3000, 50])
+def test_largest_values_from_blocks_equal_topk(size: int) -> None:
+    """stats.largest reads the k largest values from the k blocks with the largest maxima (or falls back to one
+    topk): the same values as torch.topk, ties and a single dominant block included."""
+    gen = torch.Generator().manual_seed(size)
+    values = torch.randint(0, 40, (size,), generator=gen).float() / 3.0  # many ties
+    block = min(64, size)
+    values[:block] = 100.0 + torch.arange(float(block))  # one block holds the largest values
+    for k in (1, 5, math.ceil(0.001 * (size - 1)) + 2, 70):
+        k = min(k, size)
+        assert torch.equal(stats.largest(values, k), values.topk(k).values), k
