@@ -35,9 +35,8 @@ import torch
 
 from offpolicylab import trainer
 from offpolicylab.config import TrainConfig, parse_assignments
+from offpolicylab.profiling import breakdown
 from offpolicylab.runs import RunDir
-
-SECTIONS = ("policy_forward", "policy_backward", "objective", "other", "eval", "checkpoint")
 
 
 class TwoClockStopwatch(trainer.Stopwatch):
@@ -79,22 +78,6 @@ def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
         run.close()
     return {**breakdown(config.updates, total, watch.seconds),
             **{f"cpu_{k}": v for k, v in breakdown(config.updates, total_cpu, watch.cpu_seconds).items()}}
-
-
-def breakdown(updates: int, total: float, sections: dict[str, float]) -> dict[str, float]:
-    seconds = {name: sections.get(name, 0.0) for name in SECTIONS}
-    policy = seconds["policy_forward"] + seconds["policy_backward"]
-    return {
-        "updates_per_s": updates / total,
-        "outside_share": (total - policy) / total,
-        "objective_share": seconds["objective"] / total,
-        "eval_share": seconds["eval"] / total,
-        "checkpoint_share": seconds["checkpoint"] / total,
-        "bookkeeping_share": (total - policy - seconds["objective"] - seconds["eval"]) / total,
-        "outside_share_without_eval": (total - policy - seconds["eval"]) / (total - seconds["eval"]),
-        **{f"ms_per_update_{name}": 1000 * value / updates for name, value in seconds.items()},
-        "ms_per_update_total": 1000 * total / updates,
-    }
 
 
 def medians(results: list[dict[str, float]]) -> dict[str, float]:

@@ -3,7 +3,7 @@
     offpolicylab list
     offpolicylab demo [--world synthetic_lm|token_mdp] [--out DIR] [--workers N] [--updates N]
     offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
-                     [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
+                     [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume] [--profile]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local] [--rerun-changed]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                              metavar=param.kind.__name__.upper(), help=f"{param.doc} (default: {param.default})")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    run.add_argument("--profile", action="store_true",
+                     help="profile the updates: time per section and top functions on stderr, the full profile in "
+                          "--out/profile.txt (and profile.pstats for pstats / snakeviz)")
     run.add_argument("--config", default=None, help="JSON file with a TrainConfig; flags override it")
     run.add_argument("--model", default=None, metavar="PATH",
                      help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
@@ -165,7 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     allow_remote_code(args.trust_remote_code)
     try:
-        summary = train(config, args.out, resume=args.resume,
+        summary = train(config, args.out, resume=args.resume, profile=args.profile,
                         progress="bar" if sys.stderr.isatty() else "lines")
     except TrainingFailed as exc:
         print(f"offpolicylab: {exc}", file=sys.stderr)

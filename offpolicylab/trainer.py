@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import cProfile
 import json
 import math
 import os
@@ -46,6 +47,7 @@ from offpolicylab.contracts import ClonablePolicy, ExactWorld, GreedyPolicy, Pol
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import Objective, TokenBatch, get_objective
+from offpolicylab.profiling import LoopProfile
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.staleness import Schedule, parse_schedule
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
@@ -77,13 +79,15 @@ class Parts:
 
 # ================================================================================================ the loop
 def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool | str = False,
-          stopwatch: Stopwatch | None = None) -> dict[str, Any]:
+          stopwatch: Stopwatch | None = None, profile: bool = False) -> dict[str, Any]:
     """Train as ``config`` says, writing the run directory ``run_dir``; returns the summary.
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
     uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
     ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
-    either prints the policy-dependent defaults it filled in first."""
+    either prints the policy-dependent defaults it filled in first.  ``profile=True`` profiles the updates
+    (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory and prints
+    the section table and the top functions on stderr."""
     parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
     if resume:
@@ -94,7 +98,12 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
             _log(describe_defaults(config))
         watch = stopwatch or Stopwatch()
         try:
-            status = run_updates(parts, run, start, watch, progress)
+            if profile:
+                status, loop = profiled_updates(parts, run, start, watch, progress)
+                run.write_profile(loop.report(), loop.stats_bytes())
+                _log(loop.short() + f"\n(full profile: {run.profile_path})")
+            else:
+                status = run_updates(parts, run, start, watch, progress)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}".splitlines()[0]
             record_failure(run, error)
@@ -112,6 +121,20 @@ def record_failure(run: RunDir, error: str) -> None:
         run.event("failed", -1, error=error)
     with contextlib.suppress(OSError):
         run.write_summary("failed", error=error)
+
+
+def profiled_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch,
+                     progress: bool | str) -> tuple[str, LoopProfile]:
+    """:func:`run_updates` under :mod:`cProfile`, timed by ``watch``; (final status, its :class:`LoopProfile`)."""
+    profiler = cProfile.Profile()
+    clock = time.perf_counter()
+    profiler.enable()
+    try:
+        status = run_updates(parts, run, start, watch, progress)
+    finally:
+        profiler.disable()
+    updates = len(run.read_metrics()) - start
+    return status, LoopProfile(updates, time.perf_counter() - clock, dict(watch.seconds), profiler)
 
 
 def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool) -> str:
