@@ -19,13 +19,21 @@ trainer's :class:`~offpolicylab.trainer.Stopwatch`:
                   collapse detector, metrics / samples / checkpoint writing)
 
 and prints, per policy, medians over the repeats of updates/second, the shares and ms/update of every section.
+
+``--compare-with DIR`` (another checkout, e.g. ``git worktree add ../base main``) measures both trees side by side:
+each round runs one repeat of each tree in its own process (``PYTHONPATH`` = that tree, its own copy of this
+script), the order alternating between rounds, and prints per tree the medians and the median over rounds of the
+paired ratio this / DIR of ms per update.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -92,6 +100,42 @@ def benchmark(policy: str, updates: int, repeats: int, overrides: dict[str, Any]
             "median": medians(results), "runs": results}
 
 
+COMPARED = ("ms_per_update_total", "outside_share", "outside_share_without_eval", "ms_per_update_policy_forward",
+            "ms_per_update_policy_backward", "ms_per_update_objective", "ms_per_update_other", "ms_per_update_eval",
+            "ms_per_update_checkpoint", "cpu_ms_per_update_total", "cpu_outside_share_without_eval")
+
+
+def run_tree(tree: Path, policy: str, args: argparse.Namespace) -> dict[str, float]:
+    """One repeat of ``policy`` by ``tree``'s own copy of this script, in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, str(tree / "benchmarks" / "trainer_loop.py"), "--policy", policy, "--updates",
+                   str(args.updates), "--repeats", "1", "--threads", str(args.threads), "--json", str(out),
+                   *(["--set", *args.set] if args.set else [])]
+        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
+        subprocess.run(command, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())[0]["runs"][0]
+
+
+def compare(args: argparse.Namespace, other: Path) -> None:
+    """Paired rounds of this tree and ``other`` (see the module docstring)."""
+    trees = {"this": Path(__file__).resolve().parents[1], "other": other.resolve()}
+    for policy in args.policy:
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for round_ in range(args.repeats):
+            for name in (list(trees) if round_ % 2 == 0 else list(trees)[::-1]):
+                results[name].append(run_tree(trees[name], policy, args))
+        ratio = statistics.median(a["ms_per_update_total"] / b["ms_per_update_total"]
+                                  for a, b in zip(results["this"], results["other"], strict=True))
+        print(f"{policy}: this tree vs {trees['other']}, {args.updates} updates, {args.repeats} paired rounds, "
+              f"threads={args.threads} (medians)")
+        print(f"  {'':>32s}  {'this':>9s}  {'other':>9s}")
+        for key in COMPARED:
+            this, that = (statistics.median(r.get(key, float("nan")) for r in results[n]) for n in trees)
+            print(f"  {key:>32s}  {this:9.4g}  {that:9.4g}")
+        print(f"  {'paired ratio this/other (ms/update)':>32s}  {ratio:.3f}")
+
+
 _SHOWN = ("world", "world_params", "objective", "schedule", "prompts_per_update", "group_size", "eval_every",
           "sample_every", "checkpoint_every", "fsync")
 
@@ -106,8 +150,13 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
                         help="TrainConfig overrides, e.g. --set objective=m2po schedule=stale_k:16 checkpoint_every=1")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
+    parser.add_argument("--compare-with", default=None, metavar="DIR",
+                        help="another checkout of the repository: paired rounds of both trees, side by side")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare_with:
+        compare(args, Path(args.compare_with))
+        return
     overrides = parse_assignments(args.set, "--set")
     report = []
     for policy in args.policy:

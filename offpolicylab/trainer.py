@@ -73,6 +73,7 @@ class Parts:
     detector: CollapseDetector
     advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
     frozen_initial: Policy | None = None  # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
+    enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
 
@@ -141,6 +142,7 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
     """Updates ``start … config.updates − 1``; returns the final status."""
     cfg, policy, schedule = parts.config, parts.policy, parts.schedule
     params = list(policy.trainable_parameters())
+    not_evaluated = dict.fromkeys(eval_columns(parts))
     clock = time.perf_counter()
     for update in _progress(range(start, cfg.updates), cfg.updates, start, progress):
         tick = time.perf_counter()
@@ -152,12 +154,10 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
         rollout = parts.buffer[schedule.key(update)]
         for key in schedule.release_after(update, cfg.updates):
             parts.buffer.pop(key, None)
-        # 3-4. advantages → TokenBatch
-        with watch("other"):
-            advantages = group_advantages(rollout.rewards, rollout.group_ids, parts.advantage == "std")
         with watch("policy_forward"):
             logp, entropy = policy.score(rollout)
-        with watch("other"):
+        with watch("other"):  # 3-4. advantages → TokenBatch
+            advantages = group_advantages(rollout.rewards, rollout.group_ids, parts.advantage == "std")
             batch = token_batch(rollout, logp, entropy, advantages, update)
         with watch("objective"):  # 5. objective
             parts.objective.update(batch)
@@ -169,7 +169,7 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         with watch("other"):
             row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
-                   "reward_current": current_reward(fresh, update)}
+                   "reward_current": current_reward(fresh, update, parts.schedule.other_share == 0)}
             finite = math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
         if finite:
             with watch("policy_backward"):
@@ -177,12 +177,14 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
         if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
             _log(progress_line(row, cfg.updates, time.perf_counter() - tick))
         # 7. diagnostics
-        with watch("eval"):
-            eval_tick = time.perf_counter()
-            due = finite and is_due(update, cfg.eval_every, cfg.updates)
-            row.update(evaluate(parts, update) if due else dict.fromkeys(eval_columns(parts)))
-            if due and progress == "lines":
-                _log(eval_line(row, time.perf_counter() - eval_tick))
+        if finite and is_due(update, cfg.eval_every, cfg.updates):
+            with watch("eval"):
+                eval_tick = time.perf_counter()
+                row.update(evaluate(parts, update))
+                if progress == "lines":
+                    _log(eval_line(row, time.perf_counter() - eval_tick))
+        else:
+            row.update(not_evaluated)
         with watch("other"):
             now = time.perf_counter()
             row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
@@ -199,8 +201,8 @@ def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progres
                 run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
         if not finite or (reason is not None and cfg.stop_on_collapse):
             return "collapsed"
-        with watch("checkpoint"):
-            if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
+        if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
+            with watch("checkpoint"):
                 run.save_checkpoint(checkpoint_state(parts, update + 1))
     return "collapsed" if parts.detector.collapsed_at >= 0 else "completed"
 
@@ -219,7 +221,8 @@ def build(config: TrainConfig) -> Parts:
     check_memory(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
-    keep_initial = schedule.other_share > 0 or _enumerable(world) or tracks_kl_init(config)
+    enumerable = _enumerable(world)
+    keep_initial = schedule.other_share > 0 or enumerable or tracks_kl_init(config)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
@@ -228,7 +231,7 @@ def build(config: TrainConfig) -> Parts:
         detector=CollapseDetector(margin=config.collapse_margin, factor=config.collapse_spike,
                                   window=config.collapse_window),
         advantage=advantage_used(config, objective),
-        frozen_initial=frozen,
+        frozen_initial=frozen, enumerable=enumerable,
     )
 
 
@@ -404,11 +407,12 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
     return dict(zip(named, values, strict=True))
 
 
-def current_reward(fresh: list[Rollout], update: int) -> float:
+def current_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> float:
     """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
-    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data)."""
-    rewards = [r.rewards[r.version == update] for r in fresh]
-    rewards = torch.cat(rewards) if rewards else torch.zeros(0)
+    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data).
+    ``all_current``: every fresh row is the current policy's (no share answered by π_0), so none is filtered."""
+    rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
+    rewards = (rewards[0] if len(rewards) == 1 else torch.cat(rewards)) if rewards else torch.zeros(0)
     return float(rewards.mean()) if rewards.numel() else math.nan
 
 
@@ -435,7 +439,7 @@ def eval_columns(parts: Parts) -> list[str]:
     columns = ["eval_reward_sampled", "eval_reward_se", "eval_reward_greedy"]
     if tracks_kl_init(parts.config):
         columns += ["eval_kl_init_k1", "eval_kl_init_k3"]
-    if _enumerable(parts.world):
+    if parts.enumerable:
         columns += ["exact_return", "exact_kl_init"]
     return columns
 
@@ -457,7 +461,7 @@ def evaluate(parts: Parts, update: int) -> dict[str, float]:
         out["eval_reward_greedy"] = float(_rewards(world, policy.greedy(prompts), gen).mean())
     if tracks_kl_init(cfg):
         out.update(kl_to_initial(parts.frozen_initial, sampled))
-    if _enumerable(world):
+    if parts.enumerable:
         out.update(exact_diagnostics(parts))
     return out
 
