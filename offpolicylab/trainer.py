@@ -34,7 +34,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +46,10 @@ from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import ClonablePolicy, ExactWorld, GreedyPolicy, Policy, Rollout, World
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.objectives import Objective, TokenBatch, get_objective
+from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.profiling import LoopProfile
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
+from offpolicylab.seeds import STACKABLE_POLICIES, SeedGroup
 from offpolicylab.staleness import Schedule, parse_schedule
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
@@ -76,6 +77,7 @@ class Parts:
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
+    torch_rng: Tensor | None = None  # the global RNG state to checkpoint when seeds share a process (else current)
 
 
 # ================================================================================================ the loop
@@ -97,23 +99,91 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         start = open_run(run, parts, resume)
         if progress:
             _log(describe_defaults(config))
-        watch = stopwatch or Stopwatch()
-        try:
-            if profile:
-                status, loop = profiled_updates(parts, run, start, watch, progress)
+        return train_group(SeedGroup.single(parts, run), start, stopwatch or Stopwatch(), progress, profile)[0]
+
+
+def train_seeds(config: TrainConfig, seeds: list[int], out_dir: str | Path, *, resume: bool = False,
+                progress: bool | str = False, stopwatch: Stopwatch | None = None,
+                profile: bool = False) -> list[dict[str, Any]]:
+    """Train ``config`` once per seed of ``seeds``, writing ``out_dir/seed=S`` for seed S — the run directory that
+    ``train`` of ``config`` with ``seed=S`` writes — and return the summaries.
+
+    Policies in :data:`~offpolicylab.seeds.STACKABLE_POLICIES` train all seeds as one batched computation
+    (:mod:`offpolicylab.seeds`); other policies train the seeds one after another.  Every directory is checked
+    before any is written: a fresh run refuses a directory that already holds a run, ``resume=True`` needs every
+    seed's checkpoint at the same update."""
+    configs = [replace(config, seed=seed) for seed in seeds]
+    runs = [RunDir(seed_dir(out_dir, seed), fsync=config.fsync) for seed in seeds]
+    if config.policy not in STACKABLE_POLICIES or len(seeds) == 1:
+        if progress and len(seeds) > 1:
+            _log(f"offpolicylab: policy {config.policy} trains its seeds one after another (batched: "
+                 f"{', '.join(STACKABLE_POLICIES)})")
+        return [train(c, run.path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
+                for c, run in zip(configs, runs, strict=True)]
+    members = []
+    for c in configs:
+        members.append(build(c))
+        members[-1].torch_rng = torch.get_rng_state()  # what this seed's separate run would checkpoint
+    check_seed_dirs(runs, resume)
+    with contextlib.ExitStack() as locks:
+        for run in runs:
+            locks.enter_context(run.locked())
+        starts = [open_run(run, parts, resume) for run, parts in zip(runs, members, strict=True)]
+        if progress:
+            _log(describe_defaults(config) + f"; seeds {','.join(map(str, seeds))} batched")
+        group = SeedGroup.stack(members, runs)
+        return train_group(group, starts[0], stopwatch or Stopwatch(), progress, profile)
+
+
+def seed_dir(out_dir: str | Path, seed: int) -> Path:
+    """The run directory of seed ``seed`` of a ``--seeds`` run (a sweep cell's name for its seed axis)."""
+    return Path(out_dir) / f"seed={seed}"
+
+
+def check_seed_dirs(runs: list[RunDir], resume: bool) -> None:
+    """Refuse, before anything is written, seed directories that a fresh run would overwrite, or (``resume``)
+    that lack a run or whose checkpoints are at different updates."""
+    if not resume:
+        taken = [str(run.path) for run in runs if run.holds_run()]
+        if taken:
+            raise RunError(f"run directory {taken[0]} already holds a run; pass --resume to continue the seeds or "
+                           "choose another --out")
+        return
+    updates = {}
+    for run in runs:
+        run.read_config()
+        updates[run.path.name] = run.load_checkpoint()["next_update"] if run.checkpoint_path.exists() else 0
+    values = {int(v) for v in updates.values()}
+    if len(values) > 1:
+        found = ", ".join(f"{name} at update {value}" for name, value in updates.items())
+        raise RunError(f"the seeds' checkpoints are at different updates ({found}); valid: resume each seed on its "
+                       "own (--seed S --out DIR/seed=S --resume)")
+
+
+def train_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | str,
+                profile: bool) -> list[dict[str, Any]]:
+    """Run the group's updates (profiled when asked) and write every member's summary; a failure is recorded in
+    every member's run directory and raised as :class:`TrainingFailed`."""
+    members, runs = list(group.members), list(group.runs)
+    try:
+        if profile:
+            statuses, loop = profiled_group(group, start, watch, progress)
+            for run in runs:
                 run.write_profile(loop.report(), loop.stats_bytes())
-                _log(loop.short() + f"\n(full profile: {run.profile_path})")
-            else:
-                status = run_updates(parts, run, start, watch, progress)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            _log(loop.short() + f"\n(full profile: {', '.join(str(run.profile_path) for run in runs)})")
+        else:
+            statuses = run_group(group, start, watch, progress)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        for run in runs:
             record_failure(run, error)
-            raise TrainingFailed(f"run {run.path} failed: {error}") from exc
-        finally:
+        raise TrainingFailed(f"run {', '.join(str(run.path) for run in runs)} failed: {error}") from exc
+    finally:
+        for run in runs:
             with contextlib.suppress(OSError):  # closing flushes; a full disk already failed the run
                 run.close()
-        return run.write_summary(status, collapse_update=parts.detector.collapsed_at,
-                                 **exact_optimum(parts.world))
+    return [run.write_summary(status, collapse_update=parts.detector.collapsed_at, **exact_optimum(parts.world))
+            for run, parts, status in zip(runs, members, statuses, strict=True)]
 
 
 def record_failure(run: RunDir, error: str) -> None:
@@ -124,87 +194,133 @@ def record_failure(run: RunDir, error: str) -> None:
         run.write_summary("failed", error=error)
 
 
-def profiled_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch,
-                     progress: bool | str) -> tuple[str, LoopProfile]:
-    """:func:`run_updates` under :mod:`cProfile`, timed by ``watch``; (final status, its :class:`LoopProfile`)."""
+def profiled_group(group: SeedGroup, start: int, watch: Stopwatch,
+                   progress: bool | str) -> tuple[list[str], LoopProfile]:
+    """:func:`run_group` under :mod:`cProfile`, timed by ``watch``; (final statuses, its :class:`LoopProfile`)."""
     profiler = cProfile.Profile()
     clock = time.perf_counter()
+    first = group.runs[0]
     profiler.enable()
     try:
-        status = run_updates(parts, run, start, watch, progress)
+        statuses = run_group(group, start, watch, progress)
     finally:
         profiler.disable()
-    updates = len(run.read_metrics()) - start
-    return status, LoopProfile(updates, time.perf_counter() - clock, dict(watch.seconds), profiler)
+    updates = len(first.read_metrics()) - start
+    return statuses, LoopProfile(updates, time.perf_counter() - clock, dict(watch.seconds), profiler)
 
 
-def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool) -> str:
-    """Updates ``start … config.updates − 1``; returns the final status."""
-    cfg, policy, schedule = parts.config, parts.policy, parts.schedule
-    params = list(policy.trainable_parameters())
-    not_evaluated = dict.fromkeys(eval_columns(parts))
+def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool | str) -> str:
+    """Updates ``start … config.updates − 1`` of one run; returns the final status."""
+    return run_group(SeedGroup.single(parts, run), start, watch, progress)[0]
+
+
+def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | str) -> list[str]:
+    """Updates ``start … config.updates − 1`` of every member of ``group`` (one run, or seeds batched together,
+    :mod:`offpolicylab.seeds`); returns each member's final status.  A member that stops (non-finite loss, or a
+    collapse with ``stop_on_collapse``) leaves the group; the others go on."""
+    cfg, schedule = group.members[0].config, group.members[0].schedule
+    statuses: list[str | None] = [None] * len(group)
+    active = list(range(len(group)))  # the original index of each member still in the group
+    not_evaluated = dict.fromkeys(eval_columns(group.members[0]))
     clock = time.perf_counter()
     for update in _progress(range(start, cfg.updates), cfg.updates, start, progress):
         tick = time.perf_counter()
         # 1-2. schedule → rollout: generate what is due now, consume this update's batch
-        fresh = []
+        fresh: list[list[Rollout]] = [[] for _ in active]
         for key in schedule.generate_at(update, cfg.updates):
-            parts.buffer[key] = generate(parts, update, watch)
-            fresh.append(parts.buffer[key])
-        rollout = parts.buffer[schedule.key(update)]
-        for key in schedule.release_after(update, cfg.updates):
-            parts.buffer.pop(key, None)
+            for member, own, rollout in zip(group.members, fresh, generate_group(group, update, watch), strict=True):
+                member.buffer[key] = rollout
+                own.append(rollout)
+        consumed = [member.buffer[schedule.key(update)] for member in group.members]
+        for member in group.members:
+            for key in schedule.release_after(update, cfg.updates):
+                member.buffer.pop(key, None)
         with watch("policy_forward"):
-            logp, entropy = policy.score(rollout)
-        with watch("other"):  # 3-4. advantages → TokenBatch
-            advantages = group_advantages(rollout.rewards, rollout.group_ids, parts.advantage == "std")
-            batch = token_batch(rollout, logp, entropy, advantages, update)
-        with watch("objective"):  # 5. objective
-            parts.objective.update(batch)
-            out = parts.objective(batch)
+            logp, entropy = group.policy.score(group.join_rollouts(consumed))
+        batches, outs = [], []
+        for member, rollout, own_logp, own_entropy in zip(group.members, consumed, group.split(logp),
+                                                          group.split(entropy), strict=True):
+            with watch("other"):  # 3-4. advantages → TokenBatch
+                advantages = group_advantages(rollout.rewards, rollout.group_ids, member.advantage == "std")
+                batches.append(token_batch(rollout, own_logp, own_entropy, advantages, update))
+            with watch("objective"):  # 5. objective
+                member.objective.update(batches[-1])
+                outs.append(member.objective(batches[-1]))
         # 6. step
         with watch("policy_backward"):
-            parts.optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            group.optimizer.zero_grad(set_to_none=True)
+            (outs[0].loss if len(outs) == 1 else sum(out.loss for out in outs)).backward()
+            grad_norms = group.clip_gradients(cfg.grad_clip)
         with watch("other"):
-            row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
-                   "reward_current": current_reward(fresh, update, parts.schedule.other_share == 0)}
-            finite = math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
-        if finite:
+            rows = [update_row(update, out, grad_norm, batch, own, member)
+                    for member, out, grad_norm, batch, own in zip(group.members, outs, grad_norms, batches, fresh,
+                                                                  strict=True)]
+        finite = [math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) for row in rows]
+        if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):
-                parts.optimizer.step()
-        if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
-            _log(progress_line(row, cfg.updates, time.perf_counter() - tick))
-        # 7. diagnostics
-        if finite and is_due(update, cfg.eval_every, cfg.updates):
-            with watch("eval"):
-                eval_tick = time.perf_counter()
-                row.update(evaluate(parts, update))
-                if progress == "lines":
-                    _log(eval_line(row, time.perf_counter() - eval_tick))
-        else:
-            row.update(not_evaluated)
-        with watch("other"):
-            now = time.perf_counter()
-            row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
-            reason = (parts.detector.non_finite(update) if not finite else
-                      parts.detector.observe(update, detector_reward(row, schedule), row.get("kl_k3", 0.0),
-                                             row["grad_norm"]))
-            # 8. run directory
-            run.append_metrics(row)
-            if not finite:
-                run.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
-            if reason is not None:
-                run.event("collapse", update, reason=reason)
-            if cfg.sample_every and update % cfg.sample_every == 0:
-                run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
-        if not finite or (reason is not None and cfg.stop_on_collapse):
-            return "collapsed"
-        if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
-            with watch("checkpoint"):
-                run.save_checkpoint(checkpoint_state(parts, update + 1))
-    return "collapsed" if parts.detector.collapsed_at >= 0 else "completed"
+                group.optimizer.step()
+        stopped = []
+        for position, (member, run, row, batch, out, ok) in enumerate(zip(
+                group.members, group.runs, rows, batches, outs, finite, strict=True)):
+            label = f"[seed {member.config.seed}] " if len(statuses) > 1 else ""
+            if finish_update(member, run, update, row, batch, out, ok, not_evaluated, (tick, clock), watch,
+                             progress, label):
+                statuses[active[position]] = "collapsed"
+                stopped.append(position)
+            elif (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
+                with watch("checkpoint"):
+                    run.save_checkpoint(checkpoint_state(member, update + 1))
+        if stopped:
+            kept = [position for position in range(len(group)) if position not in stopped]
+            if not kept:
+                break
+            group = group.keep(kept)
+            active = [active[position] for position in kept]
+    for position, member in zip(active, group.members, strict=True):
+        if statuses[position] is None:
+            statuses[position] = "collapsed" if member.detector.collapsed_at >= 0 else "completed"
+    return [status or "completed" for status in statuses]
+
+
+def update_row(update: int, out: LossOutput, grad_norm: Tensor, batch: TokenBatch, fresh: list[Rollout],
+               parts: Parts) -> dict[str, Any]:
+    """The metrics row of an update before evaluation: the update, the step's numbers and the current reward."""
+    return {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
+            "reward_current": current_reward(fresh, update, parts.schedule.other_share == 0)}
+
+
+def finish_update(parts: Parts, run: RunDir, update: int, row: dict[str, Any], batch: TokenBatch, out: LossOutput,
+                  finite: bool, not_evaluated: dict[str, None], clocks: tuple[float, float], watch: Stopwatch,
+                  progress: bool | str, label: str = "") -> bool:
+    """7-8: evaluation when due, collapse detection, the metrics row, events and samples of one run; whether the
+    run stops here (a non-finite step, or a collapse with ``stop_on_collapse``)."""
+    cfg, (tick, clock) = parts.config, clocks
+    if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
+        _log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
+    # 7. diagnostics
+    if finite and is_due(update, cfg.eval_every, cfg.updates):
+        with watch("eval"):
+            eval_tick = time.perf_counter()
+            row.update(evaluate(parts, update))
+            if progress == "lines":
+                _log(label + eval_line(row, time.perf_counter() - eval_tick))
+    else:
+        row.update(not_evaluated)
+    with watch("other"):
+        now = time.perf_counter()
+        row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
+        reason = (parts.detector.non_finite(update) if not finite else
+                  parts.detector.observe(update, detector_reward(row, parts.schedule), row.get("kl_k3", 0.0),
+                                         row["grad_norm"]))
+        # 8. run directory
+        run.append_metrics(row)
+        if not finite:
+            run.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
+        if reason is not None:
+            run.event("collapse", update, reason=reason)
+        if cfg.sample_every and update % cfg.sample_every == 0:
+            run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
+    return not finite or (reason is not None and cfg.stop_on_collapse)
 
 
 # ================================================================================================ building
@@ -330,26 +446,39 @@ def resolve_config(config: TrainConfig, objective: Objective | None = None) -> d
 
 # ================================================================================================ rollouts
 def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
-    """One batch: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions.  A share
-    ``schedule.other_share`` of the prompts is answered by the frozen initial policy (version 0)."""
-    cfg, gen = parts.config, parts.generator
-    n_other = round(parts.schedule.other_share * cfg.prompts_per_update)
-    pieces = []
-    for policy, count, tag in ((parts.policy, cfg.prompts_per_update - n_other, version),
-                               (parts.frozen_initial, n_other, INITIAL_VERSION)):
+    """One batch of one run (:func:`generate_group` of a group of one)."""
+    return generate_group(SeedGroup.single(parts, None), version, watch)[0]  # type: ignore[arg-type]
+
+
+def generate_group(group: SeedGroup, version: int, watch: Stopwatch) -> list[Rollout]:
+    """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions.
+    A share ``schedule.other_share`` of the prompts is answered by the frozen initial policy (version 0).  Each
+    member draws its prompts, tokens and rewards from its own generator, in the order of a separate run."""
+    members, policies = group.members, (group.policy, group.frozen)
+    cfg, schedule = members[0].config, members[0].schedule
+    n_other = round(schedule.other_share * cfg.prompts_per_update)
+    pieces: list[list[Rollout]] = [[] for _ in members]
+    for policy, count, tag in ((policies[0], cfg.prompts_per_update - n_other, version),
+                               (policies[1], n_other, INITIAL_VERSION)):
         if count == 0:
             continue
-        prompts = parts.world.sample_prompts(count, gen)
+        prompts = group.join_prompts([member.world.sample_prompts(count, member.generator) for member in members])
         with watch("policy_forward"):
-            rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, gen)
+            rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, group.generators)
             if cfg.recompute_behavior_logp:
                 rollout = recompute_behavior_logp(policy, rollout)
         device = rollout.response_ids.device
-        pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device)))
-    rollout = pieces[0] if len(pieces) == 1 else Rollout.concat(pieces)
-    with watch("other"):
-        rewards = parts.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
-    return rollout.with_(rewards=rewards.to(torch.float32))
+        rollout = rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device))
+        for own, block in zip(pieces, group.split_rollout(rollout), strict=True):
+            own.append(block)
+    batches = []
+    for member, own in zip(members, pieces, strict=True):
+        rollout = own[0] if len(own) == 1 else Rollout.concat(own)
+        with watch("other"):
+            rewards = member.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
+                                          generator=member.generator)
+        batches.append(rollout.with_(rewards=rewards.to(torch.float32)))
+    return batches
 
 
 def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
@@ -522,7 +651,7 @@ def checkpoint_state(parts: Parts, next_update: int) -> dict[str, Any]:
         "optimizer": parts.optimizer.state_dict(),
         "objective": parts.objective.state_dict(),
         "generator": parts.generator.get_state(),
-        "torch_rng": torch.get_rng_state(),
+        "torch_rng": torch.get_rng_state() if parts.torch_rng is None else parts.torch_rng,
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],  # dropout on a GPU
         "buffer": pack_buffer(parts.buffer),
         "detector": parts.detector.state_dict(),
@@ -536,6 +665,8 @@ def restore_state(parts: Parts, state: dict[str, Any]) -> None:
         parts.objective.load_state_dict(state["objective"])
         parts.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        if parts.torch_rng is not None:
+            parts.torch_rng = state["torch_rng"]
         if state.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         parts.buffer = unpack_buffer(state["buffer"], device=_policy_device(parts.policy))
