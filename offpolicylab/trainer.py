@@ -102,18 +102,23 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         return train_group(SeedGroup.single(parts, run), start, stopwatch or Stopwatch(), progress, profile)[0]
 
 
-def train_seeds(config: TrainConfig, seeds: list[int], out_dir: str | Path, *, resume: bool = False,
-                progress: bool | str = False, stopwatch: Stopwatch | None = None,
+def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | list[str | Path], *,
+                resume: bool = False, progress: bool | str = False, stopwatch: Stopwatch | None = None,
                 profile: bool = False) -> list[dict[str, Any]]:
-    """Train ``config`` once per seed of ``seeds``, writing ``out_dir/seed=S`` for seed S — the run directory that
-    ``train`` of ``config`` with ``seed=S`` writes — and return the summaries.
+    """Train ``config`` once per seed of ``seeds``, writing for seed S the run directory that ``train`` of
+    ``config`` with ``seed=S`` writes — ``run_dirs[i]`` for ``seeds[i]``, or ``run_dirs/seed=S`` when one folder is
+    given — and return the summaries.
 
     Policies in :data:`~offpolicylab.seeds.STACKABLE_POLICIES` train all seeds as one batched computation
     (:mod:`offpolicylab.seeds`); other policies train the seeds one after another.  Every directory is checked
     before any is written: a fresh run refuses a directory that already holds a run, ``resume=True`` needs every
     seed's checkpoint at the same update."""
     configs = [replace(config, seed=seed) for seed in seeds]
-    runs = [RunDir(seed_dir(out_dir, seed), fsync=config.fsync) for seed in seeds]
+    if isinstance(run_dirs, (str, Path)):
+        run_dirs = [seed_dir(run_dirs, seed) for seed in seeds]
+    if len(run_dirs) != len(seeds):
+        raise ValueError(f"{len(seeds)} seeds but {len(run_dirs)} run directories")
+    runs = [RunDir(path, fsync=config.fsync) for path in run_dirs]
     if config.policy not in STACKABLE_POLICIES or len(seeds) == 1:
         if progress and len(seeds) > 1:
             _log(f"offpolicylab: policy {config.policy} trains its seeds one after another (batched: "
