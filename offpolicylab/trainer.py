@@ -51,7 +51,7 @@ from offpolicylab.profiling import LoopProfile
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.seeds import STACKABLE_POLICIES, SeedGroup
 from offpolicylab.staleness import Schedule, parse_schedule
-from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
+from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence, sequence_logprobs
 
 INITIAL_VERSION = 0
 
@@ -240,14 +240,17 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         for member in group.members:
             for key in schedule.release_after(update, cfg.updates):
                 member.buffer.pop(key, None)
+        joined = group.join_rollouts(consumed)  # the members' batches as row blocks, group ids kept apart
         with watch("policy_forward"):
-            logp, entropy = group.policy.score(group.join_rollouts(consumed))
+            logp, entropy = group.policy.score(joined)
+        with watch("other"):  # 3. advantages (per group, so the same numbers as each member's alone)
+            advantages = group.split(group_advantages(joined.rewards, joined.group_ids,
+                                                      group.members[0].advantage == "std"))
         batches, outs = [], []
-        for member, rollout, own_logp, own_entropy in zip(group.members, consumed, group.split(logp),
-                                                          group.split(entropy), strict=True):
-            with watch("other"):  # 3-4. advantages → TokenBatch
-                advantages = group_advantages(rollout.rewards, rollout.group_ids, member.advantage == "std")
-                batches.append(token_batch(rollout, own_logp, own_entropy, advantages, update))
+        for member, rollout, own_logp, own_entropy, own_advantages in zip(
+                group.members, consumed, group.split(logp), group.split(entropy), advantages, strict=True):
+            with watch("other"):  # 4. TokenBatch
+                batches.append(token_batch(rollout, own_logp, own_entropy, own_advantages, update))
             with watch("objective"):  # 5. objective
                 member.objective.update(batches[-1])
                 outs.append(member.objective(batches[-1]))
@@ -257,19 +260,32 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             (outs[0].loss if len(outs) == 1 else sum(out.loss for out in outs)).backward()
             grad_norms = group.clip_gradients(cfg.grad_clip)
         with watch("other"):
-            rows = [update_row(update, out, grad_norm, batch, own, member)
-                    for member, out, grad_norm, batch, own in zip(group.members, outs, grad_norms, batches, fresh,
-                                                                  strict=True)]
+            rows = update_rows(update, outs, grad_norms, batches, fresh, group.members)
         finite = [math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) for row in rows]
         if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):
                 group.optimizer.step()
+        labels = [f"[seed {m.config.seed}] " if len(statuses) > 1 else "" for m in group.members]
+        if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
+            for label, row in zip(labels, rows, strict=True):
+                _log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
+        # 7. diagnostics
+        due = [ok and is_due(update, cfg.eval_every, cfg.updates) for ok in finite]
+        if any(due):
+            with watch("eval"):
+                eval_tick = time.perf_counter()
+                results = (evaluate_group(group, update) if all(due) else
+                           [evaluate(m, update) if ok else {} for m, ok in zip(group.members, due, strict=True)])
+                for label, row, result, ok in zip(labels, rows, results, due, strict=True):
+                    row.update(result)
+                    if ok and progress == "lines":
+                        _log(label + eval_line(row, time.perf_counter() - eval_tick))
         stopped = []
-        for position, (member, run, row, batch, out, ok) in enumerate(zip(
-                group.members, group.runs, rows, batches, outs, finite, strict=True)):
-            label = f"[seed {member.config.seed}] " if len(statuses) > 1 else ""
-            if finish_update(member, run, update, row, batch, out, ok, not_evaluated, (tick, clock), watch,
-                             progress, label):
+        for position, (member, run, row, batch, out, ok, evaluated) in enumerate(zip(
+                group.members, group.runs, rows, batches, outs, finite, due, strict=True)):
+            if not evaluated:
+                row.update(not_evaluated)
+            if record_update(member, run, update, row, batch, out, ok, (tick, clock), watch):
                 statuses[active[position]] = "collapsed"
                 stopped.append(position)
             elif (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
@@ -287,30 +303,22 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
     return [status or "completed" for status in statuses]
 
 
-def update_row(update: int, out: LossOutput, grad_norm: Tensor, batch: TokenBatch, fresh: list[Rollout],
-               parts: Parts) -> dict[str, Any]:
-    """The metrics row of an update before evaluation: the update, the step's numbers and the current reward."""
-    return {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
-            "reward_current": current_reward(fresh, update, parts.schedule.other_share == 0)}
+def update_rows(update: int, outs: list[LossOutput], grad_norms: list[Tensor], batches: list[TokenBatch],
+                fresh: list[list[Rollout]], members: list[Parts]) -> list[dict[str, Any]]:
+    """The metrics row of each member's update before evaluation: the update, the step's numbers (one host
+    transfer for all members) and the current policy's reward."""
+    values = scalars_of([(out.loss, norm, batch, out.metrics)
+                         for out, norm, batch in zip(outs, grad_norms, batches, strict=True)])
+    return [{"update": update, **numbers,
+             "reward_current": current_reward(own, update, member.schedule.other_share == 0)}
+            for numbers, own, member in zip(values, fresh, members, strict=True)]
 
 
-def finish_update(parts: Parts, run: RunDir, update: int, row: dict[str, Any], batch: TokenBatch, out: LossOutput,
-                  finite: bool, not_evaluated: dict[str, None], clocks: tuple[float, float], watch: Stopwatch,
-                  progress: bool | str, label: str = "") -> bool:
-    """7-8: evaluation when due, collapse detection, the metrics row, events and samples of one run; whether the
-    run stops here (a non-finite step, or a collapse with ``stop_on_collapse``)."""
+def record_update(parts: Parts, run: RunDir, update: int, row: dict[str, Any], batch: TokenBatch, out: LossOutput,
+                  finite: bool, clocks: tuple[float, float], watch: Stopwatch) -> bool:
+    """7-8: collapse detection, the metrics row, events and samples of one run's update; whether the run stops
+    here (a non-finite step, or a collapse with ``stop_on_collapse``)."""
     cfg, (tick, clock) = parts.config, clocks
-    if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
-        _log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
-    # 7. diagnostics
-    if finite and is_due(update, cfg.eval_every, cfg.updates):
-        with watch("eval"):
-            eval_tick = time.perf_counter()
-            row.update(evaluate(parts, update))
-            if progress == "lines":
-                _log(label + eval_line(row, time.perf_counter() - eval_tick))
-    else:
-        row.update(not_evaluated)
     with watch("other"):
         now = time.perf_counter()
         row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
@@ -523,6 +531,21 @@ def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Ten
 # ================================================================================================ diagnostics
 def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, float]:
     """The per-update numbers, converted to Python floats with a single host transfer."""
+    return scalars_of([(loss, grad_norm, batch, metrics)])[0]
+
+
+def scalars_of(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]) -> list[dict[str, float]]:
+    """:func:`scalars` of several runs' updates (batched seeds), with a single host transfer for all of them."""
+    named = [_scalar_tensors(*step) for step in steps]
+    tensors = [v if v.dim() == 0 else v.reshape(()) for one in named for v in one.values()]
+    if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
+        tensors = [t.to(torch.float64) for t in tensors]
+    values = iter(torch.stack(tensors).tolist())
+    return [{key: next(values) for key in one} for one in named]
+
+
+def _scalar_tensors(loss: Tensor, grad_norm: Tensor, batch: TokenBatch,
+                    metrics: dict[str, Tensor]) -> dict[str, Tensor]:
     named = {
         "loss": loss.detach(), "grad_norm": grad_norm.detach(),
         "reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
@@ -534,11 +557,7 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
-    tensors = [v if v.dim() == 0 else v.reshape(()) for v in named.values()]
-    if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
-        tensors = [t.to(torch.float64) for t in tensors]
-    values = torch.stack(tensors).tolist()
-    return dict(zip(named, values, strict=True))
+    return named
 
 
 def current_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> float:
@@ -583,21 +602,39 @@ def evaluate(parts: Parts, update: int) -> dict[str, float]:
     and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the reward of greedy
     responses; the sampled KL(π‖π_0) (:func:`kl_to_initial`) when tracked; exact J(π) and KL(π‖π_0) when the world
     can enumerate its responses.  Uses its own generator, so evaluation never shifts the training randomness."""
-    cfg, world, policy = parts.config, parts.world, parts.policy
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
-    prompts = world.eval_prompts()
-    sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gen)
-    rewards = _rewards(world, sampled, gen)
-    out = {"eval_reward_sampled": float(rewards.mean()),
-           "eval_reward_se": float(stats.stratified_standard_error(rewards, sampled.group_ids)),
-           "eval_reward_greedy": math.nan}
+    return evaluate_group(SeedGroup.single(parts, None), update)[0]  # type: ignore[arg-type]
+
+
+def evaluate_group(group: SeedGroup, update: int) -> list[dict[str, float]]:
+    """:func:`evaluate` of every member, each with its own evaluation generator, the members' sampling, greedy
+    decoding, π_0 scoring and enumeration done as one batch of row blocks."""
+    members = group.members
+    cfg, world, policy = members[0].config, members[0].world, group.policy
+    gens = [torch.Generator().manual_seed(m.config.seed * 1_000_003 + update) for m in members]
+    prompts = group.join_prompts([m.world.eval_prompts() for m in members])
+    sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gens[0] if len(gens) == 1 else gens)
+    outs = []
+    for member, own, gen in zip(members, group.split_rollout(sampled), gens, strict=True):
+        rewards = _rewards(member.world, own, gen)
+        outs.append({"eval_reward_sampled": float(rewards.mean()),
+                     "eval_reward_se": float(stats.stratified_standard_error(rewards, own.group_ids)),
+                     "eval_reward_greedy": math.nan})
     if isinstance(policy, GreedyPolicy):
-        out["eval_reward_greedy"] = float(_rewards(world, policy.greedy(prompts), gen).mean())
+        for out, member, own, gen in zip(outs, members, group.split_rollout(policy.greedy(prompts)), gens,
+                                         strict=True):
+            out["eval_reward_greedy"] = float(_rewards(member.world, own, gen).mean())
     if tracks_kl_init(cfg):
-        out.update(kl_to_initial(parts.frozen_initial, sampled))
-    if parts.enumerable:
-        out.update(exact_diagnostics(parts))
-    return out
+        with torch.no_grad():
+            initial_logp = group.split(group.frozen.score(sampled)[0])
+        for out, own, logp in zip(outs, group.split_rollout(sampled), initial_logp, strict=True):
+            out.update(kl_from_scores(logp, own))
+    if members[0].enumerable:
+        enumeration = world.enumeration
+        logp = group.split(sequence_logprobs(policy, group.join_prompts([enumeration.prompts] * len(members)),
+                                             enumeration.ids, enumeration.mask, 1.0, world.vocab_size))
+        for out, member, own in zip(outs, members, logp, strict=True):
+            out.update(exact_diagnostics(member, own))
+    return outs
 
 
 def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
@@ -607,16 +644,21 @@ def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
     temperature, so the KL is between the tempered distributions."""
     with torch.no_grad():
         initial_logp, _ = initial.score(sampled)
+    return kl_from_scores(initial_logp, sampled)
+
+
+def kl_from_scores(initial_logp: Tensor, sampled: Rollout) -> dict[str, float]:
+    """:func:`kl_to_initial` from π_0's log-probs ``initial_logp`` of the sampled tokens."""
     delta = initial_logp.detach().to(sampled.behavior_logp.dtype) - sampled.behavior_logp
     kl = stats.ratio_summary(delta, sampled.response_mask)
     return {"eval_kl_init_k1": float(kl["kl_k1"]), "eval_kl_init_k3": float(kl["kl_k3"])}
 
 
-def exact_diagnostics(parts: Parts) -> dict[str, float]:
+def exact_diagnostics(parts: Parts, logp: Tensor | None = None) -> dict[str, float]:
     """J(π) = E_x Σ_y π(y|x) R(x, y) and KL(π‖π_0) = E_x Σ_y π(y|x)(log π − log π_0) by enumeration, scoring π once
-    (π_0's log-probs are computed once per run and cached)."""
+    (``logp``: log π(y|x) [N, M] when already computed; π_0's log-probs are computed once per run and cached)."""
     enumeration = parts.world.enumeration
-    logp = enumeration.logprobs(parts.policy)
+    logp = enumeration.logprobs(parts.policy) if logp is None else logp
     if parts.initial_logprobs is None:
         parts.initial_logprobs = enumeration.logprobs(parts.frozen_initial)
     return {"exact_return": enumeration.return_of(logp), "exact_kl_init": kl_divergence(logp, parts.initial_logprobs)}
