@@ -125,10 +125,7 @@ def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | li
                  f"{', '.join(STACKABLE_POLICIES)})")
         return [train(c, run.path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
                 for c, run in zip(configs, runs, strict=True)]
-    members = []
-    for c in configs:
-        members.append(build(c))
-        members[-1].torch_rng = torch.get_rng_state()  # what this seed's separate run would checkpoint
+    members = build_seeds(config, seeds)
     check_seed_dirs(runs, resume)
     with contextlib.ExitStack() as locks:
         for run in runs:
@@ -138,6 +135,15 @@ def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | li
             _log(describe_defaults(config) + f"; seeds {','.join(map(str, seeds))} batched")
         group = SeedGroup.stack(members, runs)
         return train_group(group, starts[0], stopwatch or Stopwatch(), progress, profile)
+
+
+def build_seeds(config: TrainConfig, seeds: list[int]) -> list[Parts]:
+    """:func:`build` of ``config`` with each seed of ``seeds`` (the members of a seed group)."""
+    members = []
+    for seed in seeds:
+        members.append(build(replace(config, seed=seed)))
+        members[-1].torch_rng = torch.get_rng_state()  # what this seed's separate run would checkpoint
+    return members
 
 
 def seed_dir(out_dir: str | Path, seed: int) -> Path:
