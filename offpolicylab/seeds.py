@@ -117,6 +117,7 @@ class SeedGroup:
     policy: Policy  # members[0].policy for one member, else their stack
     frozen: Policy | None  # the same for the frozen initial policies (mixture / offline data)
     optimizer: torch.optim.Optimizer
+    _params: list[Tensor] | None = None  # the policy's trainable parameters, listed once
 
     @classmethod
     def single(cls, parts: Parts, run: RunDir) -> SeedGroup:
@@ -188,7 +189,9 @@ class SeedGroup:
     def clip_gradients(self, max_norm: float) -> list[Tensor]:
         """Each member's pre-clip global gradient norm, its gradient scaled by min(1, max_norm / (norm + 1e-6)) as
         ``torch.nn.utils.clip_grad_norm_`` does for a separate run."""
-        params = list(self.policy.trainable_parameters())
+        if self._params is None:
+            self._params = list(self.policy.trainable_parameters())
+        params = self._params
         if len(self) == 1:
             return [torch.nn.utils.clip_grad_norm_(params, max_norm)]
         grads = [p.grad for p in params if p.grad is not None]

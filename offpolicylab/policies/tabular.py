@@ -71,6 +71,19 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
         """θ[x, t, c_t] for every row and position: one gather, no Python loop over rows."""
         return self.logits[self._cells(prompt_index, response_ids)]
 
+    def next_logits(self, state: Any, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                    response_ids: Tensor, t: int) -> Tensor:
+        """θ[x, t, c_t] of position ``t`` alone (the column ``t`` of :meth:`response_logits`, one small gather)."""
+        return self.logits[self._cells_at(prompt_index, response_ids, t)]
+
+    def _cells_at(self, prompt_index: Tensor, response_ids: Tensor, t: int) -> tuple[Tensor, int, Tensor]:
+        """The (prompt, position, context) index [B] of the table row read at response position ``t``."""
+        if self.context == "prev_token":
+            context = (torch.full_like(prompt_index, self.vocab_size) if t == 0 else response_ids[:, t - 1])
+        else:
+            context = torch.zeros_like(prompt_index)
+        return prompt_index, t, context
+
     def _cells(self, prompt_index: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The (prompt, position, context) index [B, T] of the table row read at every response position."""
         batch, width = response_ids.shape
@@ -139,6 +152,12 @@ class StackedTabularPolicy(TabularSoftmaxPolicy):
         batch, width = response_ids.shape
         member = torch.arange(self.size).repeat_interleave(batch // self.size)[:, None].expand(batch, width)
         return self.logits[(member, *self._cells(prompt_index, response_ids))]
+
+    def next_logits(self, state: Any, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                    response_ids: Tensor, t: int) -> Tensor:
+        """θ[s, x, t, c_t] of position ``t`` alone, every member at once."""
+        member = torch.arange(self.size).repeat_interleave(response_ids.shape[0] // self.size)
+        return self.logits[(member, *self._cells_at(prompt_index, response_ids, t))]
 
     def state_dict(self) -> dict[str, Any]:
         raise TypeError("a stacked policy has no state of its own: checkpoint its members")

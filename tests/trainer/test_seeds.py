@@ -202,6 +202,10 @@ def test_stacked_table_answers_each_block_with_its_member_and_members_see_the_st
     for s, block in enumerate(logits.split(4)):
         rows = slice(4 * s, 4 * s + 4)
         assert torch.equal(block, alone[s].response_logits(ids[rows], torch.ones(4, 1), index[rows], responses[rows]))
+    for t in range(3):  # decoding reads one position: the same numbers as the teacher-forced column
+        assert torch.equal(stacked.next_logits(None, ids, torch.ones(12, 1), index, responses, t), logits[:, t])
+        assert torch.equal(alone[0].next_logits(None, ids[:4], torch.ones(4, 1), index[:4], responses[:4], t),
+                           logits[:4, t])
     with torch.no_grad():
         stacked.logits[1] += 1.0  # what an optimizer step does to the stack ...
     assert torch.equal(members[1].logits, alone[1].logits.detach() + 1.0)  # ... member 1 sees
