@@ -276,16 +276,7 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             for label, row in zip(labels, rows, strict=True):
                 _log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
         # 7. diagnostics
-        due = [ok and is_due(update, cfg.eval_every, cfg.updates) for ok in finite]
-        if any(due):
-            with watch("eval"):
-                eval_tick = time.perf_counter()
-                results = (evaluate_group(group, update) if all(due) else
-                           [evaluate(m, update) if ok else {} for m, ok in zip(group.members, due, strict=True)])
-                for label, row, result, ok in zip(labels, rows, results, due, strict=True):
-                    row.update(result)
-                    if ok and progress == "lines":
-                        _log(label + eval_line(row, time.perf_counter() - eval_tick))
+        due = evaluate_due(group, update, rows, finite, watch, labels if progress == "lines" else None)
         stopped = []
         for position, (member, run, row, batch, out, ok, evaluated) in enumerate(zip(
                 group.members, group.runs, rows, batches, outs, finite, due, strict=True)):
@@ -307,6 +298,25 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         if statuses[position] is None:
             statuses[position] = "collapsed" if member.detector.collapsed_at >= 0 else "completed"
     return [status or "completed" for status in statuses]
+
+
+def evaluate_due(group: SeedGroup, update: int, rows: list[dict[str, Any]], finite: list[bool], watch: Stopwatch,
+                 labels: list[str] | None) -> list[bool]:
+    """Evaluate the members whose step was finite when evaluation is due (all at once when all are), adding the
+    numbers to their rows; which members were evaluated.  ``labels``: log each evaluation line with its label."""
+    cfg = group.members[0].config
+    due = [ok and is_due(update, cfg.eval_every, cfg.updates) for ok in finite]
+    if not any(due):
+        return due
+    with watch("eval"):
+        tick = time.perf_counter()
+        results = (evaluate_group(group, update) if all(due) else
+                   [evaluate(m, update) if ok else {} for m, ok in zip(group.members, due, strict=True)])
+        for index, (row, result) in enumerate(zip(rows, results, strict=True)):
+            row.update(result)
+            if due[index] and labels is not None:
+                _log(labels[index] + eval_line(row, time.perf_counter() - tick))
+    return due
 
 
 def update_rows(update: int, outs: list[LossOutput], grad_norms: list[Tensor], batches: list[TokenBatch],
