@@ -19,13 +19,23 @@ trainer's :class:`~offpolicylab.trainer.Stopwatch`:
                   collapse detector, metrics / samples / checkpoint writing)
 
 and prints, per policy, medians over the repeats of updates/second, the shares and ms/update of every section.
+
+``--compare-with DIR`` (another checkout, e.g. ``git worktree add ../base main``) measures both trees side by side:
+each round runs one repeat of each tree in its own process (``PYTHONPATH`` = that tree, its own copy of this
+script), the order alternating between rounds, and prints per tree the medians and the median over rounds of the
+paired ratio this / DIR of ms per update.  ``--seeds N`` times one seed and N seeds batched together
+(:mod:`offpolicylab.seeds`) in alternating order in this process and prints the paired ratio of their times per
+update (the cost of N seeds in units of one).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,9 +45,9 @@ import torch
 
 from offpolicylab import trainer
 from offpolicylab.config import TrainConfig, parse_assignments
+from offpolicylab.profiling import breakdown
 from offpolicylab.runs import RunDir
-
-SECTIONS = ("policy_forward", "policy_backward", "objective", "other", "eval", "checkpoint")
+from offpolicylab.seeds import SeedGroup
 
 
 class TwoClockStopwatch(trainer.Stopwatch):
@@ -81,20 +91,47 @@ def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
             **{f"cpu_{k}": v for k, v in breakdown(config.updates, total_cpu, watch.cpu_seconds).items()}}
 
 
-def breakdown(updates: int, total: float, sections: dict[str, float]) -> dict[str, float]:
-    seconds = {name: sections.get(name, 0.0) for name in SECTIONS}
-    policy = seconds["policy_forward"] + seconds["policy_backward"]
-    return {
-        "updates_per_s": updates / total,
-        "outside_share": (total - policy) / total,
-        "objective_share": seconds["objective"] / total,
-        "eval_share": seconds["eval"] / total,
-        "checkpoint_share": seconds["checkpoint"] / total,
-        "bookkeeping_share": (total - policy - seconds["objective"] - seconds["eval"]) / total,
-        "outside_share_without_eval": (total - policy - seconds["eval"]) / (total - seconds["eval"]),
-        **{f"ms_per_update_{name}": 1000 * value / updates for name, value in seconds.items()},
-        "ms_per_update_total": 1000 * total / updates,
-    }
+def seeds_run(config: TrainConfig, root: Path, index: int, seeds: int) -> dict[str, float]:
+    """Time one fresh run of ``seeds`` seeds of ``config`` batched together (:mod:`offpolicylab.seeds`); the
+    numbers of :func:`one_run`, per update of the whole group."""
+    members = trainer.build_seeds(config, list(range(seeds)))
+    runs = [RunDir(root / f"seeds{index}-{seed}", fsync=config.fsync) for seed in range(seeds)]
+    for run, parts in zip(runs, members, strict=True):
+        trainer.open_run(run, parts, resume=False)
+    group = SeedGroup.stack(members, runs)
+    watch = TwoClockStopwatch()
+    start, start_cpu = time.perf_counter(), time.thread_time()
+    trainer.run_group(group, 0, watch, progress=False)
+    total, total_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+    for run in runs:
+        run.close()
+    return {**breakdown(config.updates, total, watch.seconds),
+            **{f"cpu_{k}": v for k, v in breakdown(config.updates, total_cpu, watch.cpu_seconds).items()}}
+
+
+def seeds_benchmark(policy: str, args: argparse.Namespace, overrides: dict[str, Any]) -> None:
+    """Paired rounds of one seed (:func:`one_run`) and ``args.seeds`` seeds batched (:func:`seeds_run`)."""
+    config = TrainConfig.from_dict({"policy": policy, "updates": args.updates, **overrides})
+    ones, groups = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for round_ in range(args.repeats):
+            if round_ % 2 == 0:  # alternate the order, so a drifting load spreads over both
+                ones.append(one_run(config, Path(tmp), round_))
+                groups.append(seeds_run(config, Path(tmp), round_, args.seeds))
+            else:
+                groups.append(seeds_run(config, Path(tmp), round_, args.seeds))
+                ones.append(one_run(config, Path(tmp), round_))
+    print(f"{policy}: 1 seed vs {args.seeds} seeds batched, {args.updates} updates, {args.repeats} paired rounds, "
+          f"threads={args.threads} (medians; ms per update of all seeds)")
+    print(f"  {'':>32s}  {'1 seed':>9s}  {f'{args.seeds} seeds':>9s}")
+    for key in COMPARED:
+        print(f"  {key:>32s}  {statistics.median(r[key] for r in ones):9.4g}  "
+              f"{statistics.median(r[key] for r in groups):9.4g}")
+    for clock, name in (("", "wall"), ("cpu_", "CPU")):
+        ratio = statistics.median(g[f"{clock}ms_per_update_total"] / o[f"{clock}ms_per_update_total"]
+                                  for o, g in zip(ones, groups, strict=True))
+        label = f"paired ratio {args.seeds} seeds / 1 ({name})"
+        print(f"  {label:>32s}  {ratio:.3f}")
 
 
 def medians(results: list[dict[str, float]]) -> dict[str, float]:
@@ -107,6 +144,42 @@ def benchmark(policy: str, updates: int, repeats: int, overrides: dict[str, Any]
         results = [one_run(config, Path(tmp), i) for i in range(repeats)]
     return {"policy": policy, "config": {k: v for k, v in config.to_dict().items() if k in _SHOWN},
             "median": medians(results), "runs": results}
+
+
+COMPARED = ("ms_per_update_total", "outside_share", "outside_share_without_eval", "ms_per_update_policy_forward",
+            "ms_per_update_policy_backward", "ms_per_update_objective", "ms_per_update_other", "ms_per_update_eval",
+            "ms_per_update_checkpoint", "cpu_ms_per_update_total", "cpu_outside_share_without_eval")
+
+
+def run_tree(tree: Path, policy: str, args: argparse.Namespace) -> dict[str, float]:
+    """One repeat of ``policy`` by ``tree``'s own copy of this script, in a fresh process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, str(tree / "benchmarks" / "trainer_loop.py"), "--policy", policy, "--updates",
+                   str(args.updates), "--repeats", "1", "--threads", str(args.threads), "--json", str(out),
+                   *(["--set", *args.set] if args.set else [])]
+        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(args.threads)}
+        subprocess.run(command, check=True, env=env, cwd=tree, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())[0]["runs"][0]
+
+
+def compare(args: argparse.Namespace, other: Path) -> None:
+    """Paired rounds of this tree and ``other`` (see the module docstring)."""
+    trees = {"this": Path(__file__).resolve().parents[1], "other": other.resolve()}
+    for policy in args.policy:
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+        for round_ in range(args.repeats):
+            for name in (list(trees) if round_ % 2 == 0 else list(trees)[::-1]):
+                results[name].append(run_tree(trees[name], policy, args))
+        ratio = statistics.median(a["ms_per_update_total"] / b["ms_per_update_total"]
+                                  for a, b in zip(results["this"], results["other"], strict=True))
+        print(f"{policy}: this tree vs {trees['other']}, {args.updates} updates, {args.repeats} paired rounds, "
+              f"threads={args.threads} (medians)")
+        print(f"  {'':>32s}  {'this':>9s}  {'other':>9s}")
+        for key in COMPARED:
+            this, that = (statistics.median(r.get(key, float("nan")) for r in results[n]) for n in trees)
+            print(f"  {key:>32s}  {this:9.4g}  {that:9.4g}")
+        print(f"  {'paired ratio this/other (ms/update)':>32s}  {ratio:.3f}")
 
 
 _SHOWN = ("world", "world_params", "objective", "schedule", "prompts_per_update", "group_size", "eval_every",
@@ -123,8 +196,19 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE",
                         help="TrainConfig overrides, e.g. --set objective=m2po schedule=stale_k:16 checkpoint_every=1")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="N > 1: paired rounds of one seed and N seeds batched together (the tabular policy)")
+    parser.add_argument("--compare-with", default=None, metavar="DIR",
+                        help="another checkout of the repository: paired rounds of both trees, side by side")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare_with:
+        compare(args, Path(args.compare_with))
+        return
+    if args.seeds > 1:
+        for policy in args.policy:
+            seeds_benchmark(policy, args, parse_assignments(args.set, "--set"))
+        return
     overrides = parse_assignments(args.set, "--set")
     report = []
     for policy in args.policy:

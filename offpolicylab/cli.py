@@ -3,7 +3,8 @@
     offpolicylab list
     offpolicylab demo [--world synthetic_lm|token_mdp] [--out DIR] [--workers N] [--updates N]
     offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
-                     [--schedule S] [--updates N] [--seed S] [--lr X ...] --out DIR [--resume]
+                     [--schedule S] [--updates N] [--seed S | --seeds S,S,...] [--lr X ...] --out DIR
+                     [--resume] [--profile]
     offpolicylab sweep GRID_FILE --out DIR [--workers N] [--engine local] [--rerun-changed]
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
@@ -75,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                              metavar=param.kind.__name__.upper(), help=f"{param.doc} (default: {param.default})")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    run.add_argument("--seeds", default=None, metavar="S,S,...",
+                     help="train one run per seed (e.g. 0,1,2) into --out/seed=S, each the run that --seed S writes; "
+                          "the tabular policy trains them as one batched computation")
+    run.add_argument("--profile", action="store_true",
+                     help="profile the updates: time per section and top functions on stderr, the full profile in "
+                          "--out/profile.txt (and profile.pstats for pstats / snakeviz)")
     run.add_argument("--config", default=None, help="JSON file with a TrainConfig; flags override it")
     run.add_argument("--model", default=None, metavar="PATH",
                      help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
@@ -158,32 +165,45 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
 def cmd_run(args: argparse.Namespace) -> int:
     from offpolicylab.policies.hf_loading import allow_remote_code
     from offpolicylab.runs import RunDir
+    from offpolicylab.seeds import parse_seeds
     from offpolicylab.sweep import output_folder
-    from offpolicylab.trainer import TrainingFailed, train
+    from offpolicylab.trainer import TrainingFailed, seed_dir, train, train_seeds
 
     output_folder(args.out)
-    config = config_from_args(args)
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else None
+    if seeds is not None and args.seed is not None:
+        raise ValueError("--seeds and --seed exclude each other; valid: --seed S for one run or --seeds S,S,... ")
+    config = config_from_args(args, seed_dir(args.out, seeds[0]) if seeds else args.out)
     allow_remote_code(args.trust_remote_code)
+    progress = "bar" if sys.stderr.isatty() else "lines"
     try:
-        summary = train(config, args.out, resume=args.resume,
-                        progress="bar" if sys.stderr.isatty() else "lines")
+        if seeds is None:
+            summaries = {Path(args.out): train(config, args.out, resume=args.resume, profile=args.profile,
+                                               progress=progress)}
+        else:
+            summaries = dict(zip([seed_dir(args.out, seed) for seed in seeds],
+                                 train_seeds(config, seeds, args.out, resume=args.resume, profile=args.profile,
+                                             progress=progress), strict=True))
     except TrainingFailed as exc:
         print(f"offpolicylab: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(_summary_line(Path(args.out).name, summary) + f"  -> {RunDir(args.out).path}")
+    for path, summary in summaries.items():
+        print(_summary_line(path.name, summary) + f"  -> {RunDir(path).path}")
     return 0
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Start from --config (or, with --resume, the stored config.json), then apply the flags that were given."""
+def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None) -> TrainConfig:
+    """Start from --config (or, with --resume, the config.json stored in ``run_dir``, default --out), then apply
+    the flags that were given."""
     from offpolicylab.runs import RunDir
 
     data: dict[str, Any] = {}
+    stored = RunDir(args.out if run_dir is None else run_dir)
     if args.resume and args.config:
         raise ValueError("--resume continues the run in --out with its stored config.json; it cannot be combined "
                          "with --config (start a new run with --config instead)")
-    if args.resume and RunDir(args.out).config_path.exists():
-        data = RunDir(args.out).read_config()
+    if args.resume and stored.config_path.exists():
+        data = stored.read_config()
     elif args.config:
         try:
             data = json.loads(Path(args.config).read_text())

@@ -13,6 +13,8 @@ runs as :class:`Run` records for plots, the demo figure, paper figures and exper
                                  ``fsync=True`` metrics.csv and the checkpoint are also fsynced (survives an OS
                                  crash / power loss).  Loaded with
                                  ``torch.load(weights_only=True)`` — never an arbitrary unpickle
+    profile.txt, profile.pstats  with ``offpolicylab run --profile``: where the time went (sections, top functions;
+                                 :mod:`offpolicylab.profiling`) and the raw cProfile statistics
     summary.json                 at the end: status ∈ completed / collapsed / failed, final and peak metrics
     .lock                        the writer's lock (``fcntl.flock``; the OS drops it when the process ends, even
                                  by SIGKILL): one process writes a run directory at a time
@@ -57,8 +59,9 @@ SWEEP_RESULTS = "sweep_results.csv"
 LOCK_NAME = ".lock"
 TEMP_MARK = ".tmp-"
 # every name a run directory may hold: what :meth:`RunDir.clear` may delete
+PROFILE_FILES = ("profile.txt", "profile.pstats")
 RUN_ENTRIES = frozenset({"config.json", "metrics.csv", "events.jsonl", "summary.json", "checkpoint", "samples",
-                         "error.txt", LOCK_NAME})
+                         "error.txt", LOCK_NAME, *PROFILE_FILES})
 _HELD_LOCKS: dict[Path, list[int]] = {}  # resolved run path -> [lock file descriptor, nesting depth]
 
 
@@ -89,6 +92,7 @@ class RunDir:
     summary_path = property(lambda self: self.path / "summary.json")
     checkpoint_path = property(lambda self: self.path / "checkpoint" / "state.pt")
     samples_dir = property(lambda self: self.path / "samples")
+    profile_path = property(lambda self: self.path / PROFILE_FILES[0])
 
     def holds_run(self) -> bool:
         return self.config_path.exists() or self.metrics_path.exists()
@@ -292,6 +296,11 @@ class RunDir:
         np.savez_compressed(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue(), self.fsync)
         return path
+
+    def write_profile(self, report: str, stats: bytes) -> None:
+        """profile.txt (``report``) and profile.pstats (``stats``, cProfile's marshal format), each atomically."""
+        _atomic_write_bytes(self.profile_path, report.encode(), self.fsync)
+        _atomic_write_bytes(self.path / PROFILE_FILES[1], stats, self.fsync)
 
     # ---------------------------------------------------------------------------------------- checkpoint
     def save_checkpoint(self, state: dict[str, Any]) -> None:

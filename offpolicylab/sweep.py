@@ -229,8 +229,51 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
     return changed
 
 
-def _run_cell_args(cell: Cell) -> dict[str, Any]:
-    return run_cell(cell.config, cell.out_dir)
+def seed_groups(cells: list[Cell]) -> list[list[int]]:
+    """Indices of the cells grouped by configuration apart from the seed: cells of a policy whose seeds train as
+    one batched computation (:data:`~offpolicylab.seeds.STACKABLE_POLICIES`) share a group with the other seeds of
+    their configuration; every other cell is a group of its own.  Groups keep the cells' order."""
+    from offpolicylab.seeds import STACKABLE_POLICIES
+
+    groups: dict[str, list[int]] = {}
+    for index, cell in enumerate(cells):
+        stackable = TrainConfig.from_dict(cell.config).policy in STACKABLE_POLICIES
+        rest = {key: value for key, value in cell.config.items() if key != "seed"}
+        key = json.dumps(rest, sort_keys=True, default=str) if stackable else f"cell {index}"
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
+
+
+def run_seed_group(cells: list[Cell]) -> list[dict[str, Any]]:
+    """The cells of one :func:`seed_groups` group: cells already done are skipped; when every other cell is new,
+    they train together (:func:`offpolicylab.trainer.train_seeds`: each writes the run directory it writes alone);
+    otherwise (a cell to resume or to start again) each runs on its own (:func:`run_cell`).  Never raises."""
+    import torch
+
+    from offpolicylab.runs import RunDir
+    from offpolicylab.trainer import train_seeds
+
+    results: list[dict[str, Any] | None] = [None] * len(cells)
+    todo = []
+    for index, cell in enumerate(cells):
+        previous = RunDir(cell.out_dir).read_summary()
+        if previous is not None and previous.get("status") in _DONE:
+            results[index] = {**previous, "skipped": True}
+        else:
+            todo.append(index)
+    if len(todo) > 1 and not any(RunDir(cells[i].out_dir).holds_run() for i in todo):
+        torch.set_num_threads(1)
+        configs = [TrainConfig.from_dict(cells[i].config) for i in todo]
+        try:
+            summaries = train_seeds(configs[0], [c.seed for c in configs], [cells[i].out_dir for i in todo])
+        except Exception:  # noqa: BLE001 - a cell failure must not stop the sweep
+            summaries = [RunDir(cells[i].out_dir).read_summary() for i in todo]  # "failed" once training began
+        for index, summary in zip(todo, summaries, strict=True):
+            results[index] = summary
+        todo = [i for i in todo if results[i] is None]  # refused before writing: each cell records why alone
+    for index in todo:
+        results[index] = run_cell(cells[index].config, cells[index].out_dir)
+    return [r or {"status": "failed", "error": "no result"} for r in results]
 
 
 # ============================================================================================ engines
@@ -259,26 +302,31 @@ def get_engine(name: str) -> Engine:
 
 def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
     """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order.
+    The seeds of one configuration form one task (:func:`seed_groups`, :func:`run_seed_group`).
     An interrupt (SIGINT, or SIGTERM turned into one by the CLI) terminates the workers before it propagates."""
     results: list[dict[str, Any] | None] = [None] * len(cells)
     bar = _bar(len(cells), progress)
+    groups = seed_groups(cells)
     if workers <= 1:
-        for i, cell in enumerate(cells):
-            results[i] = _run_cell_args(cell)
-            bar.update(1)
+        for group in groups:
+            for i, result in zip(group, run_seed_group([cells[i] for i in group]), strict=True):
+                results[i] = result
+            bar.update(len(group))
     else:
         context = multiprocessing.get_context("spawn")
         pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
                                            initargs=(os.getpid(),))
         try:
-            pending = {pool.submit(_run_cell_args, cell): i for i, cell in enumerate(cells)}
+            pending = {pool.submit(run_seed_group, [cells[i] for i in group]): group for group in groups}
             for future in futures.as_completed(pending):
-                i = pending[future]
+                group = pending[future]
                 try:
-                    results[i] = future.result()
+                    for i, result in zip(group, future.result(), strict=True):
+                        results[i] = result
                 except Exception as exc:  # noqa: BLE001 - a crashed worker process
-                    results[i] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-                bar.update(1)
+                    for i in group:
+                        results[i] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                bar.update(len(group))
         except BaseException:
             stop_pool(pool)
             raise

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import cProfile
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,12 @@ from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import ClonablePolicy, ExactWorld, GreedyPolicy, Policy, Rollout, World
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.objectives import Objective, TokenBatch, get_objective
+from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
+from offpolicylab.profiling import LoopProfile
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
+from offpolicylab.seeds import STACKABLE_POLICIES, SeedGroup
 from offpolicylab.staleness import Schedule, parse_schedule
-from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
+from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence, sequence_logprobs
 
 INITIAL_VERSION = 0
 
@@ -71,19 +74,23 @@ class Parts:
     detector: CollapseDetector
     advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
     frozen_initial: Policy | None = None  # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
+    enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
+    torch_rng: Tensor | None = None  # the global RNG state to checkpoint when seeds share a process (else current)
 
 
 # ================================================================================================ the loop
 def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool | str = False,
-          stopwatch: Stopwatch | None = None) -> dict[str, Any]:
+          stopwatch: Stopwatch | None = None, profile: bool = False) -> dict[str, Any]:
     """Train as ``config`` says, writing the run directory ``run_dir``; returns the summary.
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
     uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
     ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
-    either prints the policy-dependent defaults it filled in first."""
+    either prints the policy-dependent defaults it filled in first.  ``profile=True`` profiles the updates
+    (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory and prints
+    the section table and the top functions on stderr."""
     parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
     if resume:
@@ -92,18 +99,102 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         start = open_run(run, parts, resume)
         if progress:
             _log(describe_defaults(config))
-        watch = stopwatch or Stopwatch()
-        try:
-            status = run_updates(parts, run, start, watch, progress)
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        return train_group(SeedGroup.single(parts, run), start, stopwatch or Stopwatch(), progress, profile)[0]
+
+
+def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | list[str | Path], *,
+                resume: bool = False, progress: bool | str = False, stopwatch: Stopwatch | None = None,
+                profile: bool = False) -> list[dict[str, Any]]:
+    """Train ``config`` once per seed of ``seeds``, writing for seed S the run directory that ``train`` of
+    ``config`` with ``seed=S`` writes — ``run_dirs[i]`` for ``seeds[i]``, or ``run_dirs/seed=S`` when one folder is
+    given — and return the summaries.
+
+    Policies in :data:`~offpolicylab.seeds.STACKABLE_POLICIES` train all seeds as one batched computation
+    (:mod:`offpolicylab.seeds`); other policies train the seeds one after another.  Every directory is checked
+    before any is written: a fresh run refuses a directory that already holds a run, ``resume=True`` needs every
+    seed's checkpoint at the same update."""
+    configs = [replace(config, seed=seed) for seed in seeds]
+    if isinstance(run_dirs, (str, Path)):
+        run_dirs = [seed_dir(run_dirs, seed) for seed in seeds]
+    if len(run_dirs) != len(seeds):
+        raise ValueError(f"{len(seeds)} seeds but {len(run_dirs)} run directories")
+    runs = [RunDir(path, fsync=config.fsync) for path in run_dirs]
+    if config.policy not in STACKABLE_POLICIES or len(seeds) == 1:
+        if progress and len(seeds) > 1:
+            _log(f"offpolicylab: policy {config.policy} trains its seeds one after another (batched: "
+                 f"{', '.join(STACKABLE_POLICIES)})")
+        return [train(c, run.path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
+                for c, run in zip(configs, runs, strict=True)]
+    members = build_seeds(config, seeds)
+    check_seed_dirs(runs, resume)
+    with contextlib.ExitStack() as locks:
+        for run in runs:
+            locks.enter_context(run.locked())
+        starts = [open_run(run, parts, resume) for run, parts in zip(runs, members, strict=True)]
+        if progress:
+            _log(describe_defaults(config) + f"; seeds {','.join(map(str, seeds))} batched")
+        group = SeedGroup.stack(members, runs)
+        return train_group(group, starts[0], stopwatch or Stopwatch(), progress, profile)
+
+
+def build_seeds(config: TrainConfig, seeds: list[int]) -> list[Parts]:
+    """:func:`build` of ``config`` with each seed of ``seeds`` (the members of a seed group)."""
+    members = []
+    for seed in seeds:
+        members.append(build(replace(config, seed=seed)))
+        members[-1].torch_rng = torch.get_rng_state()  # what this seed's separate run would checkpoint
+    return members
+
+
+def seed_dir(out_dir: str | Path, seed: int) -> Path:
+    """The run directory of seed ``seed`` of a ``--seeds`` run (a sweep cell's name for its seed axis)."""
+    return Path(out_dir) / f"seed={seed}"
+
+
+def check_seed_dirs(runs: list[RunDir], resume: bool) -> None:
+    """Refuse, before anything is written, seed directories that a fresh run would overwrite, or (``resume``)
+    that lack a run or whose checkpoints are at different updates."""
+    if not resume:
+        taken = [str(run.path) for run in runs if run.holds_run()]
+        if taken:
+            raise RunError(f"run directory {taken[0]} already holds a run; pass --resume to continue the seeds or "
+                           "choose another --out")
+        return
+    updates = {}
+    for run in runs:
+        run.read_config()
+        updates[run.path.name] = run.load_checkpoint()["next_update"] if run.checkpoint_path.exists() else 0
+    values = {int(v) for v in updates.values()}
+    if len(values) > 1:
+        found = ", ".join(f"{name} at update {value}" for name, value in updates.items())
+        raise RunError(f"the seeds' checkpoints are at different updates ({found}); valid: resume each seed on its "
+                       "own (--seed S --out DIR/seed=S --resume)")
+
+
+def train_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | str,
+                profile: bool) -> list[dict[str, Any]]:
+    """Run the group's updates (profiled when asked) and write every member's summary; a failure is recorded in
+    every member's run directory and raised as :class:`TrainingFailed`."""
+    members, runs = list(group.members), list(group.runs)
+    try:
+        if profile:
+            statuses, loop = profiled_group(group, start, watch, progress)
+            for run in runs:
+                run.write_profile(loop.report(), loop.stats_bytes())
+            _log(loop.short() + f"\n(full profile: {', '.join(str(run.profile_path) for run in runs)})")
+        else:
+            statuses = run_group(group, start, watch, progress)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        for run in runs:
             record_failure(run, error)
-            raise TrainingFailed(f"run {run.path} failed: {error}") from exc
-        finally:
+        raise TrainingFailed(f"run {', '.join(str(run.path) for run in runs)} failed: {error}") from exc
+    finally:
+        for run in runs:
             with contextlib.suppress(OSError):  # closing flushes; a full disk already failed the run
                 run.close()
-        return run.write_summary(status, collapse_update=parts.detector.collapsed_at,
-                                 **exact_optimum(parts.world))
+    return [run.write_summary(status, collapse_update=parts.detector.collapsed_at, **exact_optimum(parts.world))
+            for run, parts, status in zip(runs, members, statuses, strict=True)]
 
 
 def record_failure(run: RunDir, error: str) -> None:
@@ -114,73 +205,153 @@ def record_failure(run: RunDir, error: str) -> None:
         run.write_summary("failed", error=error)
 
 
-def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool) -> str:
-    """Updates ``start … config.updates − 1``; returns the final status."""
-    cfg, policy, schedule = parts.config, parts.policy, parts.schedule
-    params = list(policy.trainable_parameters())
+def profiled_group(group: SeedGroup, start: int, watch: Stopwatch,
+                   progress: bool | str) -> tuple[list[str], LoopProfile]:
+    """:func:`run_group` under :mod:`cProfile`, timed by ``watch``; (final statuses, its :class:`LoopProfile`)."""
+    profiler = cProfile.Profile()
+    clock = time.perf_counter()
+    first = group.runs[0]
+    profiler.enable()
+    try:
+        statuses = run_group(group, start, watch, progress)
+    finally:
+        profiler.disable()
+    updates = len(first.read_metrics()) - start
+    return statuses, LoopProfile(updates, time.perf_counter() - clock, dict(watch.seconds), profiler)
+
+
+def run_updates(parts: Parts, run: RunDir, start: int, watch: Stopwatch, progress: bool | str) -> str:
+    """Updates ``start … config.updates − 1`` of one run; returns the final status."""
+    return run_group(SeedGroup.single(parts, run), start, watch, progress)[0]
+
+
+def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | str) -> list[str]:
+    """Updates ``start … config.updates − 1`` of every member of ``group`` (one run, or seeds batched together,
+    :mod:`offpolicylab.seeds`); returns each member's final status.  A member that stops (non-finite loss, or a
+    collapse with ``stop_on_collapse``) leaves the group; the others go on."""
+    cfg, schedule = group.members[0].config, group.members[0].schedule
+    statuses: list[str | None] = [None] * len(group)
+    active = list(range(len(group)))  # the original index of each member still in the group
+    not_evaluated = dict.fromkeys(eval_columns(group.members[0]))
     clock = time.perf_counter()
     for update in _progress(range(start, cfg.updates), cfg.updates, start, progress):
         tick = time.perf_counter()
         # 1-2. schedule → rollout: generate what is due now, consume this update's batch
-        fresh = []
+        fresh: list[list[Rollout]] = [[] for _ in active]
         for key in schedule.generate_at(update, cfg.updates):
-            parts.buffer[key] = generate(parts, update, watch)
-            fresh.append(parts.buffer[key])
-        rollout = parts.buffer[schedule.key(update)]
-        for key in schedule.release_after(update, cfg.updates):
-            parts.buffer.pop(key, None)
-        # 3-4. advantages → TokenBatch
-        with watch("other"):
-            advantages = group_advantages(rollout.rewards, rollout.group_ids, parts.advantage == "std")
+            for member, own, rollout in zip(group.members, fresh, generate_group(group, update, watch), strict=True):
+                member.buffer[key] = rollout
+                own.append(rollout)
+        consumed = [member.buffer[schedule.key(update)] for member in group.members]
+        for member in group.members:
+            for key in schedule.release_after(update, cfg.updates):
+                member.buffer.pop(key, None)
+        joined = group.join_rollouts(consumed)  # the members' batches as row blocks, group ids kept apart
         with watch("policy_forward"):
-            logp, entropy = policy.score(rollout)
-        with watch("other"):
-            batch = token_batch(rollout, logp, entropy, advantages, update)
-        with watch("objective"):  # 5. objective
-            parts.objective.update(batch)
-            with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
-            out = parts.objective(batch) if with_metrics else parts.objective(batch, metrics=False)
+            logp, entropy = group.policy.score(joined)
+        with watch("other"):  # 3. advantages (per group, so the same numbers as each member's alone)
+            advantages = group.split(group_advantages(joined.rewards, joined.group_ids,
+                                                      group.members[0].advantage == "std"))
+        batches, outs = [], []
+        for member, rollout, own_logp, own_entropy, own_advantages in zip(
+                group.members, consumed, group.split(logp), group.split(entropy), advantages, strict=True):
+            with watch("other"):  # 4. TokenBatch
+                batches.append(token_batch(rollout, own_logp, own_entropy, own_advantages, update))
+            with watch("objective"):  # 5. objective
+                member.objective.update(batches[-1])
+                with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
+                outs.append(member.objective(batches[-1]) if with_metrics else
+                            member.objective(batches[-1], metrics=False))
         # 6. step
         with watch("policy_backward"):
-            parts.optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            group.optimizer.zero_grad(set_to_none=True)
+            (outs[0].loss if len(outs) == 1 else sum(out.loss for out in outs)).backward()
+            grad_norms = group.clip_gradients(cfg.grad_clip)
         with watch("other"):
-            row = {"update": update, **scalars(out.loss, grad_norm, batch, out.metrics),
-                   "reward_current": current_reward(fresh, update)}
-            finite = math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
-        if finite:
+            rows = update_rows(update, outs, grad_norms, batches, fresh, group.members)
+        finite = [math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) for row in rows]
+        if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):
-                parts.optimizer.step()
+                group.optimizer.step()
+        labels = [f"[seed {m.config.seed}] " if len(statuses) > 1 else "" for m in group.members]
         if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
-            _log(progress_line(row, cfg.updates, time.perf_counter() - tick))
+            for label, row in zip(labels, rows, strict=True):
+                _log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
         # 7. diagnostics
-        with watch("eval"):
-            eval_tick = time.perf_counter()
-            due = finite and is_due(update, cfg.eval_every, cfg.updates)
-            row.update(evaluate(parts, update) if due else dict.fromkeys(eval_columns(parts)))
-            if due and progress == "lines":
-                _log(eval_line(row, time.perf_counter() - eval_tick))
-        with watch("other"):
-            now = time.perf_counter()
-            row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
-            reason = (parts.detector.non_finite(update) if not finite else
-                      parts.detector.observe(update, detector_reward(row, schedule), row.get("kl_k3"),
-                                             row["grad_norm"]))
-            # 8. run directory
-            run.append_metrics(row)
-            if not finite:
-                run.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
-            if reason is not None:
-                run.event("collapse", update, reason=reason)
-            if cfg.sample_every and update % cfg.sample_every == 0:
-                run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
-        if not finite or (reason is not None and cfg.stop_on_collapse):
-            return "collapsed"
-        with watch("checkpoint"):
-            if (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
-                run.save_checkpoint(checkpoint_state(parts, update + 1))
-    return "collapsed" if parts.detector.collapsed_at >= 0 else "completed"
+        due = evaluate_due(group, update, rows, finite, watch, labels if progress == "lines" else None)
+        stopped = []
+        for position, (member, run, row, batch, out, ok, evaluated) in enumerate(zip(
+                group.members, group.runs, rows, batches, outs, finite, due, strict=True)):
+            if not evaluated:
+                row.update(not_evaluated)
+            if record_update(member, run, update, row, batch, out, ok, (tick, clock), watch):
+                statuses[active[position]] = "collapsed"
+                stopped.append(position)
+            elif (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
+                with watch("checkpoint"):
+                    run.save_checkpoint(checkpoint_state(member, update + 1))
+        if stopped:
+            kept = [position for position in range(len(group)) if position not in stopped]
+            if not kept:
+                break
+            group = group.keep(kept)
+            active = [active[position] for position in kept]
+    for position, member in zip(active, group.members, strict=True):
+        if statuses[position] is None:
+            statuses[position] = "collapsed" if member.detector.collapsed_at >= 0 else "completed"
+    return [status or "completed" for status in statuses]
+
+
+def evaluate_due(group: SeedGroup, update: int, rows: list[dict[str, Any]], finite: list[bool], watch: Stopwatch,
+                 labels: list[str] | None) -> list[bool]:
+    """Evaluate the members whose step was finite when evaluation is due (all at once when all are), adding the
+    numbers to their rows; which members were evaluated.  ``labels``: log each evaluation line with its label."""
+    cfg = group.members[0].config
+    due = [ok and is_due(update, cfg.eval_every, cfg.updates) for ok in finite]
+    if not any(due):
+        return due
+    with watch("eval"):
+        tick = time.perf_counter()
+        results = (evaluate_group(group, update) if all(due) else
+                   [evaluate(m, update) if ok else {} for m, ok in zip(group.members, due, strict=True)])
+        for index, (row, result) in enumerate(zip(rows, results, strict=True)):
+            row.update(result)
+            if due[index] and labels is not None:
+                _log(labels[index] + eval_line(row, time.perf_counter() - tick))
+    return due
+
+
+def update_rows(update: int, outs: list[LossOutput], grad_norms: list[Tensor], batches: list[TokenBatch],
+                fresh: list[list[Rollout]], members: list[Parts]) -> list[dict[str, Any]]:
+    """The metrics row of each member's update before evaluation: the update, the step's numbers (one host
+    transfer for all members) and the current policy's reward."""
+    values = scalars_of([(out.loss, norm, batch, out.metrics)
+                         for out, norm, batch in zip(outs, grad_norms, batches, strict=True)])
+    return [{"update": update, **numbers,
+             "reward_current": current_reward(own, update, member.schedule.other_share == 0)}
+            for numbers, own, member in zip(values, fresh, members, strict=True)]
+
+
+def record_update(parts: Parts, run: RunDir, update: int, row: dict[str, Any], batch: TokenBatch, out: LossOutput,
+                  finite: bool, clocks: tuple[float, float], watch: Stopwatch) -> bool:
+    """7-8: collapse detection, the metrics row, events and samples of one run's update; whether the run stops
+    here (a non-finite step, or a collapse with ``stop_on_collapse``)."""
+    cfg, (tick, clock) = parts.config, clocks
+    with watch("other"):
+        now = time.perf_counter()
+        row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
+        reason = (parts.detector.non_finite(update) if not finite else
+                  parts.detector.observe(update, detector_reward(row, parts.schedule), row.get("kl_k3"),
+                                         row["grad_norm"]))
+        # 8. run directory
+        run.append_metrics(row)
+        if not finite:
+            run.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
+        if reason is not None:
+            run.event("collapse", update, reason=reason)
+        if cfg.sample_every and update % cfg.sample_every == 0:
+            run.write_samples(update, histogram_samples(batch, out.token_mask, cfg.seed, update))
+    return not finite or (reason is not None and cfg.stop_on_collapse)
 
 
 # ================================================================================================ building
@@ -197,7 +368,8 @@ def build(config: TrainConfig) -> Parts:
     check_memory(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
-    keep_initial = schedule.other_share > 0 or _enumerable(world) or tracks_kl_init(config)
+    enumerable = _enumerable(world)
+    keep_initial = schedule.other_share > 0 or enumerable or tracks_kl_init(config)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
@@ -207,7 +379,7 @@ def build(config: TrainConfig) -> Parts:
                                   factor=config.collapse_spike,
                                   window=config.collapse_window),
         advantage=advantage_used(config, objective),
-        frozen_initial=frozen,
+        frozen_initial=frozen, enumerable=enumerable,
     )
 
 
@@ -306,26 +478,39 @@ def resolve_config(config: TrainConfig, objective: Objective | None = None) -> d
 
 # ================================================================================================ rollouts
 def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
-    """One batch: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions.  A share
-    ``schedule.other_share`` of the prompts is answered by the frozen initial policy (version 0)."""
-    cfg, gen = parts.config, parts.generator
-    n_other = round(parts.schedule.other_share * cfg.prompts_per_update)
-    pieces = []
-    for policy, count, tag in ((parts.policy, cfg.prompts_per_update - n_other, version),
-                               (parts.frozen_initial, n_other, INITIAL_VERSION)):
+    """One batch of one run (:func:`generate_group` of a group of one)."""
+    return generate_group(SeedGroup.single(parts, None), version, watch)[0]  # type: ignore[arg-type]
+
+
+def generate_group(group: SeedGroup, version: int, watch: Stopwatch) -> list[Rollout]:
+    """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions.
+    A share ``schedule.other_share`` of the prompts is answered by the frozen initial policy (version 0).  Each
+    member draws its prompts, tokens and rewards from its own generator, in the order of a separate run."""
+    members, policies = group.members, (group.policy, group.frozen)
+    cfg, schedule = members[0].config, members[0].schedule
+    n_other = round(schedule.other_share * cfg.prompts_per_update)
+    pieces: list[list[Rollout]] = [[] for _ in members]
+    for policy, count, tag in ((policies[0], cfg.prompts_per_update - n_other, version),
+                               (policies[1], n_other, INITIAL_VERSION)):
         if count == 0:
             continue
-        prompts = parts.world.sample_prompts(count, gen)
+        prompts = group.join_prompts([member.world.sample_prompts(count, member.generator) for member in members])
         with watch("policy_forward"):
-            rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, gen)
+            rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, group.generators)
             if cfg.recompute_behavior_logp:
                 rollout = recompute_behavior_logp(policy, rollout)
         device = rollout.response_ids.device
-        pieces.append(rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device)))
-    rollout = pieces[0] if len(pieces) == 1 else Rollout.concat(pieces)
-    with watch("other"):
-        rewards = parts.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=gen)
-    return rollout.with_(rewards=rewards.to(torch.float32))
+        rollout = rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device))
+        for own, block in zip(pieces, group.split_rollout(rollout), strict=True):
+            own.append(block)
+    batches = []
+    for member, own in zip(members, pieces, strict=True):
+        rollout = own[0] if len(own) == 1 else Rollout.concat(own)
+        with watch("other"):
+            rewards = member.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
+                                          generator=member.generator)
+        batches.append(rollout.with_(rewards=rewards.to(torch.float32)))
+    return batches
 
 
 def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
@@ -365,6 +550,21 @@ def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Ten
 # ================================================================================================ diagnostics
 def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, float]:
     """The per-update numbers, converted to Python floats with a single host transfer."""
+    return scalars_of([(loss, grad_norm, batch, metrics)])[0]
+
+
+def scalars_of(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]) -> list[dict[str, float]]:
+    """:func:`scalars` of several runs' updates (batched seeds), with a single host transfer for all of them."""
+    named = [_scalar_tensors(*step) for step in steps]
+    tensors = [v if v.dim() == 0 else v.reshape(()) for one in named for v in one.values()]
+    if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
+        tensors = [t.to(torch.float64) for t in tensors]
+    values = iter(torch.stack(tensors).tolist())
+    return [{key: next(values) for key in one} for one in named]
+
+
+def _scalar_tensors(loss: Tensor, grad_norm: Tensor, batch: TokenBatch,
+                    metrics: dict[str, Tensor]) -> dict[str, Tensor]:
     named = {
         "loss": loss.detach(), "grad_norm": grad_norm.detach(),
         "reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
@@ -376,18 +576,15 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
-    tensors = [v if v.dim() == 0 else v.reshape(()) for v in named.values()]
-    if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
-        tensors = [t.to(torch.float64) for t in tensors]
-    values = torch.stack(tensors).tolist()
-    return dict(zip(named, values, strict=True))
+    return named
 
 
-def current_reward(fresh: list[Rollout], update: int) -> float:
+def current_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> float:
     """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
-    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data)."""
-    rewards = [r.rewards[r.version == update] for r in fresh]
-    rewards = torch.cat(rewards) if rewards else torch.zeros(0)
+    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data).
+    ``all_current``: every fresh row is the current policy's (no share answered by π_0), so none is filtered."""
+    rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
+    rewards = (rewards[0] if len(rewards) == 1 else torch.cat(rewards)) if rewards else torch.zeros(0)
     return float(rewards.mean()) if rewards.numel() else math.nan
 
 
@@ -414,7 +611,7 @@ def eval_columns(parts: Parts) -> list[str]:
     columns = ["eval_reward_sampled", "eval_reward_se", "eval_reward_greedy"]
     if tracks_kl_init(parts.config):
         columns += ["eval_kl_init_k1", "eval_kl_init_k3"]
-    if _enumerable(parts.world):
+    if parts.enumerable:
         columns += ["exact_return", "exact_kl_init"]
     return columns
 
@@ -424,21 +621,39 @@ def evaluate(parts: Parts, update: int) -> dict[str, float]:
     and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the reward of greedy
     responses; the sampled KL(π‖π_0) (:func:`kl_to_initial`) when tracked; exact J(π) and KL(π‖π_0) when the world
     can enumerate its responses.  Uses its own generator, so evaluation never shifts the training randomness."""
-    cfg, world, policy = parts.config, parts.world, parts.policy
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + update)
-    prompts = world.eval_prompts()
-    sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gen)
-    rewards = _rewards(world, sampled, gen)
-    out = {"eval_reward_sampled": float(rewards.mean()),
-           "eval_reward_se": float(stats.stratified_standard_error(rewards, sampled.group_ids)),
-           "eval_reward_greedy": math.nan}
+    return evaluate_group(SeedGroup.single(parts, None), update)[0]  # type: ignore[arg-type]
+
+
+def evaluate_group(group: SeedGroup, update: int) -> list[dict[str, float]]:
+    """:func:`evaluate` of every member, each with its own evaluation generator, the members' sampling, greedy
+    decoding, π_0 scoring and enumeration done as one batch of row blocks."""
+    members = group.members
+    cfg, world, policy = members[0].config, members[0].world, group.policy
+    gens = [torch.Generator().manual_seed(m.config.seed * 1_000_003 + update) for m in members]
+    prompts = group.join_prompts([m.world.eval_prompts() for m in members])
+    sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, gens[0] if len(gens) == 1 else gens)
+    outs = []
+    for member, own, gen in zip(members, group.split_rollout(sampled), gens, strict=True):
+        rewards = _rewards(member.world, own, gen)
+        outs.append({"eval_reward_sampled": float(rewards.mean()),
+                     "eval_reward_se": float(stats.stratified_standard_error(rewards, own.group_ids)),
+                     "eval_reward_greedy": math.nan})
     if isinstance(policy, GreedyPolicy):
-        out["eval_reward_greedy"] = float(_rewards(world, policy.greedy(prompts), gen).mean())
+        for out, member, own, gen in zip(outs, members, group.split_rollout(policy.greedy(prompts)), gens,
+                                         strict=True):
+            out["eval_reward_greedy"] = float(_rewards(member.world, own, gen).mean())
     if tracks_kl_init(cfg):
-        out.update(kl_to_initial(parts.frozen_initial, sampled))
-    if _enumerable(world):
-        out.update(exact_diagnostics(parts))
-    return out
+        with torch.no_grad():
+            initial_logp = group.split(group.frozen.score(sampled)[0])
+        for out, own, logp in zip(outs, group.split_rollout(sampled), initial_logp, strict=True):
+            out.update(kl_from_scores(logp, own))
+    if members[0].enumerable:
+        enumeration = world.enumeration
+        logp = group.split(sequence_logprobs(policy, group.join_prompts([enumeration.prompts] * len(members)),
+                                             enumeration.ids, enumeration.mask, 1.0, world.vocab_size))
+        for out, member, own in zip(outs, members, logp, strict=True):
+            out.update(exact_diagnostics(member, own))
+    return outs
 
 
 def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
@@ -448,16 +663,21 @@ def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
     temperature, so the KL is between the tempered distributions."""
     with torch.no_grad():
         initial_logp, _ = initial.score(sampled)
+    return kl_from_scores(initial_logp, sampled)
+
+
+def kl_from_scores(initial_logp: Tensor, sampled: Rollout) -> dict[str, float]:
+    """:func:`kl_to_initial` from π_0's log-probs ``initial_logp`` of the sampled tokens."""
     delta = initial_logp.detach().to(sampled.behavior_logp.dtype) - sampled.behavior_logp
     kl = stats.ratio_summary(delta, sampled.response_mask)
     return {"eval_kl_init_k1": float(kl["kl_k1"]), "eval_kl_init_k3": float(kl["kl_k3"])}
 
 
-def exact_diagnostics(parts: Parts) -> dict[str, float]:
+def exact_diagnostics(parts: Parts, logp: Tensor | None = None) -> dict[str, float]:
     """J(π) = E_x Σ_y π(y|x) R(x, y) and KL(π‖π_0) = E_x Σ_y π(y|x)(log π − log π_0) by enumeration, scoring π once
-    (π_0's log-probs are computed once per run and cached)."""
+    (``logp``: log π(y|x) [N, M] when already computed; π_0's log-probs are computed once per run and cached)."""
     enumeration = parts.world.enumeration
-    logp = enumeration.logprobs(parts.policy)
+    logp = enumeration.logprobs(parts.policy) if logp is None else logp
     if parts.initial_logprobs is None:
         parts.initial_logprobs = enumeration.logprobs(parts.frozen_initial)
     return {"exact_return": enumeration.return_of(logp), "exact_kl_init": kl_divergence(logp, parts.initial_logprobs)}
@@ -497,7 +717,7 @@ def checkpoint_state(parts: Parts, next_update: int) -> dict[str, Any]:
         "optimizer": parts.optimizer.state_dict(),
         "objective": parts.objective.state_dict(),
         "generator": parts.generator.get_state(),
-        "torch_rng": torch.get_rng_state(),
+        "torch_rng": torch.get_rng_state() if parts.torch_rng is None else parts.torch_rng,
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],  # dropout on a GPU
         "buffer": pack_buffer(parts.buffer),
         "detector": parts.detector.state_dict(),
@@ -511,6 +731,8 @@ def restore_state(parts: Parts, state: dict[str, Any]) -> None:
         parts.objective.load_state_dict(state["objective"])
         parts.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
+        if parts.torch_rng is not None:
+            parts.torch_rng = state["torch_rng"]
         if state.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         parts.buffer = unpack_buffer(state["buffer"], device=_policy_device(parts.policy))

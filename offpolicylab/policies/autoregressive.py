@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -95,8 +96,11 @@ class AutoregressivePolicy(ABC):
         return copy.deepcopy(self)
 
     def sample(self, prompts: Prompts, group_size: int, temperature: float = 1.0,
-               generator: torch.Generator | None = None) -> Rollout:
-        """Draw ``group_size`` responses per prompt (rows of one prompt are consecutive), under ``no_grad``."""
+               generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Rollout:
+        """Draw ``group_size`` responses per prompt (rows of one prompt are consecutive), under ``no_grad``.
+
+        ``generator`` may be a sequence of k generators: the rows are then k equal consecutive blocks and block i
+        draws from generator i (batched seeds: each seed's draws are those its separate run would make)."""
         _check_temperature(temperature)
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -117,9 +121,9 @@ class AutoregressivePolicy(ABC):
                 logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
                 engine_logp = logp
                 if sampler is not None:
-                    noise = torch.randn(logp.shape, generator=generator, dtype=logp.dtype)
+                    noise = _randn(logp.shape, generator, logp.dtype)
                     engine_logp = torch.log_softmax(logp + self.sampler_noise_std * noise, -1)
-                token = torch.multinomial(engine_logp.exp(), 1, generator=generator).squeeze(1)
+                token = _multinomial(engine_logp.exp(), generator)
                 token = torch.where(alive, token, torch.full_like(token, self.pad_id))
                 ids[:, t] = token
                 mask[:, t] = alive.to(mask.dtype)
@@ -194,6 +198,23 @@ class AutoregressivePolicy(ABC):
                        temperature: float) -> Tensor:
         logits = self.response_logits(prompt_ids, prompt_mask, prompt_index, response_ids)
         return logits if temperature == 1.0 else logits / temperature
+
+
+def _randn(shape: torch.Size, generator: torch.Generator | Sequence[torch.Generator] | None,
+           dtype: torch.dtype) -> Tensor:
+    """Standard normal noise of ``shape``; with k generators, k equal row blocks, block i from generator i."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.randn(shape, generator=generator, dtype=dtype)
+    rows = shape[0] // len(generator)
+    return torch.cat([torch.randn((rows, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+
+
+def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+    """One token per row of ``probs`` [B, V]; with k generators, k equal row blocks, block i from generator i."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    blocks = probs.split(probs.shape[0] // len(generator))
+    return torch.cat([torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generator, strict=True)]).squeeze(1)
 
 
 def _check_temperature(temperature: float) -> None:

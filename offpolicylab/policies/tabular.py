@@ -69,6 +69,23 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
     def response_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
                         response_ids: Tensor) -> Tensor:
         """θ[x, t, c_t] for every row and position: one gather, no Python loop over rows."""
+        return self.logits[self._cells(prompt_index, response_ids)]
+
+    def next_logits(self, state: Any, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                    response_ids: Tensor, t: int) -> Tensor:
+        """θ[x, t, c_t] of position ``t`` alone (the column ``t`` of :meth:`response_logits`, one small gather)."""
+        return self.logits[self._cells_at(prompt_index, response_ids, t)]
+
+    def _cells_at(self, prompt_index: Tensor, response_ids: Tensor, t: int) -> tuple[Tensor, int, Tensor]:
+        """The (prompt, position, context) index [B] of the table row read at response position ``t``."""
+        if self.context == "prev_token":
+            context = (torch.full_like(prompt_index, self.vocab_size) if t == 0 else response_ids[:, t - 1])
+        else:
+            context = torch.zeros_like(prompt_index)
+        return prompt_index, t, context
+
+    def _cells(self, prompt_index: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The (prompt, position, context) index [B, T] of the table row read at every response position."""
         batch, width = response_ids.shape
         if width != self.response_len:
             raise ValueError(f"response_ids has {width} positions, the policy has response_len {self.response_len}")
@@ -78,7 +95,7 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
         else:
             context = torch.zeros_like(response_ids)
         positions = torch.arange(width)[None, :].expand(batch, width)
-        return self.logits[prompt_index[:, None].expand(batch, width), positions, context]
+        return prompt_index[:, None].expand(batch, width), positions, context
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [self.logits]
@@ -103,3 +120,44 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
     def bandit_probs(self, temperature: float = 1.0) -> Tensor:
         """π = softmax(θ / τ) of a bandit policy, detached."""
         return torch.softmax(self.bandit_logits().detach() / temperature, -1)
+
+
+class StackedTabularPolicy(TabularSoftmaxPolicy):
+    """S tabular policies of one shape as one table θ [S, P, T, C, V] (batched seeds).
+
+    A batch holds S equal consecutive row blocks and block s is answered by table s:
+
+        π(y_t = v | x, y_<t; row in block s) = softmax(θ[s, x, t, c_t])_v
+
+    so one gather scores every member and one optimizer step updates every member; no table entry is shared, so
+    the gradient of Σ_s loss_s restricted to θ[s] is the gradient of loss_s.  Each member's ``logits`` becomes a
+    view of its slice (no copy): what the optimizer does to the stack is what the member sees when it is evaluated
+    or checkpointed on its own."""
+
+    def __init__(self, members: Sequence[TabularSoftmaxPolicy]) -> None:
+        first = members[0]
+        for other in members[1:]:
+            if (other.logits.shape, other.context, other.eos_id, other.sampler_noise_std) != (
+                    first.logits.shape, first.context, first.eos_id, first.sampler_noise_std):
+                raise ValueError("stacked tabular policies must share table shape, context, eos_id and sampler noise")
+        self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std)
+        self.num_prompts, self.context, self.size = first.num_prompts, first.context, len(members)
+        self.logits = torch.nn.Parameter(torch.stack([member.logits.detach() for member in members]))
+        for index, member in enumerate(members):
+            member.logits = self.logits.detach()[index]
+
+    def response_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                        response_ids: Tensor) -> Tensor:
+        """θ[s, x, t, c_t] for every row (s its block) and position: one gather over all members."""
+        batch, width = response_ids.shape
+        member = torch.arange(self.size).repeat_interleave(batch // self.size)[:, None].expand(batch, width)
+        return self.logits[(member, *self._cells(prompt_index, response_ids))]
+
+    def next_logits(self, state: Any, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                    response_ids: Tensor, t: int) -> Tensor:
+        """θ[s, x, t, c_t] of position ``t`` alone, every member at once."""
+        member = torch.arange(self.size).repeat_interleave(response_ids.shape[0] // self.size)
+        return self.logits[(member, *self._cells_at(prompt_index, response_ids, t))]
+
+    def state_dict(self) -> dict[str, Any]:
+        raise TypeError("a stacked policy has no state of its own: checkpoint its members")

@@ -228,13 +228,14 @@ def test_a_failed_atomic_write_and_a_dead_writer_leave_no_temp_files(tmp_path: P
 
 # ============================================================================================ 7. stopping sweeps
 def _long_sweep(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[Path]]:
-    """A 2-worker local sweep of two endless cells, started and waited for until both workers write."""
-    grid = {"base": {**GRID["base"], "updates": 1_000_000, "checkpoint_every": 5}, "axes": {"seed": [0, 1]}}
+    """A 2-worker local sweep of two endless cells, started and waited for until both workers write (the cells
+    differ in lr, not only in seed: the seeds of one configuration would train together in one worker)."""
+    grid = {"base": {**GRID["base"], "updates": 1_000_000, "checkpoint_every": 5}, "axes": {"lr": [0.5, 0.25]}}
     (tmp_path / "grid.json").write_text(json.dumps(grid))
     proc = subprocess.Popen([sys.executable, "-m", "offpolicylab", "sweep", str(tmp_path / "grid.json"), "--out",
                              str(tmp_path / "out"), "--workers", "2"], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    cells = [tmp_path / "out" / "seed=0", tmp_path / "out" / "seed=1"]
+    cells = [tmp_path / "out" / "lr=0.5", tmp_path / "out" / "lr=0.25"]
     wait_for(lambda: all(metrics_rows(c / "metrics.csv") > 2 for c in cells), what="both workers to write")
     return proc, cells
 
