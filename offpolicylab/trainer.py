@@ -33,7 +33,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,7 @@ class Parts:
     detector: CollapseDetector
     advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
     frozen_initial: Policy | None = None  # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
+    memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
 
@@ -84,14 +85,14 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
     ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
     either prints the policy-dependent defaults it filled in first."""
-    parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
-    if resume:
-        run.read_config()  # nothing to resume: refused before the lock creates anything
+    if resume:  # nothing to resume: refused before the lock creates anything
+        config = with_stored_plan(config, run.read_config())
+    parts = build(config)
     with run.locked():  # one writer per run directory
         start = open_run(run, parts, resume)
         if progress:
-            _log(describe_defaults(config))
+            _log(describe_defaults(config, parts.memory_plan))
         watch = stopwatch or Stopwatch()
         try:
             status = run_updates(parts, run, start, watch, progress)
@@ -196,6 +197,7 @@ def build(config: TrainConfig) -> Parts:
     check_memory(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
+    config, memory_plan = plan_memory(config, world, policy)
     keep_initial = schedule.other_share > 0 or _enumerable(world) or tracks_kl_init(config)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
@@ -206,6 +208,7 @@ def build(config: TrainConfig) -> Parts:
                                   window=config.collapse_window),
         advantage=advantage_used(config, objective),
         frozen_initial=frozen,
+        memory_plan=memory_plan,
     )
 
 
@@ -219,7 +222,8 @@ def check_memory(config: TrainConfig, world: World) -> None:
 
     A lower bound: the rollout of one update alone holds, per response token, its id (8 bytes), mask, behaviour
     log-prob, current log-prob and entropy (4 bytes each), i.e. rows × T × 24 bytes with rows = prompts_per_update ×
-    group_size and T the longest response; it is compared with the physical memory."""
+    group_size and T the longest response; it is compared with the physical memory.  A policy that knows its own
+    scoring memory (the hf policy: activations and full-vocabulary logits) adds its check in :func:`plan_memory`."""
     rows = config.prompts_per_update * config.group_size
     tokens = rows * int(world.max_response_len)
     need = tokens * 24
@@ -228,6 +232,34 @@ def check_memory(config: TrainConfig, world: World) -> None:
         raise ValueError(f"prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at least "
                          f"{need / 2**30:,.1f} GiB but this machine has {total / 2**30:,.1f} GiB; valid: a smaller "
                          "prompts_per_update or group_size")
+
+
+def plan_memory(config: TrainConfig, world: World, policy: Policy) -> tuple[TrainConfig, str | None]:
+    """(config with the policy's memory plan for scoring one update's batch recorded in ``policy_params``, the plan
+    as text); unchanged for policies without ``plan_scoring``.
+
+    The hf policy chooses the scoring options the user left unset (micro-batch, recompute) from the memory
+    available, or refuses a batch that cannot fit (``ValueError``); recording them in config.json makes a resume
+    score exactly as the original run did."""
+    plan_scoring = getattr(policy, "plan_scoring", None)
+    if plan_scoring is None:
+        return config, None
+    rows = config.prompts_per_update * config.group_size
+    longest = getattr(world, "longest_prompt_tokens", None)
+    plan = plan_scoring(rows, int(longest() if longest else getattr(world, "max_prompt_tokens", 0)))
+    return replace(config, policy_params={**config.policy_params, **plan.params()}), plan.describe()
+
+
+def with_stored_plan(config: TrainConfig, stored: dict[str, Any]) -> TrainConfig:
+    """``config`` with the memory plan a run recorded in its config.json (``stored``) for the policy options that
+    ``config`` leaves unset, so that a resume scores as the original run did whatever memory is free now."""
+    from offpolicylab.policies.hf import PLANNED_PARAMS
+
+    if stored.get("policy") != config.policy:
+        return config
+    planned = {k: v for k, v in stored.get("policy_params", {}).items()
+               if k in PLANNED_PARAMS and k not in config.policy_params}
+    return replace(config, policy_params={**config.policy_params, **planned}) if planned else config
 
 
 def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
@@ -630,12 +662,15 @@ def _rewards(world: World, rollout: Rollout, gen: torch.Generator) -> Tensor:
     return rewards.float().cpu()
 
 
-def describe_defaults(config: TrainConfig) -> str:
-    """One line naming the run and the defaults that depend on its policy (those it did not set)."""
+def describe_defaults(config: TrainConfig, memory_plan: str | None = None) -> str:
+    """One line naming the run, the defaults that depend on its policy (those it did not set) and the policy's
+    memory plan."""
     resolved, filled = config.with_defaults()
     text = f"offpolicylab: {resolved.world} / {resolved.policy} / {resolved.objective} / {resolved.schedule}"
     if filled:
         text += f"; defaults for policy {resolved.policy}: " + ", ".join(f"{k}={v:g}" for k, v in filled.items())
+    if memory_plan:
+        text += f"; scoring: {memory_plan}"
     return text
 
 
