@@ -180,7 +180,7 @@ def test_every_objective_runs_a_step(make_policy, prompts, name):
 def test_score_recompute_and_gradient_checkpointing_give_the_same_gradients(make_policy, prompts):
     def grads(plan: float | None = None, **kwargs):
         policy = make_policy(max_new_tokens=6, **kwargs)
-        if plan is not None:  # the policy's own plan for 6 rows with memory for `plan` rows: 1 row per forward
+        if plan is not None:  # the policy's own plan for 6 rows with memory for 3.5 rows: 1 row per forward
             chosen = policy.plan_scoring(6, prompts.ids.shape[1], available=int(plan * policy.score_row_bytes(
                 prompts.ids.shape[1], 6)))
             assert (chosen.micro_batch, chosen.recompute) == (1, True)
@@ -192,7 +192,7 @@ def test_score_recompute_and_gradient_checkpointing_give_the_same_gradients(make
 
     base_rollout, base = grads()
     for kwargs in ({"score_recompute": True, "score_micro_batch": 2}, {"score_micro_batch": 4},
-                   {"gradient_checkpointing": True}, {"plan": 2.5}):
+                   {"gradient_checkpointing": True}, {"plan": 3.5}):
         rollout, other = grads(**kwargs)
         assert torch.equal(rollout.response_ids, base_rollout.response_ids)
         assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(base, other, strict=True))
@@ -209,9 +209,9 @@ def test_score_row_bytes_is_activations_plus_logits(make_policy, tokenizer):
 
 @pytest.mark.parametrize(("given", "memory_rows", "expected"), [
     ({}, 100.0, (8, False)),                       # 8 rows need 8 r <= 0.6 · 100 r: one forward
-    ({}, 5.5, (3, True)),                          # 0.6 · 5.5 = 3.3 rows fit: micro-batches of 3, recomputed
-    ({}, 1.2, (1, True)),                          # less than one row in the 0.6 share, one row within all of it
-    ({"score_micro_batch": 2}, 5.5, (2, True)),    # the user's micro-batch; 8 rows do not fit: recompute
+    ({}, 10.0, (4, True)),                         # 0.6 · 10 = 6 rows fit, less the 2 recompute holds on top: 4
+    ({}, 4.0, (1, True)),                          # ⌊2.4⌋ − 2 = 0: one row, peak 3 r within all of the 4 r
+    ({"score_micro_batch": 2}, 10.0, (2, True)),   # the user's micro-batch; 8 rows do not fit: recompute
     ({"score_micro_batch": 2}, 100.0, (2, False)),  # ... they do: no recompute needed
     ({"score_recompute": True}, 100.0, (8, True)),
 ])
@@ -226,8 +226,8 @@ def test_plan_scoring_chooses_the_micro_batch_from_the_memory(make_policy, given
 
 @pytest.mark.parametrize(("given", "memory_rows", "valid"), [
     ({}, 0.5, "valid: a shorter max_response_len"),  # not even one row
-    ({"score_micro_batch": 8, "score_recompute": False}, 5.5, "valid: score_micro_batch <= 3 with score_recompute"),
-    ({"score_micro_batch": 6}, 5.5, "valid: score_micro_batch <= 3 with score_recompute"),
+    ({"score_micro_batch": 8, "score_recompute": False}, 7.0, "valid: score_micro_batch <= 2 with score_recompute"),
+    ({"score_micro_batch": 6}, 7.0, "valid: score_micro_batch <= 2 with score_recompute"),  # peak (6 + 2) r > 7 r
 ])
 def test_plan_scoring_refuses_what_cannot_fit(make_policy, given, memory_rows, valid):
     policy = make_policy(max_new_tokens=10, **given)

@@ -206,11 +206,11 @@ def test_relative_paths_are_stored_absolute_and_policy_defaults_are_printed(
 def test_scoring_plan_is_chosen_printed_recorded_and_kept_on_resume(
     files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """With 1000 bytes per scored response and 3500 available, the 8 rows of an update are scored 2 at a time
-    (⌊0.6 · 3.5⌋) with recompute: printed at the start, stored in config.json, and kept by a resume that finds
+    """With 1000 bytes per scored response and 7000 available, the 8 rows of an update are scored 2 at a time
+    (⌊0.6 · 7⌋ − 2) with recompute: printed at the start, stored in config.json, and kept by a resume that finds
     plenty of memory."""
     monkeypatch.setattr(hf.HFPolicy, "score_row_bytes", lambda self, prompt, response: 1000)
-    monkeypatch.setattr(hf, "available_memory", lambda device: 3500)
+    monkeypatch.setattr(hf, "available_memory", lambda device: 7000)
     out = tmp_path / "planned"
     killed_before_second_checkpoint(run_args(files, out, updates=2), monkeypatch)
     config = json.loads((out / "config.json").read_text())
