@@ -75,6 +75,7 @@ class Parts:
     advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
     frozen_initial: Policy | None = None  # π_0, kept for mixture / offline data and for the exact KL(π‖π_0)
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
+    memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start
     buffer: dict[int, Rollout] = field(default_factory=dict)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
     torch_rng: Tensor | None = None  # the global RNG state to checkpoint when seeds share a process (else current)
@@ -91,14 +92,14 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     either prints the policy-dependent defaults it filled in first.  ``profile=True`` profiles the updates
     (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory and prints
     the section table and the top functions on stderr."""
-    parts = build(config)
     run = RunDir(run_dir, fsync=config.fsync)
-    if resume:
-        run.read_config()  # nothing to resume: refused before the lock creates anything
+    if resume:  # nothing to resume: refused before the lock creates anything
+        config = with_stored_plan(config, run.read_config())
+    parts = build(config)
     with run.locked():  # one writer per run directory
         start = open_run(run, parts, resume)
         if progress:
-            _log(describe_defaults(config))
+            _log(describe_defaults(config, parts.memory_plan))
         return train_group(SeedGroup.single(parts, run), start, stopwatch or Stopwatch(), progress, profile)[0]
 
 
@@ -132,7 +133,7 @@ def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | li
             locks.enter_context(run.locked())
         starts = [open_run(run, parts, resume) for run, parts in zip(runs, members, strict=True)]
         if progress:
-            _log(describe_defaults(config) + f"; seeds {','.join(map(str, seeds))} batched")
+            _log(describe_defaults(config, members[0].memory_plan) + f"; seeds {','.join(map(str, seeds))} batched")
         group = SeedGroup.stack(members, runs)
         return train_group(group, starts[0], stopwatch or Stopwatch(), progress, profile)
 
@@ -368,6 +369,7 @@ def build(config: TrainConfig) -> Parts:
     check_memory(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
+    config, memory_plan = plan_memory(config, world, policy)
     enumerable = _enumerable(world)
     keep_initial = schedule.other_share > 0 or enumerable or tracks_kl_init(config)
     frozen = _clone(policy) if keep_initial else None
@@ -379,7 +381,7 @@ def build(config: TrainConfig) -> Parts:
                                   factor=config.collapse_spike,
                                   window=config.collapse_window),
         advantage=advantage_used(config, objective),
-        frozen_initial=frozen, enumerable=enumerable,
+        frozen_initial=frozen, enumerable=enumerable, memory_plan=memory_plan,
     )
 
 
@@ -393,7 +395,8 @@ def check_memory(config: TrainConfig, world: World) -> None:
 
     A lower bound: the rollout of one update alone holds, per response token, its id (8 bytes), mask, behaviour
     log-prob, current log-prob and entropy (4 bytes each), i.e. rows × T × 24 bytes with rows = prompts_per_update ×
-    group_size and T the longest response; it is compared with the physical memory."""
+    group_size and T the longest response; it is compared with the physical memory.  A policy that knows its own
+    scoring memory (the hf policy: activations and full-vocabulary logits) adds its check in :func:`plan_memory`."""
     rows = config.prompts_per_update * config.group_size
     tokens = rows * int(world.max_response_len)
     need = tokens * 24
@@ -402,6 +405,34 @@ def check_memory(config: TrainConfig, world: World) -> None:
         raise ValueError(f"prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at least "
                          f"{need / 2**30:,.1f} GiB but this machine has {total / 2**30:,.1f} GiB; valid: a smaller "
                          "prompts_per_update or group_size")
+
+
+def plan_memory(config: TrainConfig, world: World, policy: Policy) -> tuple[TrainConfig, str | None]:
+    """(config with the policy's memory plan for scoring one update's batch recorded in ``policy_params``, the plan
+    as text); unchanged for policies without ``plan_scoring``.
+
+    The hf policy chooses the scoring options the user left unset (micro-batch, recompute) from the memory
+    available, or refuses a batch that cannot fit (``ValueError``); recording them in config.json makes a resume
+    score exactly as the original run did."""
+    plan_scoring = getattr(policy, "plan_scoring", None)
+    if plan_scoring is None:
+        return config, None
+    rows = config.prompts_per_update * config.group_size
+    longest = getattr(world, "longest_prompt_tokens", None)
+    plan = plan_scoring(rows, int(longest() if longest else getattr(world, "max_prompt_tokens", 0)))
+    return replace(config, policy_params={**config.policy_params, **plan.params()}), plan.describe()
+
+
+def with_stored_plan(config: TrainConfig, stored: dict[str, Any]) -> TrainConfig:
+    """``config`` with the memory plan a run recorded in its config.json (``stored``) for the policy options that
+    ``config`` leaves unset, so that a resume scores as the original run did whatever memory is free now."""
+    from offpolicylab.policies.hf import PLANNED_PARAMS
+
+    if stored.get("policy") != config.policy:
+        return config
+    planned = {k: v for k, v in stored.get("policy_params", {}).items()
+               if k in PLANNED_PARAMS and k not in config.policy_params}
+    return replace(config, policy_params={**config.policy_params, **planned}) if planned else config
 
 
 def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
@@ -854,12 +885,15 @@ def _rewards(world: World, rollout: Rollout, gen: torch.Generator) -> Tensor:
     return rewards.float().cpu()
 
 
-def describe_defaults(config: TrainConfig) -> str:
-    """One line naming the run and the defaults that depend on its policy (those it did not set)."""
+def describe_defaults(config: TrainConfig, memory_plan: str | None = None) -> str:
+    """One line naming the run, the defaults that depend on its policy (those it did not set) and the policy's
+    memory plan."""
     resolved, filled = config.with_defaults()
     text = f"offpolicylab: {resolved.world} / {resolved.policy} / {resolved.objective} / {resolved.schedule}"
     if filled:
         text += f"; defaults for policy {resolved.policy}: " + ", ".join(f"{k}={v:g}" for k, v in filled.items())
+    if memory_plan:
+        text += f"; scoring: {memory_plan}"
     return text
 
 

@@ -12,6 +12,7 @@ second policy (:meth:`HFPolicy.base_policy`, or ``sample(..., use_adapter=False)
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,14 @@ from torch.utils.checkpoint import checkpoint
 from offpolicylab.contracts import Prompts, Rollout
 
 ADAPTER_FILE = "adapter_model.safetensors"
+# The share of the available memory an automatic scoring plan may fill (the rest: the rollout, the optimizer, the
+# allocator's slack, other processes' growth); an explicit plan is refused only beyond all of it.
+SCORE_MEMORY_SHARE = 0.6
+GIB = 2**30
+PLANNED_PARAMS = ("score_micro_batch", "score_recompute")  # the options HFPolicy.plan_scoring fills in
+# Scoring m rows per forward with recompute peaks at about m + 2 rows' worth: measured on SmolLM2-135M (CPU, 8 rows
+# of 130 + 200 tokens, 0.795 GiB per row by HFPolicy.score_row_bytes): 2.86 GiB for m = 2 and 4.70 GiB for m = 4.
+RECOMPUTE_EXTRA_ROWS = 2
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class HFPolicy:
         gradient_checkpointing: recompute the model's activations in backward (less memory, ~1/3 more compute).
         score_recompute: store only the [B, T] outputs of each scoring micro-batch and recompute its forward in
             backward, so peak memory is one micro-batch's activations and logits even though the objective sees the
-            whole batch.
+            whole batch (None: off until :meth:`plan_scoring` decides).
         quantized: the base model is bitsandbytes k-bit (runs ``peft.prepare_model_for_kbit_training``).
         eos_ids: token ids that end a response (default: the tokenizer's and generation_config's EOS).
     """
@@ -88,7 +97,7 @@ class HFPolicy:
         sample_micro_batch: int | None = None,
         score_micro_batch: int | None = None,
         gradient_checkpointing: bool = False,
-        score_recompute: bool = False,
+        score_recompute: bool | None = None,
         quantized: bool = False,
         eos_ids: Sequence[int] | None = None,
     ) -> None:
@@ -114,6 +123,7 @@ class HFPolicy:
         self.sample_micro_batch = sample_micro_batch
         self.score_micro_batch = score_micro_batch
         self.score_recompute = score_recompute
+        self.gradient_checkpointing = gradient_checkpointing
         self.eos_ids = torch.tensor(sorted(set(eos_ids) if eos_ids is not None else _eos_ids(model, tokenizer)))
         if self.eos_ids.numel() == 0:
             raise ValueError("the tokenizer has no EOS token; pass eos_ids=[...]")
@@ -152,6 +162,53 @@ class HFPolicy:
     @property
     def vocab_size(self) -> int:
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+    # ------------------------------------------------------------------------------------------------ memory
+    def score_row_bytes(self, prompt_tokens: int, response_tokens: int) -> int:
+        """Estimated peak memory (bytes) of scoring one row of P + T tokens with grad and back-propagating it:
+
+            (P + T) · L · (11 d + 7 d_ff) · s  +  4 · T · V · 4
+
+        with L layers of width d and MLP width d_ff, activations of s bytes (the model's dtype) and V the vocabulary.
+        The first term is what a LoRA decoder layer keeps for backward per token (normalised inputs of the attention
+        and MLP projections, q, k, v and their rotary copies, the attention output, gate, up, the SiLU product: about
+        8 d + 5 d_ff by hand, 11 d + 7 d_ff as measured; with gradient checkpointing only each layer's input, d, plus
+        one layer recomputed); the second is the response's full-vocabulary logits in fp32 (logits, the log-softmax
+        kept for backward, their gradients).  Calibration: peak resident memory of SmolLM2-135M (L = 30, d = 576,
+        d_ff = 1536, V = 49152, fp32, LoRA on every linear layer) scoring 8 rows on a CPU was 793, 605 and 402 MiB
+        per row for (P, T) = (130, 200), (30, 200), (130, 50); this formula gives 795, 600 and 390."""
+        config = self.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        width = int(config.hidden_size)
+        layers = int(config.num_hidden_layers)
+        mlp = int(getattr(config, "intermediate_size", None) or 4 * width)
+        itemsize = self.model.get_input_embeddings().weight.element_size()
+        per_layer = 11 * width + 7 * mlp
+        per_token = (layers * width + per_layer) if self.gradient_checkpointing else layers * per_layer
+        activations = (prompt_tokens + response_tokens) * per_token * itemsize
+        return int(activations + 4 * response_tokens * self.vocab_size * 4)
+
+    def plan_scoring(self, rows: int, prompt_tokens: int, *, available: int | None = None) -> ScorePlan:
+        """Choose the options the user left unset so that scoring ``rows`` responses (P = ``prompt_tokens``,
+        T = ``max_new_tokens``) and its backward fit in memory, set them, and return the plan.
+
+        With r = :meth:`score_row_bytes` and A the available memory (``available``, else
+        :func:`available_memory` of the policy's device): all rows in one forward when rows · r ≤ 0.6 A, else
+        micro-batches of m = ⌊0.6 A / r⌋ − 2 rows (at least 1) recomputed in backward, whose peak is about
+        (m + 2) · r.  A plan that needs more than A (one row too large, or the user's own options) raises
+        ``ValueError`` saying what fits."""
+        available = available_memory(self.device) if available is None else int(available)
+        row_bytes = self.score_row_bytes(prompt_tokens, self.max_new_tokens)
+        fits = int(SCORE_MEMORY_SHARE * available // row_bytes) - RECOMPUTE_EXTRA_ROWS
+        recompute = self.score_recompute
+        if recompute is None:
+            recompute = rows * row_bytes > SCORE_MEMORY_SHARE * available
+        micro_batch = min(self.score_micro_batch or (max(fits, 1) if recompute else rows), rows)
+        plan = ScorePlan(micro_batch, bool(recompute), row_bytes, available)
+        if plan.need(rows) > available:
+            raise ValueError(plan.refusal(rows, prompt_tokens, self.max_new_tokens, fits))
+        self.score_micro_batch, self.score_recompute = plan.micro_batch, plan.recompute
+        return plan
 
     # ------------------------------------------------------------------------------------------------ sample
     @torch.no_grad()
@@ -355,6 +412,54 @@ class HFPolicy:
         self.load_state_dict(load_peft_weights(str(path), device=str(self.device)))
 
 
+@dataclass(frozen=True)
+class ScorePlan:
+    """How :meth:`HFPolicy.score` runs: ``micro_batch`` rows per forward, ``recompute`` (each micro-batch's forward
+    again in backward), the estimated bytes per row and the memory that was available."""
+
+    micro_batch: int
+    recompute: bool
+    row_bytes: int
+    available: int
+
+    def need(self, rows: int) -> int:
+        """Peak bytes of scoring ``rows`` rows: about m + 2 rows with recompute, all rows' graphs without."""
+        held = min(self.micro_batch + RECOMPUTE_EXTRA_ROWS, rows) if self.recompute else rows
+        return held * self.row_bytes
+
+    def params(self) -> dict[str, Any]:
+        """The plan as ``hf`` policy parameters (what config.json records)."""
+        return dict(zip(PLANNED_PARAMS, (self.micro_batch, self.recompute), strict=True))
+
+    def describe(self) -> str:
+        return (f"score_micro_batch={self.micro_batch}, score_recompute={str(self.recompute).lower()} "
+                f"(~{self.row_bytes / GIB:.2f} GiB per response, {self.available / GIB:.1f} GiB available)")
+
+    def refusal(self, rows: int, prompt_tokens: int, response_tokens: int, fits: int) -> str:
+        what = (f"scoring {rows} responses of up to {prompt_tokens} + {response_tokens} tokens "
+                f"({self.micro_batch if self.recompute else rows} at a time) needs about {self.need(rows) / GIB:.1f} "
+                f"GiB ({self.row_bytes / GIB:.2f} GiB per response, forward and backward) but "
+                f"{self.available / GIB:.1f} GiB are available")
+        if fits >= 1:
+            return f"{what}; valid: score_micro_batch <= {fits} with score_recompute=true (or leave both unset)"
+        return (f"{what}; valid: a shorter max_response_len or max_prompt_tokens, gradient_checkpointing=true, "
+                "or more memory")
+
+
+def available_memory(device: torch.device | str) -> int:
+    """Bytes that new tensors on ``device`` can take: the free memory of a CUDA device
+    (``torch.cuda.mem_get_info``), else the kernel's MemAvailable (``/proc/meminfo``), else the free physical
+    pages."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 class BaseModelPolicy:
     """The base model (adapter disabled) of an :class:`HFPolicy`, as a Policy: the second policy of ``mixture``.
 
@@ -477,9 +582,11 @@ def hf_policy_params() -> dict[str, Any]:
         "dtype": Param("float32", str, choices=("float32", "bfloat16", "float16"), doc="base weight dtype"),
         "device": Param("cpu", str, doc="torch device (cpu, cuda, cuda:1, ...)"),
         "gradient_checkpointing": Param(False, bool, doc="recompute activations in backward"),
-        "score_recompute": Param(False, bool, doc="recompute each scoring micro-batch in backward"),
+        "score_recompute": Param(None, bool, optional=True, doc="recompute each scoring micro-batch in backward "
+                                                                "(none: chosen from the memory available)"),
         "sample_micro_batch": Param(None, int, low=1, optional=True, doc="rows per generation forward"),
-        "score_micro_batch": Param(None, int, low=1, optional=True, doc="rows per scoring forward"),
+        "score_micro_batch": Param(None, int, low=1, optional=True, doc="rows per scoring forward (none: chosen "
+                                                                        "from the memory available)"),
     }
 
 

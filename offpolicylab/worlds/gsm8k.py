@@ -202,6 +202,12 @@ class GSM8kWorld:
             self._token_cache[index] = list(ids)[-self.max_prompt_tokens:]
         return self._token_cache[index]
 
+    def longest_prompt_tokens(self) -> int:
+        """The token count of the prompt with the longest question in characters (train and test): the longest
+        prompt, or close to it, without tokenizing every problem (used to plan memory)."""
+        index = max(range(len(self.problems)), key=lambda i: len(self.problems[i].question))
+        return len(self.prompt_tokens(index))
+
     def make_prompts(self, indices: Tensor) -> Prompts:
         """Tokenize and left-pad the problems ``indices`` (global ids) into :class:`Prompts`."""
         rows = [self.prompt_tokens(int(i)) for i in indices.tolist()]

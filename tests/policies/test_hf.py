@@ -178,8 +178,12 @@ def test_every_objective_runs_a_step(make_policy, prompts, name):
 
 
 def test_score_recompute_and_gradient_checkpointing_give_the_same_gradients(make_policy, prompts):
-    def grads(**kwargs):
+    def grads(plan: float | None = None, **kwargs):
         policy = make_policy(max_new_tokens=6, **kwargs)
+        if plan is not None:  # the policy's own plan for 6 rows with memory for 3.5 rows: 1 row per forward
+            chosen = policy.plan_scoring(6, prompts.ids.shape[1], available=int(plan * policy.score_row_bytes(
+                prompts.ids.shape[1], 6)))
+            assert (chosen.micro_batch, chosen.recompute) == (1, True)
         _nudge_lora(policy)
         rollout = policy.sample(prompts, 2, 1.0, torch.Generator().manual_seed(0))
         logp, _ = policy.score(rollout)
@@ -187,10 +191,49 @@ def test_score_recompute_and_gradient_checkpointing_give_the_same_gradients(make
         return rollout, [p.grad.clone() for p in policy.trainable_parameters()]
 
     base_rollout, base = grads()
-    for kwargs in ({"score_recompute": True, "score_micro_batch": 2}, {"gradient_checkpointing": True}):
+    for kwargs in ({"score_recompute": True, "score_micro_batch": 2}, {"score_micro_batch": 4},
+                   {"gradient_checkpointing": True}, {"plan": 3.5}):
         rollout, other = grads(**kwargs)
         assert torch.equal(rollout.response_ids, base_rollout.response_ids)
         assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(base, other, strict=True))
+
+
+def test_score_row_bytes_is_activations_plus_logits(make_policy, tokenizer):
+    """tiny_llm's Llama: L = 2 layers, d = 32, d_ff = 64, fp32; per token a LoRA layer keeps 11 d + 7 d_ff numbers
+    (= 800), with gradient checkpointing only its input d per layer plus one layer (= 2·32 + 800 = 864); the
+    response's logits cost 4 fp32 copies of the vocabulary per token."""
+    vocab = len(tokenizer)
+    assert make_policy().score_row_bytes(30, 10) == 40 * 2 * 800 * 4 + 4 * 10 * vocab * 4
+    assert make_policy(gradient_checkpointing=True).score_row_bytes(30, 10) == 40 * 864 * 4 + 4 * 10 * vocab * 4
+
+
+@pytest.mark.parametrize(("given", "memory_rows", "expected"), [
+    ({}, 100.0, (8, False)),                       # 8 rows need 8 r <= 0.6 · 100 r: one forward
+    ({}, 10.0, (4, True)),                         # 0.6 · 10 = 6 rows fit, less the 2 recompute holds on top: 4
+    ({}, 4.0, (1, True)),                          # ⌊2.4⌋ − 2 = 0: one row, peak 3 r within all of the 4 r
+    ({"score_micro_batch": 2}, 10.0, (2, True)),   # the user's micro-batch; 8 rows do not fit: recompute
+    ({"score_micro_batch": 2}, 100.0, (2, False)),  # ... they do: no recompute needed
+    ({"score_recompute": True}, 100.0, (8, True)),
+])
+def test_plan_scoring_chooses_the_micro_batch_from_the_memory(make_policy, given, memory_rows, expected):
+    policy = make_policy(max_new_tokens=10, **given)
+    row = policy.score_row_bytes(20, 10)
+    plan = policy.plan_scoring(8, 20, available=int(memory_rows * row))
+    assert (plan.micro_batch, plan.recompute) == expected
+    assert (policy.score_micro_batch, policy.score_recompute) == expected
+    assert plan.params() == {"score_micro_batch": expected[0], "score_recompute": expected[1]}
+
+
+@pytest.mark.parametrize(("given", "memory_rows", "valid"), [
+    ({}, 0.5, "valid: a shorter max_response_len"),  # not even one row
+    ({"score_micro_batch": 8, "score_recompute": False}, 7.0, "valid: score_micro_batch <= 2 with score_recompute"),
+    ({"score_micro_batch": 6}, 7.0, "valid: score_micro_batch <= 2 with score_recompute"),  # peak (6 + 2) r > 7 r
+])
+def test_plan_scoring_refuses_what_cannot_fit(make_policy, given, memory_rows, valid):
+    policy = make_policy(max_new_tokens=10, **given)
+    with pytest.raises(ValueError, match=valid) as info:
+        policy.plan_scoring(8, 20, available=int(memory_rows * policy.score_row_bytes(20, 10)))
+    assert "8 responses of up to 20 + 10 tokens" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_adapter_disabled_is_the_base_model(make_policy, prompts, tokenizer):

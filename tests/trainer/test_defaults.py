@@ -28,6 +28,8 @@ def test_unset_fields_take_the_policy_default() -> None:
 def test_defaults_and_progress_lines_read_well() -> None:
     line = describe_defaults(TrainConfig(world="gsm8k", policy="hf", objective="m2po", lr=2e-4))
     assert line == "offpolicylab: gsm8k / hf / m2po / on_policy; defaults for policy hf: eval_samples=1"
+    line = describe_defaults(TrainConfig(world="gsm8k", policy="hf", lr=2e-4, eval_samples=1), "micro-batches of 4")
+    assert line == "offpolicylab: gsm8k / hf / grpo / on_policy; scoring: micro-batches of 4"
     row = {"update": 2, "reward_mean": 0.125, "loss": -0.5, "grad_norm": 1.0, "response_len": 40.0}
     assert progress_line(row, 30, 12.34) == "update 3/30  reward_mean 0.125  loss -0.5  grad_norm 1  response_len 40  12.3 s"
     row.update(eval_reward_sampled=0.25, eval_reward_greedy=float("nan"))

@@ -22,8 +22,11 @@ import torch
 import transformers
 
 from offpolicylab import cli
+from offpolicylab.config import TrainConfig
+from offpolicylab.policies import hf
 from offpolicylab.policies.hf import device_generator
 from offpolicylab.runs import RunDir
+from offpolicylab.trainer import with_stored_plan
 from tests.tiny_llm import build_tokenizer, save_model_and_data
 
 pytestmark = pytest.mark.llm
@@ -198,6 +201,41 @@ def test_relative_paths_are_stored_absolute_and_policy_defaults_are_printed(
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--out", "rel", "--resume"]) == 0
     assert len(read_rows(tmp_path / "rel")) == 2
+
+
+def test_scoring_plan_is_chosen_printed_recorded_and_kept_on_resume(
+    files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With 1000 bytes per scored response and 7000 available, the 8 rows of an update are scored 2 at a time
+    (⌊0.6 · 7⌋ − 2) with recompute: printed at the start, stored in config.json, and kept by a resume that finds
+    plenty of memory."""
+    monkeypatch.setattr(hf.HFPolicy, "score_row_bytes", lambda self, prompt, response: 1000)
+    monkeypatch.setattr(hf, "available_memory", lambda device: 7000)
+    out = tmp_path / "planned"
+    killed_before_second_checkpoint(run_args(files, out, updates=2), monkeypatch)
+    config = json.loads((out / "config.json").read_text())
+    assert config["policy_params"] == {"lora_r": LORA_R, "lora_alpha": 8.0, "score_micro_batch": 2,
+                                       "score_recompute": True}
+    assert "scoring: score_micro_batch=2, score_recompute=true (~0.00 GiB per response" in capsys.readouterr().err
+    monkeypatch.setattr(hf, "available_memory", lambda device: 10**12)
+    assert cli.main(["run", "--out", str(out), "--resume"]) == 0
+    assert json.loads((out / "config.json").read_text()) == config
+    given = TrainConfig(world="gsm8k", policy="hf", policy_params={"lora_r": LORA_R})
+    assert with_stored_plan(given, config).policy_params == {"lora_r": LORA_R, "score_micro_batch": 2,
+                                                             "score_recompute": True}
+
+
+def test_a_batch_that_cannot_be_scored_in_memory_is_refused(files: dict[str, Path], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(hf.HFPolicy, "score_row_bytes", lambda self, prompt, response: 1000)
+    monkeypatch.setattr(hf, "available_memory", lambda device: 500)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(run_args(files, tmp_path / "oom"))
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' weight-loading bar
+    assert exit_info.value.code == 2 and last.startswith("offpolicylab: error: scoring 8 responses of up to ")
+    assert "+ 8 tokens" in last and "valid: a shorter max_response_len" in last
+    assert not (tmp_path / "oom").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a torch without a usable GPU")

@@ -123,6 +123,9 @@ def test_task_prompts_are_left_padded_chat_prompts(tokenizer, data_dir):
     a = world.sample_prompts(5, torch.Generator().manual_seed(0))
     b = world.sample_prompts(5, torch.Generator().manual_seed(0))
     assert torch.equal(a.index, b.index) and a.index.max() < 3
+    # a character tokenizer: the longest question ("Add 1,000 and 1.") makes the longest prompt
+    assert world.longest_prompt_tokens() == max(len(world.prompt_tokens(i)) for i in range(5)) > 16
+    assert make_gsm8k_world(tokenizer, data=str(data_dir), n_eval=2, max_prompt_tokens=16).longest_prompt_tokens() == 16
 
 
 def test_plain_template_without_chat_template(tokenizer, data_dir):
