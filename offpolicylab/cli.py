@@ -304,10 +304,12 @@ DEMO_WORLDS = tuple(DEMO_STALENESS)
 
 def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
               world_params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The demo's runs.  ``synthetic_lm``: grpo (ε = 0.2), grpo without trust region and m2po at staleness 256, and
-    on-policy grpo as the reference (on-policy, one update per batch, the three objectives have the same gradient),
-    with the world's transformer π₀ and training defaults and its Monte-Carlo return.  ``token_mdp``: the same three
-    objectives on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
+    """The demo's runs.  ``synthetic_lm``: grpo (ε = 0.2), grpo without trust region and gspo at staleness 256, and
+    on-policy grpo as the reference, with the world's transformer π₀ and training defaults and its Monte-Carlo
+    return — the world's clearest result within a few minutes: no trust region collapses at once, ε-clipped grpo
+    learns slowly, the sequence-level gspo keeps pace with on-policy grpo (``experiments/RESULTS.md`` §4; M2PO's
+    rise and late collapse there needs 1000 updates).  ``token_mdp``: grpo (ε = 0.2), grpo without trust region and
+    m2po on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
     if world not in DEMO_STALENESS:
         raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
     objectives: list[dict[str, Any]] = [
@@ -328,7 +330,8 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
     base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": 400 if updates is None else updates,
             "eval_every": 50, "sample_every": 0, "checkpoint_every": 300, "seed": 0, "schedule": stale}
     reference = {**objectives[0], "label": "grpo_on_policy", "schedule": "stale_k:0"}
-    return {"base": base, "axes": {"objective": [reference, *objectives]}}
+    gspo = {"label": "gspo", "objective": "gspo", "objective_params": {"eps_low": 3e-4, "eps_high": 4e-4}}
+    return {"base": base, "axes": {"objective": [reference, *objectives[:2], gspo]}}
 
 
 def demo_figure(sweep_dir: str | Path, path: Path) -> Path:

@@ -24,7 +24,7 @@ def test_token_mdp_demo_from_the_command_line(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The synthetic-LM demo (a small recipe): grpo, grpo without trust region and m2po at stale_k:256 and
+    """The synthetic-LM demo (a small recipe): grpo, grpo without trust region and gspo at stale_k:256 and
     on-policy grpo, the figure from the Monte-Carlo evaluation return, the table's eval-return columns from each
     summary."""
     monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
@@ -35,6 +35,9 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
     schedules = [json.loads((tmp_path / "demo" / row["cell"] / "config.json").read_text())["schedule"]
                  for row in rows]
     assert schedules == ["stale_k:0", "stale_k:256", "stale_k:256", "stale_k:256"]
+    objectives = [json.loads((tmp_path / "demo" / row["cell"] / "config.json").read_text())["objective"]
+                  for row in rows]
+    assert objectives == ["grpo", "grpo", "grpo", "gspo"]
     summary = RunDir(tmp_path / "demo" / rows[0]["cell"]).read_summary()
     returns = cli._demo_returns(summary)
     assert returns == {"peak_eval_return": summary["peak_eval_reward_sampled"],
