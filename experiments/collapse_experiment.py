@@ -80,11 +80,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def priority(cell: Cell, high: int) -> int:
     """0 for the cells the criteria read (on-policy grpo; grpo, grpo_no_tr and m2po at s_high), 1 for the other
-    objectives at s_high, 2 for the rest: a time-boxed run yields the verdict first."""
+    objectives at s_high, 2 for the other stale cells, 3 for the on-policy cells of the other objectives (with one
+    update per batch their gradients equal grpo's): a time-boxed run yields the verdict first."""
     label, staleness = cell.labels.get("objective"), _schedule_staleness(cell.config.get("schedule", "on_policy"))
     if (label == CLIPPED and staleness in (0, high)) or (label in (NO_TRUST_REGION, M2PO) and staleness == high):
         return 0
-    return 1 if staleness == high else 2
+    if staleness == high:
+        return 1
+    return 2 if staleness > 0 else 3
 
 
 def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list[dict[str, Any]]:

@@ -200,3 +200,5 @@ def test_cells_the_criteria_read_run_first() -> None:
     assert first == {("grpo", "on_policy"), ("grpo", "stale_k:256"), ("grpo_no_tr", "stale_k:256"),
                      ("m2po", "stale_k:256")}
     assert sum(r == 1 for r in ranks) == 6 * 3  # the other six objectives at s = 256, three seeds
+    assert sum(r == 2 for r in ranks) == 9 * 3  # every objective at s = 64
+    assert sum(r == 3 for r in ranks) == 8 * 3  # the other objectives on-policy
