@@ -254,13 +254,13 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             advantages = group.split(group_advantages(joined.rewards, joined.group_ids,
                                                       group.members[0].advantage == "std"))
         batches, outs = [], []
+        with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
         for member, rollout, own_logp, own_entropy, own_advantages in zip(
                 group.members, consumed, group.split(logp), group.split(entropy), advantages, strict=True):
             with watch("other"):  # 4. TokenBatch
                 batches.append(token_batch(rollout, own_logp, own_entropy, own_advantages, update))
             with watch("objective"):  # 5. objective
                 member.objective.update(batches[-1])
-                with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
                 outs.append(member.objective(batches[-1]) if with_metrics else
                             member.objective(batches[-1], metrics=False))
         # 6. step
