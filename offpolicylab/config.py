@@ -100,6 +100,10 @@ class TrainConfig:
                                      doc="... within `collapse_window` updates of a KL or grad-norm spike "
                                          "(value > this factor × its running mean)"))
     collapse_window: int = _f(Param(20, int, low=1, doc="updates a spike stays relevant to the collapse test"))
+    collapse_tail: bool = _f(Param(True, bool, doc="once a stale schedule's queue drains (its next batches would be "
+                                                   "consumed after the last update), the current policy still "
+                                                   "generates one batch per update, never trained on, so that the "
+                                                   "collapse test keeps seeing its reward"))
     stop_on_collapse: bool = _f(Param(False, bool, doc="stop the run at the first detected collapse (a non-finite "
                                                        "loss always stops)"))
 

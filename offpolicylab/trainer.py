@@ -243,6 +243,9 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             for member, own, rollout in zip(group.members, fresh, generate_group(group, update, watch), strict=True):
                 member.buffer[key] = rollout
                 own.append(rollout)
+        if cfg.collapse_tail and watches_tail(schedule, update, cfg.updates):
+            for own, rollout in zip(fresh, generate_group(group, update, watch), strict=True):
+                own.append(rollout)  # the detector's batch: its reward is recorded, never trained on
         consumed = [member.buffer[schedule.key(update)] for member in group.members]
         for member in group.members:
             for key in schedule.release_after(update, cfg.updates):
@@ -617,6 +620,17 @@ def current_reward(fresh: list[Rollout], update: int, all_current: bool = False)
     rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
     rewards = (rewards[0] if len(rewards) == 1 else torch.cat(rewards)) if rewards else torch.zeros(0)
     return float(rewards.mean()) if rewards.numel() else math.nan
+
+
+def watches_tail(schedule: Schedule, update: int, total: int) -> bool:
+    """Whether the current policy generates a batch at ``update`` only for the collapse detector: a run without an
+    end would generate here, but every batch it would generate is consumed at or after ``total`` (the drained tail of
+    a stale queue: the last K updates of ``stale_k:K``).  Versions never decrease with the update, so no batch that a
+    later update trains on is generated after this point: drawing the extra batch from the run's own generator leaves
+    every trained batch — and so the whole training — unchanged."""
+    if schedule.other_share >= 1.0 or schedule.generate_at(update, total):
+        return False
+    return bool(schedule.generate_at(update, update + schedule.horizon + 1))
 
 
 def detector_reward(row: dict[str, float], schedule: Schedule) -> float | None:

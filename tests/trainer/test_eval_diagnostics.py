@@ -12,6 +12,7 @@ import torch
 from offpolicylab import trainer
 from offpolicylab.config import TrainConfig
 from offpolicylab.diagnostics import stats
+from offpolicylab.staleness import parse_schedule
 from tests.small_runs import mdp_config, read_rows
 
 
@@ -130,3 +131,40 @@ def test_current_reward_is_the_reward_of_what_the_current_policy_generated(tmp_p
         assert np.isnan(current[[1, 2, 4, 5, 7, 8]]).all()
         for start in (0, 3, 6):
             assert current[start] == pytest.approx(consumed[start:start + 3].mean(), rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------ the drained tail
+@pytest.mark.parametrize(("spec", "total", "tail"), [
+    ("stale_k:3", 10, [7, 8, 9]),  # batches generated at u ≥ 7 would be consumed at u + 3 ≥ 10
+    ("stale_k:0", 10, []),  # on-policy: every update's batch is its own
+    ("on_policy", 10, []),
+    ("sync:4,1", 10, []),  # version(u) = u − (u mod 4) − 1: update 7 generates for u = 8, 9 (< 10); the next
+    # generation, for u = 12 …, would be at update 11 ≥ 10
+    ("sync:4,2", 11, [10]),  # version(u) = u − (u mod 4) − 2: update 6 generates for u = 8 … 10; update 10 would
+    # generate for u = 12 … 15, all ≥ 11
+    ("stages:4", 10, []),  # between stages π_u never generates, with or without an end
+    ("epochs:2", 10, []),  # one batch every second update, consumed at once
+    ("offline", 10, []),  # the frozen π_0 answers everything
+])
+def test_tail_updates_are_those_whose_batches_would_be_consumed_after_the_end(spec: str, total: int,
+                                                                             tail: list[int]) -> None:
+    """Worked by hand from each schedule's version(u): an update watches the tail when a run without end would
+    generate there and every batch it would generate is consumed at an update ≥ ``total``."""
+    schedule = parse_schedule(spec)
+    assert [u for u in range(total) if trainer.watches_tail(schedule, u, total)] == tail
+
+
+def test_the_drained_tail_is_watched_without_changing_the_training(tmp_path: Path) -> None:
+    """stale_k:2, 9 updates: the queue drains at updates 7 and 8; with ``collapse_tail`` the current policy's reward is
+    measured there (finite) and every other column — the training — is bit-identical to the run without it."""
+    for watch in (True, False):
+        trainer.train(mdp_config(schedule="stale_k:2", updates=9, collapse_tail=watch), tmp_path / str(watch))
+    watched, blind = (read_rows(tmp_path / str(w)) for w in (True, False))
+    assert np.isfinite([float(r["reward_current"]) for r in watched]).all()
+    assert np.isnan([float(r["reward_current"]) for r in blind[7:]]).all()
+
+    def training(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [{k: v for k, v in r.items() if k != "reward_current" and not k.startswith("time_")} for r in rows]
+
+    assert training(watched) == training(blind)
+    assert [r["reward_current"] for r in watched[:7]] == [r["reward_current"] for r in blind[:7]]

@@ -174,15 +174,17 @@ def test_bad_config_writes_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_resume_in_process_matches_uninterrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Interrupt after update 5's metrics row but before its checkpoint; resuming redoes update 5 and the metrics
-    file ends identical to an uninterrupted run (the SIGKILL version is in test_cli)."""
+@pytest.mark.parametrize("cut", [5, 7])
+def test_resume_in_process_matches_uninterrupted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: int) -> None:
+    """Interrupt after update ``cut``'s metrics row but before its checkpoint; resuming redoes update ``cut`` and the
+    metrics file ends identical to an uninterrupted run (the SIGKILL version is in test_cli).  Update 7 lies in the
+    drained tail of stale_k:2 over 9 updates, where the current policy generates only for the collapse detector."""
     config = mdp_config(objective="ac_mispo", schedule="stale_k:2", updates=9)
     trainer.train(config, tmp_path / "full")
     save = RunDir.save_checkpoint
 
     def dies_at_sixth(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 6:
+        if state["next_update"] == cut + 1:
             raise KeyboardInterrupt  # not an Exception: the loop writes no summary, like a kill
         save(self, state)
 
@@ -190,7 +192,7 @@ def test_resume_in_process_matches_uninterrupted(tmp_path: Path, monkeypatch: py
     with pytest.raises(KeyboardInterrupt):
         trainer.train(config, tmp_path / "cut")
     monkeypatch.setattr(RunDir, "save_checkpoint", save)
-    assert len(read_rows(tmp_path / "cut")) == 6 and not (tmp_path / "cut" / "summary.json").exists()
+    assert len(read_rows(tmp_path / "cut")) == cut + 1 and not (tmp_path / "cut" / "summary.json").exists()
     summary = trainer.train(config, tmp_path / "cut", resume=True)
 
     def strip(rows: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -198,7 +200,7 @@ def test_resume_in_process_matches_uninterrupted(tmp_path: Path, monkeypatch: py
 
     assert strip(read_rows(tmp_path / "cut")) == strip(read_rows(tmp_path / "full"))
     assert summary["status"] == "completed"
-    assert [(e["event"], e["update"]) for e in RunDir(tmp_path / "cut").read_events()] == [("resume", 5)]
+    assert [(e["event"], e["update"]) for e in RunDir(tmp_path / "cut").read_events()] == [("resume", cut)]
 
 
 def test_resume_with_other_options_is_refused(tmp_path: Path) -> None:
