@@ -49,6 +49,8 @@ from offpolicylab.runs import read_grid, write_grid, write_sweep_results  # noqa
 from offpolicylab.sweep import Cell, expand_grid, get_engine, load_grid, result_row  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"
+ON_POLICY_LABELS = (CLIPPED, f"{CLIPPED}_on_policy")  # the on-policy reference; a grid whose base schedule is stale
+# gives its on-policy grpo cell the second label (the two would otherwise share a cell name)
 MAJORITY = 2 / 3
 M2PO_TOLERANCE = 0.05
 EDGE_SHARE = 0.1  # first / last share of updates whose entropy is averaged
@@ -83,7 +85,8 @@ def priority(cell: Cell, high: int) -> int:
     objectives at s_high, 2 for the other stale cells, 3 for the on-policy cells of the other objectives (with one
     update per batch their gradients equal grpo's): a time-boxed run yields the verdict first."""
     label, staleness = cell.labels.get("objective"), _schedule_staleness(cell.config.get("schedule", "on_policy"))
-    if (label == CLIPPED and staleness in (0, high)) or (label in (NO_TRUST_REGION, M2PO) and staleness == high):
+    if ((label in ON_POLICY_LABELS and staleness == 0) or (label in (CLIPPED, NO_TRUST_REGION, M2PO)
+                                                         and staleness == high)):
         return 0
     if staleness == high:
         return 1
@@ -213,7 +216,8 @@ def criteria(runs: pd.DataFrame, curves: dict[tuple[str, int, int], pd.DataFrame
     final = runs.groupby(["label", "staleness"])["final"].mean().to_dict()
     out: dict[str, Any] = {"s_high": high}
     out["a1"] = _prosperity_then_collapse(runs, curves, high)
-    on_policy, m2po, clipped = final.get((CLIPPED, 0)), final.get((M2PO, high)), final.get((CLIPPED, high))
+    on_policy = next((final[(label, 0)] for label in ON_POLICY_LABELS if (label, 0) in final), None)
+    m2po, clipped = final.get((M2PO, high)), final.get((CLIPPED, high))
     out["a2"] = None if on_policy is None or m2po is None else {
         "m2po_final": m2po, "on_policy_grpo_final": on_policy, "ratio": m2po / on_policy if on_policy else math.nan,
         "holds": bool(m2po >= (1 - M2PO_TOLERANCE) * on_policy)}

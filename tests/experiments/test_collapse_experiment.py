@@ -105,6 +105,15 @@ def test_no_collapse_without_a_half_gain_fall() -> None:
     assert a1["collapsed"] == 0 and not any(s["fell_half_gain"] for s in a1["seeds"])
 
 
+def test_on_policy_reference_may_carry_its_own_label() -> None:
+    """A grid whose base schedule is stale names its on-policy grpo cell ``grpo_on_policy``: (a2) reads it the same."""
+    runs = [fake_run("grpo_on_policy", 0, r.seed, [0.2, 0.4, 0.5, 0.6, 0.65]) if r.label == "grpo" and
+            experiment.staleness_of(r) == 0 else r for r in world((25, 30, 35), m2po_final=0.61)]
+    assert {r.label for r in runs} == {"grpo_on_policy", "grpo", "grpo_no_tr", "m2po"}
+    a2 = verdict(runs)["a2"]
+    assert a2["on_policy_grpo_final"] == pytest.approx(0.65) and a2["ratio"] == pytest.approx(0.61 / 0.65)
+
+
 def test_missing_cells_give_no_verdict() -> None:
     runs = [r for r in world((25, 30, 35), m2po_final=0.62) if r.label != "m2po"]
     got = verdict(runs)
