@@ -45,7 +45,7 @@ class TrainConfig:
     world_params: dict[str, Any] = _f(Param({}, dict, doc="world options (--world-param k=v)"))
     objective: str = _f(Param("grpo", str, doc="objective name, see `offpolicylab list`"))
     objective_params: dict[str, Any] = _f(Param({}, dict, doc="objective parameters (--param k=v)"))
-    policy: str = _f(Param("tabular", str, doc="policy kind (tabular, sequence_model, hf)"))
+    policy: str = _f(Param("tabular", str, doc="policy kind (tabular, sequence_model, transformer, hf; `offpolicylab list`)"))
     policy_params: dict[str, Any] = _f(Param({}, dict, doc="policy options (--policy-param k=v)"))
     schedule: str = _f(Param("on_policy", str, doc="staleness schedule: on_policy, stale_k:K, sync:M,N, stages:MU, "
                                                    "epochs:E, offline, offline:D, mixture:P"))
