@@ -24,13 +24,14 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Policy, Prompts, Rollout
+from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy, TabularSoftmaxPolicy
 
 if TYPE_CHECKING:
     from offpolicylab.runs import RunDir
     from offpolicylab.trainer import Parts
 
-STACKABLE_POLICIES = ("tabular",)  # policy kinds whose seeds train as one batched computation
+STACKABLE_POLICIES = ("tabular", "sequence_model")  # policy kinds whose seeds train as one batched computation
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,6 +54,8 @@ def stack_policies(policies: Sequence[Policy]) -> Policy:
     """One policy answering block s of a batch with ``policies[s]``; ``ValueError`` for kinds that do not stack."""
     if all(type(p) is TabularSoftmaxPolicy for p in policies):
         return StackedTabularPolicy(policies)  # type: ignore[arg-type]
+    if all(type(p) is SequenceModelPolicy for p in policies):
+        return StackedSequenceModelPolicy(policies)  # type: ignore[arg-type]
     kinds = sorted({type(p).__name__ for p in policies})
     raise ValueError(f"{', '.join(kinds)} cannot be stacked; batched seeds support the policies "
                      f"{', '.join(STACKABLE_POLICIES)}")
