@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Policy, Prompts, Rollout
+from offpolicylab.objectives.batch import TokenBatch
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy, TabularSoftmaxPolicy
 
@@ -188,6 +189,10 @@ class SeedGroup:
         """The members' row blocks of a ``[S·B, ...]`` tensor."""
         return [value] if len(self) == 1 else list(value.split(value.shape[0] // len(self)))
 
+    def token_batches(self, joined: TokenBatch, rollouts: list[Rollout]) -> list[TokenBatch]:
+        """The members' row blocks of the group's ``joined`` batch, each with its own rollout's group ids."""
+        return [joined] if len(self) == 1 else joined.split_rows(len(self), [r.group_ids for r in rollouts])
+
     # ---------------------------------------------------------------------------------------- the step
     def clip_gradients(self, max_norm: float) -> list[Tensor]:
         """Each member's pre-clip global gradient norm, its gradient scaled by min(1, max_norm / (norm + 1e-6)) as
@@ -198,15 +203,15 @@ class SeedGroup:
         if len(self) == 1:
             return [torch.nn.utils.clip_grad_norm_(params, max_norm)]
         grads = [p.grad for p in params if p.grad is not None]
-        norms = []
-        for index in range(len(self)):
-            slices = [g[index] for g in grads]
-            total = torch.nn.utils.get_total_norm(slices)
-            scale = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-            for g in slices:
-                g.mul_(scale)
-            norms.append(total)
-        return norms
+        size = len(self)
+        # ‖g_s‖ of every member at once: per parameter the norm of each slice, then the norm of those norms (what
+        # ``get_total_norm`` computes for one member; a row's norm equals the norm of that row alone, bit for bit)
+        per_param = [torch.linalg.vector_norm(g.reshape(size, -1), dim=1) for g in grads]
+        totals = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)
+        scales = torch.clamp(float(max_norm) / (totals + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scales.reshape(size, *[1] * (g.dim() - 1)))
+        return list(totals.unbind())
 
 
 class _Held:

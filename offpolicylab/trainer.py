@@ -251,18 +251,15 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         with watch("policy_forward"):
             logp, entropy = group.policy.score(joined)
         with watch("other"):  # 3. advantages (per group, so the same numbers as each member's alone)
-            advantages = group.split(group_advantages(joined.rewards, joined.group_ids,
-                                                      group.members[0].advantage == "std"))
-        batches, outs = [], []
+            advantages = group_advantages(joined.rewards, joined.group_ids, group.members[0].advantage == "std")
+        outs = []
         with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
-        for member, rollout, own_logp, own_entropy, own_advantages in zip(
-                group.members, consumed, group.split(logp), group.split(entropy), advantages, strict=True):
-            with watch("other"):  # 4. TokenBatch
-                batches.append(token_batch(rollout, own_logp, own_entropy, own_advantages, update))
+        with watch("other"):  # 4. TokenBatch: built and validated once, one block per member
+            batches = group.token_batches(token_batch(joined, logp, entropy, advantages, update), consumed)
+        for member, batch in zip(group.members, batches, strict=True):
             with watch("objective"):  # 5. objective
-                member.objective.update(batches[-1])
-                outs.append(member.objective(batches[-1]) if with_metrics else
-                            member.objective(batches[-1], metrics=False))
+                member.objective.update(batch)
+                outs.append(member.objective(batch) if with_metrics else member.objective(batch, metrics=False))
         # 6. step
         with watch("policy_backward"):
             group.optimizer.zero_grad(set_to_none=True)

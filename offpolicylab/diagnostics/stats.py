@@ -232,7 +232,8 @@ def indicator(test: Callable[..., Tensor], left: Tensor, right: Tensor | float) 
 
     Writing the comparison straight into a float tensor skips PyTorch's boolean tensors, which are several times
     slower on CPU (and a conversion pass).  Inputs must not require grad (no gradient flows through a test anyway)."""
-    shape = torch.broadcast_shapes(left.shape, right.shape if isinstance(right, Tensor) else ())
+    other = right.shape if isinstance(right, Tensor) else ()
+    shape = left.shape if other in ((), left.shape) else torch.broadcast_shapes(left.shape, other)  # the common case
     return test(left, right, out=torch.empty(shape, dtype=left.dtype, device=left.device))
 
 

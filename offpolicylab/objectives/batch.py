@@ -146,6 +146,23 @@ class TokenBatch:
         out._delta = out._ratio = out._ess = None
         return out
 
+    def split_rows(self, count: int, group_ids: list[Tensor | None]) -> list[TokenBatch]:
+        """The ``count`` equal consecutive row blocks as batches (batched seeds: one per member), block s with the
+        group ids ``group_ids[s]``.  Not validated again: every field is a slice of a validated field, and
+        validation and padding removal work token by token, so block s equals the batch validated on its own."""
+        rows = self.batch_size // count
+        blocks = []
+        for index, ids in enumerate(group_ids):
+            block = copy.copy(self)
+            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+                value = getattr(self, name)
+                if value is not None:
+                    setattr(block, name, value[index * rows:(index + 1) * rows])
+            block.group_ids = ids
+            block._delta = block._ratio = block._ess = None
+            blocks.append(block)
+        return blocks
+
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}

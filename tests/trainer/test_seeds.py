@@ -321,3 +321,23 @@ def test_cli_seeds_write_the_runs_of_seed(policy: str, tmp_path: Path, capsys: p
     with pytest.raises(SystemExit) as exit_:
         cli.main(["run", "--seeds", "0,1", "--out", str(tmp_path / "both"), "--resume"])
     assert exit_.value.code == 2 and "already finished" in capsys.readouterr().err
+
+
+def test_token_batch_blocks_equal_the_batches_validated_alone() -> None:
+    """The group validates one joined batch and hands each member its block: every field equals the member's batch
+    built on its own (padding holding garbage, advantages per sequence), group ids the member's own."""
+    gen = torch.Generator().manual_seed(0)
+    rows, width = 4, 3
+    mask = (torch.rand(3 * rows, width, generator=gen) > 0.3).float()
+    logp = torch.where(mask > 0, -torch.rand(3 * rows, width, generator=gen), torch.tensor(float("nan")))
+    fields = dict(logp=logp.requires_grad_(), behavior_logp=-torch.rand(3 * rows, width, generator=gen) / mask,
+                  advantages=torch.randn(3 * rows, generator=gen), mask=mask,
+                  rewards=torch.rand(3 * rows, generator=gen), entropy=torch.rand(3 * rows, width, generator=gen),
+                  staleness=torch.arange(3 * rows, dtype=torch.float32), group_ids=torch.arange(3 * rows) // 2)
+    own_ids = [torch.arange(rows) // 2 for _ in range(3)]
+    blocks = trainer.TokenBatch(**fields).split_rows(3, own_ids)
+    for s, block in enumerate(blocks):
+        alone = trainer.TokenBatch(**{k: v[s * rows:(s + 1) * rows] for k, v in fields.items()})
+        for name in ("logp", "behavior_logp", "advantages", "mask", "rewards", "entropy", "staleness"):
+            assert torch.equal(getattr(block, name), getattr(alone, name)), name
+        assert torch.equal(block.group_ids, own_ids[s]) and torch.equal(block.ratio(), alone.ratio())
