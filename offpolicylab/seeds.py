@@ -189,9 +189,12 @@ class SeedGroup:
         """The members' row blocks of a ``[S·B, ...]`` tensor."""
         return [value] if len(self) == 1 else list(value.split(value.shape[0] // len(self)))
 
-    def token_batches(self, joined: TokenBatch, rollouts: list[Rollout]) -> list[TokenBatch]:
-        """The members' row blocks of the group's ``joined`` batch, each with its own rollout's group ids."""
-        return [joined] if len(self) == 1 else joined.split_rows(len(self), [r.group_ids for r in rollouts])
+    def token_batches(self, joined: TokenBatch, rollouts: list[Rollout], metrics: bool) -> list[TokenBatch]:
+        """The members' row blocks of the group's ``joined`` batch, each with its own rollout's group ids (and,
+        when ``metrics``, its ratio statistics computed for all members in one pass)."""
+        if len(self) == 1:
+            return [joined]
+        return joined.split_rows(len(self), [r.group_ids for r in rollouts], summarize=metrics)
 
     # ---------------------------------------------------------------------------------------- the step
     def clip_gradients(self, max_norm: float) -> list[Tensor]:

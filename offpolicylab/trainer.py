@@ -255,7 +255,8 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         outs = []
         with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
         with watch("other"):  # 4. TokenBatch: built and validated once, one block per member
-            batches = group.token_batches(token_batch(joined, logp, entropy, advantages, update), consumed)
+            batches = group.token_batches(token_batch(joined, logp, entropy, advantages, update), consumed,
+                                          with_metrics)
         for member, batch in zip(group.members, batches, strict=True):
             with watch("objective"):  # 5. objective
                 member.objective.update(batch)
