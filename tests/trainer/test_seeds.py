@@ -341,3 +341,24 @@ def test_token_batch_blocks_equal_the_batches_validated_alone() -> None:
         for name in ("logp", "behavior_logp", "advantages", "mask", "rewards", "entropy", "staleness"):
             assert torch.equal(getattr(block, name), getattr(alone, name)), name
         assert torch.equal(block.group_ids, own_ids[s]) and torch.equal(block.ratio(), alone.ratio())
+
+
+def test_runs_of_different_objectives_train_together_bit_for_bit(tmp_path: Path) -> None:
+    """grpo (std advantages), rec (mean advantages) and m2po (its own metrics) in one group, stale data: each
+    member writes its separate run's directory."""
+    base = CONFIGS["mdp_m2po_stale_adamw"]
+    configs = [dataclasses.replace(base, objective="grpo", seed=3), dataclasses.replace(base, objective="rec", seed=3),
+               dataclasses.replace(base, objective="m2po", seed=7)]
+    dirs = [tmp_path / "together" / str(i) for i in range(3)]
+    assert [s["status"] for s in trainer.train_together(configs, dirs)] == ["completed"] * 3
+    for i, config in enumerate(configs):
+        alone = tmp_path / f"alone{i}"
+        trainer.train(config, alone)
+        assert_same_run(dirs[i], alone)
+
+
+def test_runs_that_differ_in_more_than_seed_and_objective_are_refused_before_writing(tmp_path: Path) -> None:
+    base = mdp_config(updates=2)
+    with pytest.raises(ValueError, match="every field but seed, objective, objective_params; lr differ"):
+        trainer.train_together([base, dataclasses.replace(base, lr=0.5, seed=1)], [tmp_path / "a", tmp_path / "b"])
+    assert not (tmp_path / "a").exists()
