@@ -17,7 +17,7 @@ A group of one member is a plain run (its own policy, generator and optimizer, u
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from offpolicylab.runs import RunDir
     from offpolicylab.trainer import Parts
 
+_ROW_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp", "group_ids",
+               "prompt_index", "sampler_logp", "rewards", "version")  # the [B, ...] fields of a Rollout
 STACKABLE_POLICIES = ("tabular", "sequence_model")  # policy kinds whose seeds train as one batched computation
 
 
@@ -179,10 +181,13 @@ class SeedGroup:
             return [rollout]
         rows = len(rollout) // len(self)
         groups = int(rollout.group_ids[rows - 1]) + 1  # the groups of one block (rows of a prompt are consecutive)
+        fields = {name: value for name in _ROW_FIELDS if (value := getattr(rollout, name)) is not None}
         blocks = []
         for index in range(len(self)):
-            block = rollout.select(torch.arange(index * rows, (index + 1) * rows))
-            blocks.append(block.with_(group_ids=block.group_ids - index * groups))
+            part = slice(index * rows, (index + 1) * rows)
+            block = {name: value[part] for name, value in fields.items()}
+            block["group_ids"] = block["group_ids"] - index * groups
+            blocks.append(replace(rollout, **block))
         return blocks
 
     def split(self, value: Tensor) -> list[Tensor]:
