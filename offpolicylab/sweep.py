@@ -18,8 +18,9 @@ Grid file::
 Every axis value is either a scalar (it sets the config field named like the axis) or a mapping of config
 overrides with an optional ``label`` (mapping-valued fields such as ``world_params`` are merged into the base).
 The cell directory is named from the labels: ``objective=grpo__schedule=stale_k-16__seed=0``.  Cells run in
-separate processes; a failing cell is recorded (``summary.json`` status ``failed`` with the error) and the others
-finish.  ``sweep_results.csv`` gets one row per cell: its axis labels, status, peak and final reward / exact
+worker processes, the cells of a tabular or GRU configuration that differ only in seed and objective together as
+one batched task (:func:`seed_groups`; each writes the run directory it writes alone); a failing cell is recorded
+(``summary.json`` status ``failed`` with the error) and the others finish.  ``sweep_results.csv`` gets one row per cell: its axis labels, status, peak and final reward / exact
 return and the collapse update.
 
 Re-running a sweep into the same folder reuses a cell that completed or collapsed, and resumes an interrupted one,
@@ -305,7 +306,7 @@ def get_engine(name: str) -> Engine:
 
 def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
     """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order.
-    The seeds of one configuration form one task (:func:`seed_groups`, :func:`run_seed_group`).
+    The cells that differ only in seed and objective form one task (:func:`seed_groups`, :func:`run_seed_group`).
     An interrupt (SIGINT, or SIGTERM turned into one by the CLI) terminates the workers before it propagates."""
     results: list[dict[str, Any] | None] = [None] * len(cells)
     bar = _bar(len(cells), progress)

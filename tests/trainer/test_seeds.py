@@ -119,9 +119,12 @@ def test_seeds_really_differ(tmp_path: Path) -> None:
     assert normalized_metrics(tmp_path / "seed=0") != normalized_metrics(tmp_path / "seed=1")
 
 
-def test_a_seed_that_stops_leaves_the_others_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("policy", ["tabular", "sequence_model"])
+def test_a_seed_that_stops_leaves_the_others_unchanged(policy: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 7's loss turns NaN at its third update: it stops as collapsed (no step, no checkpoint), exactly as its
-    separate run does, and the group goes on without it (restacked) with seeds 3 and 11 unchanged."""
+    separate run does, and the group goes on without it (restacked) with seeds 3 and 11 unchanged (the GRU's within
+    float tolerance)."""
     real_get = trainer.get_objective
 
     def objective_for(name: str, **params: Any) -> Any:
@@ -156,12 +159,14 @@ def test_a_seed_that_stops_leaves_the_others_unchanged(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(trainer, "get_objective", objective_for)
     monkeypatch.setattr(trainer, "build", build)
-    config = mdp_config(updates=6, checkpoint_every=1)
+    config = mdp_config(updates=6, checkpoint_every=1) if policy == "tabular" else \
+        dataclasses.replace(GRU, updates=6, checkpoint_every=1)
     statuses = [s["status"] for s in trainer.train_seeds(config, SEEDS, tmp_path / "batched")]
     assert statuses == ["completed", "collapsed", "completed"]
     assert len(read_rows(tmp_path / "batched" / "seed=7")) == 3
     for seed in SEEDS:
-        assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"))
+        alone = separate(config, seed, tmp_path / f"alone{seed}")
+        (assert_same_run if policy == "tabular" else assert_close_run)(tmp_path / "batched" / f"seed={seed}", alone)
 
 
 # ------------------------------------------------------------------------------------------------ resume
