@@ -196,6 +196,16 @@ def test_batched_resume_ends_identical_to_separate_runs(tmp_path: Path, monkeypa
                         resumed_at=3)
 
 
+def test_batched_gru_resume_stays_within_tolerance_of_separate_runs(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resuming restacks the members' restored weights and optimizer states (the stack's parameter order is the
+    module's)."""
+    interrupted(GRU, tmp_path / "batched", monkeypatch, at=4)
+    trainer.train_seeds(GRU, SEEDS, tmp_path / "batched", resume=True)
+    for seed in SEEDS:
+        assert_close_run(tmp_path / "batched" / f"seed={seed}", separate(GRU, seed, tmp_path / f"alone{seed}"))
+
+
 def test_one_seed_of_a_batched_run_resumes_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = CONFIGS["mdp_ac_mispo_stale_noisy_mixture"]
     interrupted(config, tmp_path / "batched", monkeypatch, at=6)
