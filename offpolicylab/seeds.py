@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Policy, Prompts, Rollout
+from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.batch import TokenBatch
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy, TabularSoftmaxPolicy
@@ -212,14 +213,25 @@ class SeedGroup:
             return [torch.nn.utils.clip_grad_norm_(params, max_norm)]
         grads = [p.grad for p in params if p.grad is not None]
         size = len(self)
+        if any(g[0].numel() > stats.ROW_LIMIT for g in grads):  # rows whose norm may split over threads: one by one
+            return [self._clip_member([g[index] for g in grads], max_norm) for index in range(size)]
         # ‖g_s‖ of every member at once: per parameter the norm of each slice, then the norm of those norms (what
-        # ``get_total_norm`` computes for one member; a row's norm equals the norm of that row alone, bit for bit)
+        # ``get_total_norm`` computes for one member; a row of up to stats.ROW_LIMIT values reduces as it does alone)
         per_param = [torch.linalg.vector_norm(g.reshape(size, -1), dim=1) for g in grads]
         totals = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)
         scales = torch.clamp(float(max_norm) / (totals + 1e-6), max=1.0)
         for g in grads:
             g.mul_(scales.reshape(size, *[1] * (g.dim() - 1)))
         return list(totals.unbind())
+
+    @staticmethod
+    def _clip_member(grads: list[Tensor], max_norm: float) -> Tensor:
+        """One member's global norm, its gradient ``grads`` scaled as ``clip_grad_norm_`` scales it."""
+        total = torch.nn.utils.get_total_norm(grads)
+        scale = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale)
+        return total
 
 
 class _Held:

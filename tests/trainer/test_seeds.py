@@ -19,7 +19,7 @@ from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.runs import RunDir, RunError
-from offpolicylab.seeds import member_state, parse_seeds, stacked_state
+from offpolicylab.seeds import SeedGroup, member_state, parse_seeds, stacked_state
 from tests.small_runs import bandit_config, mdp_config, read_rows
 from tests.trainer.golden_runs import normalized_metrics
 
@@ -377,3 +377,21 @@ def test_runs_that_differ_in_more_than_seed_and_objective_are_refused_before_wri
     with pytest.raises(ValueError, match="every field but seed, objective, objective_params; lr differ"):
         trainer.train_together([base, dataclasses.replace(base, lr=0.5, seed=1)], [tmp_path / "a", tmp_path / "b"])
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("num_prompts", [2, 400])  # 200 and 40,000 table entries per member (above ROW_LIMIT)
+def test_clipping_all_members_at_once_clips_each_as_its_separate_run(num_prompts: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    members = [TabularSoftmaxPolicy(num_prompts=num_prompts, vocab_size=4, response_len=5) for _ in range(3)]
+    grads = [torch.randn(members[0].logits.shape, generator=gen) * scale for scale in (0.001, 5.0, 100.0)]
+    expected = []
+    for member, grad in zip(members, grads, strict=True):
+        member.logits.grad = grad.clone()
+        expected.append((torch.nn.utils.clip_grad_norm_([member.logits], 1.0), member.logits.grad.clone()))
+    stacked = StackedTabularPolicy(members)
+    stacked.logits.grad = torch.stack(grads)
+    group = SeedGroup([None] * 3, [None] * 3, stacked, None, None)  # type: ignore[arg-type]
+    norms = group.clip_gradients(1.0)
+    for index, (norm, grad) in enumerate(expected):
+        assert torch.equal(norms[index], norm) and torch.equal(stacked.logits.grad[index], grad)
+    assert norms[0] < 1.0 < norms[1]  # one member left unclipped, the others scaled
