@@ -197,7 +197,7 @@ def main() -> None:
                         help="TrainConfig overrides, e.g. --set objective=m2po schedule=stale_k:16 checkpoint_every=1")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     parser.add_argument("--seeds", type=int, default=1,
-                        help="N > 1: paired rounds of one seed and N seeds batched together (the tabular policy)")
+                        help="N > 1: paired rounds of one seed and N seeds batched together (tabular, sequence_model)")
     parser.add_argument("--compare-with", default=None, metavar="DIR",
                         help="another checkout of the repository: paired rounds of both trees, side by side")
     args = parser.parse_args()

@@ -17,20 +17,25 @@ A group of one member is a plain run (its own policy, generator and optimizer, u
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Policy, Prompts, Rollout
+from offpolicylab.diagnostics import stats
+from offpolicylab.objectives.batch import TokenBatch
+from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy, TabularSoftmaxPolicy
 
 if TYPE_CHECKING:
     from offpolicylab.runs import RunDir
     from offpolicylab.trainer import Parts
 
-STACKABLE_POLICIES = ("tabular",)  # policy kinds whose seeds train as one batched computation
+_ROW_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp", "group_ids",
+               "prompt_index", "sampler_logp", "rewards", "version")  # the [B, ...] fields of a Rollout
+STACKABLE_POLICIES = ("tabular", "sequence_model")  # policy kinds whose seeds train as one batched computation
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,6 +58,8 @@ def stack_policies(policies: Sequence[Policy]) -> Policy:
     """One policy answering block s of a batch with ``policies[s]``; ``ValueError`` for kinds that do not stack."""
     if all(type(p) is TabularSoftmaxPolicy for p in policies):
         return StackedTabularPolicy(policies)  # type: ignore[arg-type]
+    if all(type(p) is SequenceModelPolicy for p in policies):
+        return StackedSequenceModelPolicy(policies)  # type: ignore[arg-type]
     kinds = sorted({type(p).__name__ for p in policies})
     raise ValueError(f"{', '.join(kinds)} cannot be stacked; batched seeds support the policies "
                      f"{', '.join(STACKABLE_POLICIES)}")
@@ -175,15 +182,25 @@ class SeedGroup:
             return [rollout]
         rows = len(rollout) // len(self)
         groups = int(rollout.group_ids[rows - 1]) + 1  # the groups of one block (rows of a prompt are consecutive)
+        fields = {name: value for name in _ROW_FIELDS if (value := getattr(rollout, name)) is not None}
         blocks = []
         for index in range(len(self)):
-            block = rollout.select(torch.arange(index * rows, (index + 1) * rows))
-            blocks.append(block.with_(group_ids=block.group_ids - index * groups))
+            part = slice(index * rows, (index + 1) * rows)
+            block = {name: value[part] for name, value in fields.items()}
+            block["group_ids"] = block["group_ids"] - index * groups
+            blocks.append(replace(rollout, **block))
         return blocks
 
     def split(self, value: Tensor) -> list[Tensor]:
         """The members' row blocks of a ``[S·B, ...]`` tensor."""
         return [value] if len(self) == 1 else list(value.split(value.shape[0] // len(self)))
+
+    def token_batches(self, joined: TokenBatch, rollouts: list[Rollout], metrics: bool) -> list[TokenBatch]:
+        """The members' row blocks of the group's ``joined`` batch, each with its own rollout's group ids (and,
+        when ``metrics``, its ratio statistics computed for all members in one pass)."""
+        if len(self) == 1:
+            return [joined]
+        return joined.split_rows(len(self), [r.group_ids for r in rollouts], summarize=metrics)
 
     # ---------------------------------------------------------------------------------------- the step
     def clip_gradients(self, max_norm: float) -> list[Tensor]:
@@ -195,15 +212,26 @@ class SeedGroup:
         if len(self) == 1:
             return [torch.nn.utils.clip_grad_norm_(params, max_norm)]
         grads = [p.grad for p in params if p.grad is not None]
-        norms = []
-        for index in range(len(self)):
-            slices = [g[index] for g in grads]
-            total = torch.nn.utils.get_total_norm(slices)
-            scale = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-            for g in slices:
-                g.mul_(scale)
-            norms.append(total)
-        return norms
+        size = len(self)
+        if any(g[0].numel() > stats.ROW_LIMIT for g in grads):  # rows whose norm may split over threads: one by one
+            return [self._clip_member([g[index] for g in grads], max_norm) for index in range(size)]
+        # ‖g_s‖ of every member at once: per parameter the norm of each slice, then the norm of those norms (what
+        # ``get_total_norm`` computes for one member; a row of up to stats.ROW_LIMIT values reduces as it does alone)
+        per_param = [torch.linalg.vector_norm(g.reshape(size, -1), dim=1) for g in grads]
+        totals = torch.linalg.vector_norm(torch.stack(per_param, dim=1), dim=1)
+        scales = torch.clamp(float(max_norm) / (totals + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scales.reshape(size, *[1] * (g.dim() - 1)))
+        return list(totals.unbind())
+
+    @staticmethod
+    def _clip_member(grads: list[Tensor], max_norm: float) -> Tensor:
+        """One member's global norm, its gradient ``grads`` scaled as ``clip_grad_norm_`` scales it."""
+        total = torch.nn.utils.get_total_norm(grads)
+        scale = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale)
+        return total
 
 
 class _Held:

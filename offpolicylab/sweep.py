@@ -18,8 +18,9 @@ Grid file::
 Every axis value is either a scalar (it sets the config field named like the axis) or a mapping of config
 overrides with an optional ``label`` (mapping-valued fields such as ``world_params`` are merged into the base).
 The cell directory is named from the labels: ``objective=grpo__schedule=stale_k-16__seed=0``.  Cells run in
-separate processes; a failing cell is recorded (``summary.json`` status ``failed`` with the error) and the others
-finish.  ``sweep_results.csv`` gets one row per cell: its axis labels, status, peak and final reward / exact
+worker processes, the cells of a tabular or GRU configuration that differ only in seed and objective together as
+one batched task (:func:`seed_groups`; each writes the run directory it writes alone); a failing cell is recorded
+(``summary.json`` status ``failed`` with the error) and the others finish.  ``sweep_results.csv`` gets one row per cell: its axis labels, status, peak and final reward / exact
 return and the collapse update.
 
 Re-running a sweep into the same folder reuses a cell that completed or collapsed, and resumes an interrupted one,
@@ -230,15 +231,17 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
 
 
 def seed_groups(cells: list[Cell]) -> list[list[int]]:
-    """Indices of the cells grouped by configuration apart from the seed: cells of a policy whose seeds train as
-    one batched computation (:data:`~offpolicylab.seeds.STACKABLE_POLICIES`) share a group with the other seeds of
-    their configuration; every other cell is a group of its own.  Groups keep the cells' order."""
+    """Indices of the cells that train together: cells of a policy that batches runs
+    (:data:`~offpolicylab.seeds.STACKABLE_POLICIES`) share a group with the cells of their configuration that differ
+    only in :data:`~offpolicylab.trainer.MEMBER_FIELDS` (seed, objective and its parameters); every other cell is a
+    group of its own.  Groups keep the cells' order."""
     from offpolicylab.seeds import STACKABLE_POLICIES
+    from offpolicylab.trainer import MEMBER_FIELDS
 
     groups: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
         stackable = TrainConfig.from_dict(cell.config).policy in STACKABLE_POLICIES
-        rest = {key: value for key, value in cell.config.items() if key != "seed"}
+        rest = {key: value for key, value in cell.config.items() if key not in MEMBER_FIELDS}
         key = json.dumps(rest, sort_keys=True, default=str) if stackable else f"cell {index}"
         groups.setdefault(key, []).append(index)
     return list(groups.values())
@@ -246,12 +249,13 @@ def seed_groups(cells: list[Cell]) -> list[list[int]]:
 
 def run_seed_group(cells: list[Cell]) -> list[dict[str, Any]]:
     """The cells of one :func:`seed_groups` group: cells already done are skipped; when every other cell is new,
-    they train together (:func:`offpolicylab.trainer.train_seeds`: each writes the run directory it writes alone);
-    otherwise (a cell to resume or to start again) each runs on its own (:func:`run_cell`).  Never raises."""
+    they train together (:func:`offpolicylab.trainer.train_together`: each writes the run directory it writes
+    alone); otherwise (a cell to resume or to start again, or configurations that cannot be built) each runs on its
+    own (:func:`run_cell`).  Never raises."""
     import torch
 
     from offpolicylab.runs import RunDir
-    from offpolicylab.trainer import train_seeds
+    from offpolicylab.trainer import train_together
 
     results: list[dict[str, Any] | None] = [None] * len(cells)
     todo = []
@@ -263,9 +267,9 @@ def run_seed_group(cells: list[Cell]) -> list[dict[str, Any]]:
             todo.append(index)
     if len(todo) > 1 and not any(RunDir(cells[i].out_dir).holds_run() for i in todo):
         torch.set_num_threads(1)
-        configs = [TrainConfig.from_dict(cells[i].config) for i in todo]
         try:
-            summaries = train_seeds(configs[0], [c.seed for c in configs], [cells[i].out_dir for i in todo])
+            configs = [TrainConfig.from_dict(cells[i].config) for i in todo]
+            summaries = train_together(configs, [cells[i].out_dir for i in todo])
         except Exception:  # noqa: BLE001 - a cell failure must not stop the sweep
             summaries = [RunDir(cells[i].out_dir).read_summary() for i in todo]  # "failed" once training began
         for index, summary in zip(todo, summaries, strict=True):
@@ -302,7 +306,7 @@ def get_engine(name: str) -> Engine:
 
 def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
     """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order.
-    The seeds of one configuration form one task (:func:`seed_groups`, :func:`run_seed_group`).
+    The cells that differ only in seed and objective form one task (:func:`seed_groups`, :func:`run_seed_group`).
     An interrupt (SIGINT, or SIGTERM turned into one by the CLI) terminates the workers before it propagates."""
     results: list[dict[str, Any] | None] = [None] * len(cells)
     bar = _bar(len(cells), progress)

@@ -119,31 +119,64 @@ def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | li
         run_dirs = [seed_dir(run_dirs, seed) for seed in seeds]
     if len(run_dirs) != len(seeds):
         raise ValueError(f"{len(seeds)} seeds but {len(run_dirs)} run directories")
-    runs = [RunDir(path, fsync=config.fsync) for path in run_dirs]
     if config.policy not in STACKABLE_POLICIES or len(seeds) == 1:
         if progress and len(seeds) > 1:
             _log(f"offpolicylab: policy {config.policy} trains its seeds one after another (batched: "
                  f"{', '.join(STACKABLE_POLICIES)})")
-        return [train(c, run.path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
-                for c, run in zip(configs, runs, strict=True)]
-    members = build_seeds(config, seeds)
+        return [train(c, path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
+                for c, path in zip(configs, run_dirs, strict=True)]
+    return train_together(configs, run_dirs, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
+
+
+MEMBER_FIELDS = ("seed", "objective", "objective_params")
+"""The fields in which the runs trained together by :func:`train_together` may differ."""
+
+
+def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, resume: bool = False,
+                   progress: bool | str = False, stopwatch: Stopwatch | None = None,
+                   profile: bool = False) -> list[dict[str, Any]]:
+    """Train the runs ``configs`` — one stackable policy kind, equal in every field but :data:`MEMBER_FIELDS` —
+    as one batched computation (:mod:`offpolicylab.seeds`: each member keeps its own generator, objective and
+    advantage estimator), ``configs[i]`` writing ``run_dirs[i]`` as ``train(configs[i], run_dirs[i])`` does; returns
+    the summaries.  Configurations that cannot train together raise ``ValueError`` before anything is written."""
+    check_together(configs)
+    runs = [RunDir(path, fsync=configs[0].fsync) for path in run_dirs]
+    members = build_members(configs)
     check_seed_dirs(runs, resume)
     with contextlib.ExitStack() as locks:
         for run in runs:
             locks.enter_context(run.locked())
         starts = [open_run(run, parts, resume) for run, parts in zip(runs, members, strict=True)]
         if progress:
-            _log(describe_defaults(config, members[0].memory_plan) + f"; seeds {','.join(map(str, seeds))} batched")
+            _log(describe_defaults(configs[0], members[0].memory_plan) +
+                 f"; seeds {','.join(str(c.seed) for c in configs)} batched")
         group = SeedGroup.stack(members, runs)
         return train_group(group, starts[0], stopwatch or Stopwatch(), progress, profile)
 
 
+def check_together(configs: list[TrainConfig]) -> None:
+    """``ValueError`` unless ``configs`` can train as one batched computation (:func:`train_together`)."""
+    shared = [{k: v for k, v in c.to_dict().items() if k not in MEMBER_FIELDS} for c in configs]
+    if configs[0].policy not in STACKABLE_POLICIES:
+        raise ValueError(f"policy {configs[0].policy} cannot train runs together; valid: "
+                         f"{', '.join(STACKABLE_POLICIES)}")
+    differ = sorted({k for other in shared[1:] for k in other if other[k] != shared[0][k]})
+    if differ:
+        raise ValueError(f"runs trained together must agree in every field but {', '.join(MEMBER_FIELDS)}; "
+                         f"{', '.join(differ)} differ")
+
+
 def build_seeds(config: TrainConfig, seeds: list[int]) -> list[Parts]:
     """:func:`build` of ``config`` with each seed of ``seeds`` (the members of a seed group)."""
+    return build_members([replace(config, seed=seed) for seed in seeds])
+
+
+def build_members(configs: list[TrainConfig]) -> list[Parts]:
+    """:func:`build` of each of ``configs`` (the members of a group trained together)."""
     members = []
-    for seed in seeds:
-        members.append(build(replace(config, seed=seed)))
-        members[-1].torch_rng = torch.get_rng_state()  # what this seed's separate run would checkpoint
+    for config in configs:
+        members.append(build(config))
+        members[-1].torch_rng = torch.get_rng_state()  # what this member's separate run would checkpoint
     return members
 
 
@@ -254,18 +287,16 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         with watch("policy_forward"):
             logp, entropy = group.policy.score(joined)
         with watch("other"):  # 3. advantages (per group, so the same numbers as each member's alone)
-            advantages = group.split(group_advantages(joined.rewards, joined.group_ids,
-                                                      group.members[0].advantage == "std"))
-        batches, outs = [], []
+            advantages = member_advantages(group, joined)
+        outs = []
         with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
-        for member, rollout, own_logp, own_entropy, own_advantages in zip(
-                group.members, consumed, group.split(logp), group.split(entropy), advantages, strict=True):
-            with watch("other"):  # 4. TokenBatch
-                batches.append(token_batch(rollout, own_logp, own_entropy, own_advantages, update))
+        with watch("other"):  # 4. TokenBatch: built and validated once, one block per member
+            batches = group.token_batches(token_batch(joined, logp, entropy, advantages, update), consumed,
+                                          with_metrics)
+        for member, batch in zip(group.members, batches, strict=True):
             with watch("objective"):  # 5. objective
-                member.objective.update(batches[-1])
-                outs.append(member.objective(batches[-1]) if with_metrics else
-                            member.objective(batches[-1], metrics=False))
+                member.objective.update(batch)
+                outs.append(member.objective(batch) if with_metrics else member.objective(batch, metrics=False))
         # 6. step
         with watch("policy_backward"):
             group.optimizer.zero_grad(set_to_none=True)
@@ -570,6 +601,16 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: fl
         return centered
     var = zeros.index_add(0, group_ids, centered**2) / count
     return centered / (var.sqrt()[group_ids] + eps)
+
+
+def member_advantages(group: SeedGroup, joined: Rollout) -> Tensor:
+    """:func:`group_advantages` of the group's ``joined`` batch, each member's block with its own estimator (one
+    call when the members agree; per group, so block s holds the numbers of member s alone)."""
+    kinds = [member.advantage for member in group.members]
+    if len(set(kinds)) == 1:
+        return group_advantages(joined.rewards, joined.group_ids, kinds[0] == "std")
+    each = {kind: group.split(group_advantages(joined.rewards, joined.group_ids, kind == "std")) for kind in set(kinds)}
+    return torch.cat([each[kind][index] for index, kind in enumerate(kinds)])
 
 
 def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int) -> TokenBatch:

@@ -160,6 +160,47 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     return top[0], torch.where(count > 0, value, values.new_zeros(()))
 
 
+ROW_LIMIT = 32768
+"""Longest row :func:`fused_ratio_summary_rows` takes: PyTorch's CPU reductions split an input over threads only
+above this many elements (its grain size), so up to it a row's reduction and the same values reduced on their own
+add in the same order, bit for bit, at any thread count."""
+
+
+def fused_ratio_summary_rows(delta: Tensor, mask: Tensor, ratio: Tensor) -> dict[str, Tensor]:
+    """:func:`fused_ratio_summary` of every row of ``delta`` [S, N] (N ≤ :data:`ROW_LIMIT`) at once, the ESS
+    included: each statistic an [S] tensor whose entry s equals, bit for bit, the statistic of row s alone (the same
+    elementwise steps, each reduction along the row; batched seeds, one row per member)."""
+    if delta.shape[1] > ROW_LIMIT:
+        raise ValueError(f"rows of {delta.shape[1]} values exceed ROW_LIMIT={ROW_LIMIT}")
+    mask = mask.to(delta.dtype)
+    tokens = mask.sum(dim=1)
+    count = tokens.clamp_min(1.0)
+    work = torch.clamp(ratio, max=math.exp(EXP_CLAMP)).mul_(mask)
+    flat_k = min(delta.shape[1], math.ceil((1.0 - RATIO_TAIL_QUANTILE) * (delta.shape[1] - 1)) + 2)
+    top = work.topk(flat_k, dim=1).values  # exact k largest per row (what largest() returns for one row)
+    positions = RATIO_TAIL_QUANTILE * (tokens.to(torch.int64) - 1).clamp_min(0).to(torch.float64)
+    below = positions.floor()
+    low = (tokens.to(torch.int64) - 1 - below.long()).clamp(0, flat_k - 1)
+    pair = top.gather(1, torch.stack([low, (low - 1).clamp_min(0)], dim=1))
+    tail = pair[:, 0] + (positions - below).to(delta.dtype) * (pair[:, 1] - pair[:, 0])
+    tail = torch.where(positions > below, tail, pair[:, 0])
+    metrics = {"ratio_mean": work.sum(dim=1) / count, "ratio_max": top[:, 0],
+               "ratio_p999": torch.where(tokens.to(torch.int64) > 0, tail, delta.new_zeros(()))}
+    metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum(dim=1) / count
+    metrics["m2"] = torch.mul(delta, delta, out=work).sum(dim=1) / count
+    floor = torch.finfo(delta.dtype).max
+    torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta)
+    peak = work.max(dim=1).values
+    peak = torch.where(peak > -floor, peak, delta.new_zeros(()))
+    total = work.sub_(peak[:, None]).exp_().sum(dim=1)
+    ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum(dim=1)).clamp_min(torch.finfo(delta.dtype).tiny)
+    metrics["ess"] = torch.where(tokens > 0, ess, delta.new_ones(()))
+    metrics["kl_k1"] = (0.0 - delta.sum(dim=1)) / count
+    torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
+    metrics["kl_k3"] = work.sub_(delta).sum(dim=1) / count
+    return metrics
+
+
 TOPK_BLOCK = 64
 """Block length of :func:`largest`."""
 
@@ -232,7 +273,8 @@ def indicator(test: Callable[..., Tensor], left: Tensor, right: Tensor | float) 
 
     Writing the comparison straight into a float tensor skips PyTorch's boolean tensors, which are several times
     slower on CPU (and a conversion pass).  Inputs must not require grad (no gradient flows through a test anyway)."""
-    shape = torch.broadcast_shapes(left.shape, right.shape if isinstance(right, Tensor) else ())
+    other = right.shape if isinstance(right, Tensor) else ()
+    shape = left.shape if other in ((), left.shape) else torch.broadcast_shapes(left.shape, other)  # the common case
     return test(left, right, out=torch.empty(shape, dtype=left.dtype, device=left.device))
 
 

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.registry import Param, Registry, resolve
@@ -110,7 +109,7 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
     detached, no host sync.  Fused (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary`): the batch's
     log-ratio and entropy are already 0 on padded tokens and its ratio is shared with the objective."""
     mask = batch.mask
-    metrics = stats.fused_ratio_summary(batch.delta(), mask, batch.ratio(), batch.ess())
+    metrics = dict(batch.ratio_summary())
     count = mask.sum().clamp_min(1.0)
     metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / count
     if batch.entropy is not None:

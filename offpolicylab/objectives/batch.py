@@ -44,6 +44,7 @@ class TokenBatch:
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
+    _summary: dict[str, Tensor] | None = field(default=None, init=False, repr=False, compare=False)  # ratio_summary()
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -120,6 +121,13 @@ class TokenBatch:
             self._ess = stats.fused_effective_sample_size(self.delta(), self.mask)
         return self._ess
 
+    def ratio_summary(self) -> dict[str, Tensor]:
+        """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
+        :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch (or handed in by :meth:`split_rows`)."""
+        if self._summary is None:
+            self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess())
+        return self._summary
+
     def sequence_log_ratio(self) -> Tensor:
         """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
         detached: GSPO's log s_i, MIS-PO's log ρ(τ) (:func:`~offpolicylab.diagnostics.stats.sequence_log_ratio`,
@@ -143,8 +151,36 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
-        out._delta = out._ratio = out._ess = None
+        out._delta = out._ratio = out._ess = out._summary = None
         return out
+
+    def split_rows(self, count: int, group_ids: list[Tensor | None], summarize: bool = False) -> list[TokenBatch]:
+        """The ``count`` equal consecutive row blocks as batches (batched seeds: one per member), block s with the
+        group ids ``group_ids[s]``.  Not validated again: every field is a slice of a validated field, and
+        validation and padding removal work token by token, so block s equals the batch validated on its own.
+        ``summarize``: also hand each block its :meth:`ratio_summary`, computed for all blocks in one pass
+        (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary_rows`, bit for bit the block's own) when a block
+        holds at most ``stats.ROW_LIMIT`` tokens."""
+        rows = self.batch_size // count
+        summaries: list[dict[str, Tensor] | None] = [None] * count
+        if summarize and rows * self.logp.shape[1] <= stats.ROW_LIMIT:
+            flat = [value.reshape(count, -1) for value in (self.delta(), self.mask, self.ratio())]
+            together = stats.fused_ratio_summary_rows(*flat)
+            summaries = [{key: value[index] for key, value in together.items()} for index in range(count)]
+        blocks = []
+        for index, (ids, summary) in enumerate(zip(group_ids, summaries, strict=True)):
+            block, part = copy.copy(self), slice(index * rows, (index + 1) * rows)
+            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+                value = getattr(self, name)
+                if value is not None:
+                    setattr(block, name, value[part])
+            block.group_ids = ids
+            block._delta = None if self._delta is None else self._delta[part]  # elementwise: the block's own
+            block._ratio = None if self._ratio is None else self._ratio[part]
+            block._ess = None if summary is None else summary["ess"]
+            block._summary = summary
+            blocks.append(block)
+        return blocks
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""

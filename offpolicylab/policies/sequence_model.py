@@ -29,9 +29,12 @@ Why this shape (measured under on-policy GRPO on the token MDPs, Adam lr 0.01, 8
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional
 
 from offpolicylab.policies.autoregressive import ModulePolicy
 
@@ -162,3 +165,187 @@ class SequenceModelPolicy(ModulePolicy):
             raise ValueError(f"prompt has {prompt_ids.shape[1]} positions, the policy has max_prompt_len "
                              f"{self.max_prompt_len}")
         return torch.where(prompt_mask > 0, prompt_ids, torch.full_like(prompt_ids, self.pad_token)).long()
+
+
+Linear = Callable[[Tensor], Tensor]
+
+
+def unrolled_gru(inputs: Tensor, state: Tensor, input_maps: Sequence[Linear],
+                 hidden_maps: Sequence[Linear]) -> tuple[Tensor, Tensor]:
+    """``nn.GRU`` (batch first, no dropout) one time step at a time (Cho et al. 2014, arXiv:1406.1078, in PyTorch's
+    form; gate rows ordered r, z, n), with layer l's affine maps ``input_maps[l](x) = W_i x + b_i`` and
+    ``hidden_maps[l](h) = W_h h + b_h``:
+
+        r_t = σ(W_ir x_t + b_ir + W_hr h_{t−1} + b_hr)
+        z_t = σ(W_iz x_t + b_iz + W_hz h_{t−1} + b_hz)
+        n_t = tanh(W_in x_t + b_in + r_t ⊙ (W_hn h_{t−1} + b_hn))
+        h_t = (1 − z_t) ⊙ n_t + z_t ⊙ h_{t−1}
+
+    ``inputs`` [..., W, in], ``state`` [layers, ..., H] (any leading dims: the stacked policy's [S, b]).  Returns
+    (outputs [..., W, H] of the last layer, final states [layers, ..., H]); equal to ``nn.GRU`` within float
+    rounding (its fused kernel sums in another order)."""
+    layer_input, finals = inputs, []
+    for layer, (input_map, hidden_map) in enumerate(zip(input_maps, hidden_maps, strict=True)):
+        gates_in, hidden, outputs = input_map(layer_input), state[layer], []
+        size = hidden.shape[-1]
+        for t in range(inputs.shape[-2]):
+            gates_t, gates_h = gates_in[..., t, :], hidden_map(hidden)
+            reset, update = torch.sigmoid(gates_t[..., :2 * size] + gates_h[..., :2 * size]).chunk(2, dim=-1)
+            candidate = torch.tanh(gates_t[..., 2 * size:] + reset * gates_h[..., 2 * size:])
+            hidden = candidate + update * (hidden - candidate)  # (1 − z) ⊙ n + z ⊙ h
+            outputs.append(hidden)
+        layer_input = torch.stack(outputs, dim=-2)
+        finals.append(hidden)
+    return layer_input, torch.stack(finals)
+
+
+class _StackedCore(nn.Module):
+    """S :class:`_PromptGRUCore` of one architecture with every weight stacked ``[S, ...]`` (batched seeds).  It
+    computes the network of the module docstring for S equal consecutive row blocks, block s with weights s: every
+    tensor carries a leading member dimension, embeddings are one lookup in the flattened stack, linear maps one
+    batched matrix product (``baddbmm``) and the GRU is :func:`unrolled_gru`."""
+
+    def __init__(self, cores: Sequence[_PromptGRUCore]) -> None:
+        super().__init__()
+        first = cores[0]
+        self.size, self.input_vocab, self.num_layers = len(cores), first.input_vocab, first.num_layers
+        self.output_multiplier, self.norm_eps = first.output_multiplier, first.norm.eps
+        names = [name for name, _ in first.named_parameters()]
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.stack([dict(core.named_parameters())[name].detach() for core in cores]))
+            for name in names)
+        self.w = dict(zip(names, self.weights, strict=True))
+        for index, core in enumerate(cores):  # each member's weights become views of its slice (no copy)
+            for stacked, param in zip(self.weights, core.parameters(), strict=True):
+                param.data = stacked.detach()[index]
+
+    def forward(self, prompt: Tensor, prompt_mask: Tensor, response_inputs: Tensor) -> Tensor:
+        code, state = self.start(prompt, prompt_mask)
+        (response_inputs,) = self._blocks(response_inputs)
+        steps = torch.arange(response_inputs.shape[-1])
+        hidden, _ = self._gru(self._step_inputs(response_inputs, steps, code), state)
+        logits = self._readout(hidden, steps, code)
+        return logits.reshape(-1, *logits.shape[2:])
+
+    def prefix_tree(self, prompt: Tensor, prompt_mask: Tensor, bos: int, vocab_size: int, depth: int) -> Tensor:
+        """:meth:`_PromptGRUCore.prefix_tree` of every member on its block."""
+        code, state = self.start(prompt, prompt_mask)
+        size, batch = code.shape[:2]
+        tokens, levels = torch.full((size, batch, 1), bos, dtype=torch.long), []
+        for t in range(depth):
+            logits, state = self.advance(tokens, t, code, state)
+            levels.append(logits.reshape(size, batch, -1, vocab_size))
+            if t + 1 < depth:  # children of node k: k·V + v, v = 0 … V−1
+                state, code = state.repeat_interleave(vocab_size, dim=2), code.repeat_interleave(vocab_size, dim=1)
+                tokens = torch.arange(vocab_size).repeat(tokens.shape[1])[None, :, None].expand(size, -1, 1)
+        return torch.cat(levels, dim=2).reshape(size * batch, -1, vocab_size)
+
+    def start(self, prompt: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(prompt code c [S, b, H], h_0 [layers, S, b, H]) of ``[S·b, P]`` prompts."""
+        code = self._encode_prompt(*self._blocks(prompt, prompt_mask))
+        return code, self._initial_state(code)
+
+    def advance(self, tokens: Tensor, t: int, code: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """One GRU step at response position ``t`` from ``state`` on the previous ``tokens`` [S, b, 1]: (logits
+        [S, b, 1, V], the next state)."""
+        step = torch.tensor([t])
+        hidden, state = self._gru(self._step_inputs(tokens, step, code), state)
+        return self._readout(hidden, step, code), state
+
+    def _blocks(self, *rows: Tensor) -> list[Tensor]:
+        """``[S·b, ...]`` → ``[S, b, ...]``."""
+        return [row.reshape(self.size, row.shape[0] // self.size, *row.shape[1:]) for row in rows]
+
+    def _lookup(self, name: str, ids: Tensor) -> Tensor:
+        """Rows ``ids`` [S, ...] of each member's embedding table ``name`` [S, N, D] → [S, ..., D]."""
+        table = self.w[name]
+        offsets = (torch.arange(self.size) * table.shape[1]).reshape(-1, *[1] * (ids.dim() - 1))
+        return functional.embedding(ids + offsets, table.reshape(-1, table.shape[-1]))
+
+    def _linear(self, name: str, x: Tensor) -> Tensor:
+        """W_s x + b_s of each member's linear map ``name`` on ``x`` [S, ..., in] → [S, ..., out]."""
+        return self._affine(f"{name}.weight", f"{name}.bias")(x)
+
+    def _encode_prompt(self, prompt: Tensor, prompt_mask: Tensor) -> Tensor:
+        width = prompt.shape[-1]
+        codes = self._lookup("prompt_code.weight", torch.arange(width - 1, -1, -1) * self.input_vocab + prompt)
+        real = (prompt_mask > 0).to(codes.dtype)
+        length = real.sum(-1, keepdim=True).clamp(min=1.0)
+        return (codes * real[..., None]).sum(-2) / length.sqrt()
+
+    def _step_inputs(self, tokens: Tensor, steps: Tensor, code: Tensor) -> Tensor:
+        size, batch, width = tokens.shape
+        position = self.w["position.weight"][:, steps][:, None].expand(size, batch, width, -1)
+        return torch.cat([self._lookup("token.weight", tokens), position,
+                          code[:, :, None].expand(size, batch, width, -1)], dim=-1)
+
+    def _initial_state(self, code: Tensor) -> Tensor:
+        """[layers, S, b, H]."""
+        state = torch.tanh(self._linear("initial_state", code))
+        return state.reshape(*code.shape[:2], self.num_layers, -1).permute(2, 0, 1, 3).contiguous()
+
+    def _gru(self, inputs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        layers = range(self.num_layers)
+        return unrolled_gru(inputs, state, [self._affine(f"gru.weight_ih_l{k}", f"gru.bias_ih_l{k}") for k in layers],
+                            [self._affine(f"gru.weight_hh_l{k}", f"gru.bias_hh_l{k}") for k in layers])
+
+    def _affine(self, weight: str, bias: str) -> Linear:
+        """x ↦ W_s x + b_s with the stacked tensors ``weight`` [S, out, in] and ``bias`` [S, out]."""
+        w, b = self.w[weight].transpose(1, 2), self.w[bias][:, None]
+
+        def apply(x: Tensor) -> Tensor:
+            return torch.baddbmm(b, x.reshape(self.size, -1, x.shape[-1]), w).reshape(*x.shape[:-1], -1)
+
+        return apply
+
+    def _readout(self, hidden: Tensor, steps: Tensor, code: Tensor) -> Tensor:
+        size, batch, width = hidden.shape[:3]
+        code_per_step = code[:, :, None].expand(size, batch, width, -1)
+        position = self.w["position.weight"][:, steps][:, None].expand(size, batch, width, -1)
+        pair = code_per_step * self.w["pair_position.weight"][:, steps][:, None]
+        features = torch.cat([hidden, code_per_step, position, pair], dim=-1)
+        features = functional.layer_norm(features, features.shape[-1:], eps=self.norm_eps)
+        features = features * self.w["norm.weight"][:, None, None] + self.w["norm.bias"][:, None, None]
+        return self._linear("head", features) * self.output_multiplier
+
+
+class StackedSequenceModelPolicy(SequenceModelPolicy):
+    """S :class:`SequenceModelPolicy` of one architecture as one policy (batched seeds): every weight is a stacked
+    ``[S, ...]`` tensor, a batch holds S equal consecutive row blocks and block s is answered by member s's weights
+
+        π(y_t | x, y_<t; row in block s) = softmax(s · (W_s φ_t^(s) + b_s)),  φ^(s) the member's network above
+
+    with the GRU recurrence unrolled (:func:`unrolled_gru`) and batched over members by :func:`torch.func.vmap`.  No
+    weight is shared, so the gradient of Σ_s loss_s restricted to member s's slice is the gradient of loss_s; each
+    member's parameters become views of its slice, so evaluation and checkpoints of a member see the steps."""
+
+    def __init__(self, members: Sequence[SequenceModelPolicy]) -> None:
+        first = members[0]
+        shapes = [[tuple(p.shape) for p in m.model.parameters()] for m in members]
+        keys = [(m.vocab_size, m.response_len, m.eos_id, m.sampler_noise_std, m.pad_token, m.bos_token,
+                 m.max_prompt_len, m.model.output_multiplier) for m in members]
+        if any(shape != shapes[0] for shape in shapes) or any(key != keys[0] for key in keys):
+            raise ValueError("stacked sequence models must share their architecture, vocabulary, eos_id and "
+                             "sampler noise")
+        self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std)
+        self.pad_token, self.bos_token = first.pad_token, first.bos_token
+        self.prompt_vocab_size, self.max_prompt_len, self.size = first.prompt_vocab_size, first.max_prompt_len, \
+            len(members)
+        self.model = _StackedCore([m.model for m in members])  # type: ignore[assignment]
+
+    def start_decoding(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> dict[str, Tensor]:
+        """The decoding state: the prompt code and the GRU state, advanced one step per :meth:`next_logits`."""
+        code, state = self.model.start(self._prompt_tokens(prompt_ids, prompt_mask), prompt_mask)
+        return {"code": code, "state": state}
+
+    def next_logits(self, state: dict[str, Tensor], prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
+                    response_ids: Tensor, t: int) -> Tensor:
+        """Logits [S·b, V] of position ``t`` from one GRU step on y_{t−1} (BOS at t = 0): the column ``t`` of
+        :meth:`response_logits` within float rounding (one step instead of a pass over the whole buffer)."""
+        previous = response_ids[:, t - 1] if t > 0 else torch.full_like(response_ids[:, 0], self.bos_token)
+        code = state["code"]
+        logits, state["state"] = self.model.advance(previous.reshape(*code.shape[:2], 1), t, code, state["state"])
+        return logits.reshape(-1, logits.shape[-1])
+
+    def state_dict(self) -> dict[str, Any]:
+        raise TypeError("a stacked policy has no state of its own: checkpoint its members")

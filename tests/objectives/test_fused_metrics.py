@@ -244,3 +244,24 @@ def test_largest_values_from_blocks_equal_topk(size: int) -> None:
     for k in (1, 5, math.ceil(0.001 * (size - 1)) + 2, 70):
         k = min(k, size)
         assert torch.equal(stats.largest(values, k), values.topk(k).values), k
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("length", [1, 40, 700])
+def test_summary_of_rows_equals_each_rows_own_summary_bit_for_bit(dtype: torch.dtype, length: int) -> None:
+    """Batched seeds: one pass over S members' batches gives each member the summary of its batch alone (with an
+    empty member: no valid token; 700 × 12 tokens take the block path of ``largest`` when alone)."""
+    members = [TokenBatch(**ragged_batch(seed, length=length, dtype=dtype)) for seed in range(3)]
+    members.append(TokenBatch(**{**ragged_batch(9, length=length, dtype=dtype),
+                                 "mask": torch.zeros(12, length, dtype=dtype)}))
+    delta, mask, ratio = (torch.stack([getattr(b, name)().reshape(-1) if name != "mask" else b.mask.reshape(-1)
+                                       for b in members]) for name in ("delta", "mask", "ratio"))
+    rows = stats.fused_ratio_summary_rows(delta, mask, ratio)
+    for s, batch in enumerate(members):
+        alone = stats.fused_ratio_summary(batch.delta(), batch.mask, batch.ratio(), batch.ess())
+        assert set(rows) == set(alone)
+        for key, value in alone.items():
+            assert torch.equal(rows[key][s], value), (key, s)
+    with pytest.raises(ValueError, match="ROW_LIMIT"):
+        stats.fused_ratio_summary_rows(torch.zeros(1, stats.ROW_LIMIT + 1), torch.ones(1, stats.ROW_LIMIT + 1),
+                                       torch.ones(1, stats.ROW_LIMIT + 1))

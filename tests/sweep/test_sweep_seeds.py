@@ -1,5 +1,5 @@
-"""A sweep's seed axis: the seeds of one tabular configuration train together (one task), and every cell's run
-directory is the one its separate run writes."""
+"""A sweep's seed and objective axes: the cells of one tabular or GRU configuration that differ only in seed and
+objective train together (one task), and every cell's run directory is the one its separate run writes."""
 
 from __future__ import annotations
 
@@ -16,33 +16,43 @@ BASE: dict[str, Any] = {"world": "token_mdp", "world_params": {"vocab_size": 3, 
                         "updates": 4, "prompts_per_update": 2, "group_size": 4, "eval_every": 2, "sample_every": 0}
 
 
-def test_seed_groups_gather_the_seeds_of_stackable_configurations(tmp_path: Path) -> None:
-    grid = {"base": BASE, "axes": {"policy": ["tabular", "sequence_model"], "objective": ["grpo", "m2po"],
-                                   "seed": [0, 1, 2]}}
+def test_seed_groups_gather_the_seeds_and_objectives_of_stackable_configurations(tmp_path: Path) -> None:
+    grid = {"base": BASE, "axes": {"policy": ["tabular", "sequence_model"], "lr": [0.1, 0.2],
+                                   "objective": ["grpo", "m2po"], "seed": [0, 1, 2]}}
     cells = sweep.expand_grid(grid, tmp_path)
     groups = sweep.seed_groups(cells)
-    tabular = [g for g in groups if cells[g[0]].labels["policy"] == "tabular"]
-    assert [[cells[i].labels["seed"] for i in g] for g in tabular] == [["0", "1", "2"]] * 2
-    assert all(len({cells[i].labels["objective"] for i in g}) == 1 for g in tabular)
-    assert sorted(len(g) for g in groups) == [1] * 6 + [3] * 2  # the GRU's cells run one by one
+    assert len(groups) == 4 and all(len(g) == 6 for g in groups)  # one per policy and lr
+    for group in groups:
+        labels = [cells[i].labels for i in group]
+        assert len({(x["policy"], x["lr"]) for x in labels}) == 1
+        assert {(x["objective"], x["seed"]) for x in labels} == {(o, s) for o in ("grpo", "m2po") for s in "012"}
 
 
-def test_sweep_cells_of_batched_seeds_equal_their_separate_runs(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    batched: list[list[int]] = []
-    real = trainer.train_seeds
+def test_sweep_cells_trained_together_equal_their_separate_runs(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """grpo (std advantages) and rec (mean advantages) in one group: each cell as its separate run, bit for bit."""
+    batched: list[list[tuple[str, int]]] = []
+    real = trainer.train_together
 
-    def spy(config: TrainConfig, seeds: list[int], run_dirs: Any, **kw: Any) -> Any:
-        batched.append(list(seeds))
-        return real(config, seeds, run_dirs, **kw)
+    def spy(configs: list[TrainConfig], run_dirs: Any, **kw: Any) -> Any:
+        batched.append([(c.objective, c.seed) for c in configs])
+        return real(configs, run_dirs, **kw)
 
-    monkeypatch.setattr(trainer, "train_seeds", spy)
+    monkeypatch.setattr(trainer, "train_together", spy)
     grid = {"base": BASE, "axes": {"objective": ["grpo", "rec"], "seed": [0, 1, 2]}}
     rows = sweep.run_sweep(grid, tmp_path / "sweep")
-    assert batched == [[0, 1, 2], [0, 1, 2]] and {row["status"] for row in rows} == {"completed"}
+    assert batched == [[(o, s) for o in ("grpo", "rec") for s in (0, 1, 2)]]
+    assert {row["status"] for row in rows} == {"completed"}
     for cell in sweep.expand_grid(grid, tmp_path / "sweep"):
         alone = tmp_path / "alone" / cell.name
         trainer.train(TrainConfig.from_dict(cell.config), alone)
         assert normalized_metrics(cell.out_dir) == normalized_metrics(alone)
     again = sweep.run_sweep(grid, tmp_path / "sweep")  # done cells are reused, not run again
-    assert len(batched) == 2 and [row["status"] for row in again] == [row["status"] for row in rows]
+    assert len(batched) == 1 and [row["status"] for row in again] == [row["status"] for row in rows]
+
+
+def test_a_cell_whose_objective_cannot_be_built_fails_alone(tmp_path: Path) -> None:
+    grid = {"base": BASE, "axes": {"objective": ["grpo", "no_such_objective"], "seed": [0, 1]}}
+    rows = sweep.run_sweep(grid, tmp_path / "sweep")
+    assert [(row["objective"], row["status"]) for row in rows] == [
+        ("grpo", "completed"), ("grpo", "completed"), ("no_such_objective", "failed"), ("no_such_objective", "failed")]

@@ -1,6 +1,7 @@
 """Seeds batched together: each seed's run directory equals the separate run's (``train`` with ``seed=S``) bit for
-bit — metrics, events and checkpoint — for the tabular policy; a seed that stops leaves the others unchanged;
-resume works per seed; the command line's ``--seeds``."""
+bit — metrics, events and checkpoint — for the tabular policy, and within float tolerance for the GRU
+``sequence_model`` (its stacked recurrence sums in another order than ``nn.GRU``); a seed that stops leaves the
+others unchanged; resume works per seed; the command line's ``--seeds``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.runs import RunDir, RunError
-from offpolicylab.seeds import member_state, parse_seeds, stacked_state
+from offpolicylab.seeds import SeedGroup, member_state, parse_seeds, stacked_state
 from tests.small_runs import bandit_config, mdp_config, read_rows
 from tests.trainer.golden_runs import normalized_metrics
 
@@ -82,15 +83,48 @@ def test_batched_seeds_write_the_separate_runs_bit_for_bit(name: str, tmp_path: 
         assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"))
 
 
+GRU = mdp_config(policy="sequence_model", policy_params={"hidden_size": 8, "embed_dim": 4}, updates=4, eval_every=2,
+                 sample_every=0, checkpoint_every=2)
+
+
+def assert_close_run(batched: Path, alone: Path) -> None:
+    """Same columns and rows; every number within float tolerance (rounding of the stacked GRU), the rest equal;
+    the checkpointed weights within tolerance."""
+    rows, expected = read_rows(batched), read_rows(alone)
+    assert len(rows) == len(expected) and list(rows[0]) == list(expected[0])
+    for row, want in zip(rows, expected, strict=True):
+        for key, value in want.items():
+            if key.startswith("time_") or value == row[key]:
+                continue
+            assert float(row[key]) == pytest.approx(float(value), rel=1e-4, abs=1e-5, nan_ok=True), \
+                (key, row["update"])
+    weights, own = RunDir(batched).load_checkpoint()["policy"], RunDir(alone).load_checkpoint()["policy"]
+    assert set(weights) == set(own)
+    for name in own:
+        torch.testing.assert_close(weights[name], own[name], rtol=1e-4, atol=1e-6)
+
+
+def test_batched_gru_seeds_stay_within_float_tolerance_of_the_separate_runs(tmp_path: Path) -> None:
+    summaries = trainer.train_seeds(GRU, SEEDS, tmp_path / "batched")
+    assert [s["status"] for s in summaries] == ["completed"] * len(SEEDS)
+    for seed in SEEDS:
+        alone = separate(GRU, seed, tmp_path / f"alone{seed}")
+        assert_close_run(tmp_path / "batched" / f"seed={seed}", alone)
+        assert RunDir(tmp_path / "batched" / f"seed={seed}").read_config() == RunDir(alone).read_config()
+
+
 def test_seeds_really_differ(tmp_path: Path) -> None:
     """The equality above is not vacuous: different seeds draw different batches."""
     trainer.train_seeds(CONFIGS["mdp_grpo"], [0, 1], tmp_path)
     assert normalized_metrics(tmp_path / "seed=0") != normalized_metrics(tmp_path / "seed=1")
 
 
-def test_a_seed_that_stops_leaves_the_others_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("policy", ["tabular", "sequence_model"])
+def test_a_seed_that_stops_leaves_the_others_unchanged(policy: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Seed 7's loss turns NaN at its third update: it stops as collapsed (no step, no checkpoint), exactly as its
-    separate run does, and the group goes on without it (restacked) with seeds 3 and 11 unchanged."""
+    separate run does, and the group goes on without it (restacked) with seeds 3 and 11 unchanged (the GRU's within
+    float tolerance)."""
     real_get = trainer.get_objective
 
     def objective_for(name: str, **params: Any) -> Any:
@@ -125,12 +159,14 @@ def test_a_seed_that_stops_leaves_the_others_unchanged(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(trainer, "get_objective", objective_for)
     monkeypatch.setattr(trainer, "build", build)
-    config = mdp_config(updates=6, checkpoint_every=1)
+    config = mdp_config(updates=6, checkpoint_every=1) if policy == "tabular" else \
+        dataclasses.replace(GRU, updates=6, checkpoint_every=1)
     statuses = [s["status"] for s in trainer.train_seeds(config, SEEDS, tmp_path / "batched")]
     assert statuses == ["completed", "collapsed", "completed"]
     assert len(read_rows(tmp_path / "batched" / "seed=7")) == 3
     for seed in SEEDS:
-        assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"))
+        alone = separate(config, seed, tmp_path / f"alone{seed}")
+        (assert_same_run if policy == "tabular" else assert_close_run)(tmp_path / "batched" / f"seed={seed}", alone)
 
 
 # ------------------------------------------------------------------------------------------------ resume
@@ -158,6 +194,16 @@ def test_batched_resume_ends_identical_to_separate_runs(tmp_path: Path, monkeypa
     for seed in SEEDS:
         assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"),
                         resumed_at=3)
+
+
+def test_batched_gru_resume_stays_within_tolerance_of_separate_runs(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resuming restacks the members' restored weights and optimizer states (the stack's parameter order is the
+    module's)."""
+    interrupted(GRU, tmp_path / "batched", monkeypatch, at=4)
+    trainer.train_seeds(GRU, SEEDS, tmp_path / "batched", resume=True)
+    for seed in SEEDS:
+        assert_close_run(tmp_path / "batched" / f"seed={seed}", separate(GRU, seed, tmp_path / f"alone{seed}"))
 
 
 def test_one_seed_of_a_batched_run_resumes_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,8 +320,8 @@ def test_seeds_and_seed_exclude_each_other(tmp_path: Path, capsys: pytest.Captur
 
 @pytest.mark.parametrize("policy", ["tabular", "sequence_model"])
 def test_cli_seeds_write_the_runs_of_seed(policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """--seeds 0,1 writes out/seed=0 and out/seed=1 as --seed 0 and --seed 1 do (the GRU trains them one after
-    another), and --resume of a finished batched run is refused like a finished single run."""
+    """--seeds 0,1 writes out/seed=0 and out/seed=1 as --seed 0 and --seed 1 do (the GRU within float tolerance),
+    and --resume of a finished batched run is refused like a finished single run."""
     flags = [*TINY, "--policy", policy, "--policy-param", "hidden_size=8", "--policy-param", "embed_dim=4"] \
         if policy == "sequence_model" else TINY
     assert cli.main(["run", *flags, "--seeds", "0,1", "--out", str(tmp_path / "both")]) == 0
@@ -283,7 +329,69 @@ def test_cli_seeds_write_the_runs_of_seed(policy: str, tmp_path: Path, capsys: p
     assert "seed=0: completed" in out and "seed=1: completed" in out
     for seed in (0, 1):
         assert cli.main(["run", *flags, "--seed", str(seed), "--out", str(tmp_path / f"one{seed}")]) == 0
-        assert normalized_metrics(tmp_path / "both" / f"seed={seed}") == normalized_metrics(tmp_path / f"one{seed}")
+        if policy == "tabular":
+            assert normalized_metrics(tmp_path / "both" / f"seed={seed}") == normalized_metrics(tmp_path / f"one{seed}")
+        else:
+            assert_close_run(tmp_path / "both" / f"seed={seed}", tmp_path / f"one{seed}")
     with pytest.raises(SystemExit) as exit_:
         cli.main(["run", "--seeds", "0,1", "--out", str(tmp_path / "both"), "--resume"])
     assert exit_.value.code == 2 and "already finished" in capsys.readouterr().err
+
+
+def test_token_batch_blocks_equal_the_batches_validated_alone() -> None:
+    """The group validates one joined batch and hands each member its block: every field equals the member's batch
+    built on its own (padding holding garbage, advantages per sequence), group ids the member's own."""
+    gen = torch.Generator().manual_seed(0)
+    rows, width = 4, 3
+    mask = (torch.rand(3 * rows, width, generator=gen) > 0.3).float()
+    logp = torch.where(mask > 0, -torch.rand(3 * rows, width, generator=gen), torch.tensor(float("nan")))
+    fields = dict(logp=logp.requires_grad_(), behavior_logp=-torch.rand(3 * rows, width, generator=gen) / mask,
+                  advantages=torch.randn(3 * rows, generator=gen), mask=mask,
+                  rewards=torch.rand(3 * rows, generator=gen), entropy=torch.rand(3 * rows, width, generator=gen),
+                  staleness=torch.arange(3 * rows, dtype=torch.float32), group_ids=torch.arange(3 * rows) // 2)
+    own_ids = [torch.arange(rows) // 2 for _ in range(3)]
+    blocks = trainer.TokenBatch(**fields).split_rows(3, own_ids)
+    for s, block in enumerate(blocks):
+        alone = trainer.TokenBatch(**{k: v[s * rows:(s + 1) * rows] for k, v in fields.items()})
+        for name in ("logp", "behavior_logp", "advantages", "mask", "rewards", "entropy", "staleness"):
+            assert torch.equal(getattr(block, name), getattr(alone, name)), name
+        assert torch.equal(block.group_ids, own_ids[s]) and torch.equal(block.ratio(), alone.ratio())
+
+
+def test_runs_of_different_objectives_train_together_bit_for_bit(tmp_path: Path) -> None:
+    """grpo (std advantages), rec (mean advantages) and m2po (its own metrics) in one group, stale data: each
+    member writes its separate run's directory."""
+    base = CONFIGS["mdp_m2po_stale_adamw"]
+    configs = [dataclasses.replace(base, objective="grpo", seed=3), dataclasses.replace(base, objective="rec", seed=3),
+               dataclasses.replace(base, objective="m2po", seed=7)]
+    dirs = [tmp_path / "together" / str(i) for i in range(3)]
+    assert [s["status"] for s in trainer.train_together(configs, dirs)] == ["completed"] * 3
+    for i, config in enumerate(configs):
+        alone = tmp_path / f"alone{i}"
+        trainer.train(config, alone)
+        assert_same_run(dirs[i], alone)
+
+
+def test_runs_that_differ_in_more_than_seed_and_objective_are_refused_before_writing(tmp_path: Path) -> None:
+    base = mdp_config(updates=2)
+    with pytest.raises(ValueError, match="every field but seed, objective, objective_params; lr differ"):
+        trainer.train_together([base, dataclasses.replace(base, lr=0.5, seed=1)], [tmp_path / "a", tmp_path / "b"])
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("num_prompts", [2, 400])  # 200 and 40,000 table entries per member (above ROW_LIMIT)
+def test_clipping_all_members_at_once_clips_each_as_its_separate_run(num_prompts: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    members = [TabularSoftmaxPolicy(num_prompts=num_prompts, vocab_size=4, response_len=5) for _ in range(3)]
+    grads = [torch.randn(members[0].logits.shape, generator=gen) * scale for scale in (0.001, 5.0, 100.0)]
+    expected = []
+    for member, grad in zip(members, grads, strict=True):
+        member.logits.grad = grad.clone()
+        expected.append((torch.nn.utils.clip_grad_norm_([member.logits], 1.0), member.logits.grad.clone()))
+    stacked = StackedTabularPolicy(members)
+    stacked.logits.grad = torch.stack(grads)
+    group = SeedGroup([None] * 3, [None] * 3, stacked, None, None)  # type: ignore[arg-type]
+    norms = group.clip_gradients(1.0)
+    for index, (norm, grad) in enumerate(expected):
+        assert torch.equal(norms[index], norm) and torch.equal(stacked.logits.grad[index], grad)
+    assert norms[0] < 1.0 < norms[1]  # one member left unclipped, the others scaled
