@@ -25,12 +25,14 @@ from torch import Tensor
 
 from offpolicylab.contracts import Policy, Prompts, Rollout
 from offpolicylab.policies.tabular import StackedTabularPolicy, TabularSoftmaxPolicy
+from offpolicylab.policies.transformer import TransformerPolicy
+from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 
 if TYPE_CHECKING:
     from offpolicylab.runs import RunDir
     from offpolicylab.trainer import Parts
 
-STACKABLE_POLICIES = ("tabular",)  # policy kinds whose seeds train as one batched computation
+STACKABLE_POLICIES = ("tabular", "transformer")  # policy kinds whose seeds train as one batched computation
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -53,6 +55,8 @@ def stack_policies(policies: Sequence[Policy]) -> Policy:
     """One policy answering block s of a batch with ``policies[s]``; ``ValueError`` for kinds that do not stack."""
     if all(type(p) is TabularSoftmaxPolicy for p in policies):
         return StackedTabularPolicy(policies)  # type: ignore[arg-type]
+    if all(type(p) is TransformerPolicy for p in policies):
+        return StackedTransformerPolicy(policies)  # type: ignore[arg-type]
     kinds = sorted({type(p).__name__ for p in policies})
     raise ValueError(f"{', '.join(kinds)} cannot be stacked; batched seeds support the policies "
                      f"{', '.join(STACKABLE_POLICIES)}")
