@@ -223,7 +223,7 @@ def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Gene
     if probs.dtype != torch.float32 or probs.device.type != "cpu":
         return torch.cat([torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generators, strict=True)]
                          ).squeeze(1)
-    if not bool(torch.isfinite(probs).all()):
+    if not math.isfinite(float(probs.sum())):  # probabilities are >= 0: the sum is finite iff every one is
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     q = [exponential(b.shape, g) for b, g in zip(blocks, generators, strict=True)]
     return (probs / (q[0] if len(q) == 1 else torch.cat(q))).argmax(-1)
