@@ -146,24 +146,22 @@ def test_batched_transformer_run_resumes_per_seed(world_params: dict[str, Any], 
 
 
 def test_a_sweep_runs_the_seeds_of_a_transformer_configuration_as_one_task(world_params: dict[str, Any],
-                                                                          tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    batched: list[list[int]] = []
-    real = trainer.train_seeds
-
-    def spy(config: TrainConfig, seeds: list[int], run_dirs: Any, **kw: Any) -> Any:
-        batched.append(list(seeds))
-        return real(config, seeds, run_dirs, **kw)
-
-    monkeypatch.setattr(trainer, "train_seeds", spy)
+                                                                          tmp_path: Path) -> None:
     base = {"world": "synthetic_lm", "world_params": world_params, "updates": 3, "prompts_per_update": 2,
             "group_size": 4, "eval_every": 2, "sample_every": 0}
     grid = {"base": base, "axes": {"schedule": ["on_policy", "stale_k:2"], "seed": [0, 1, 2]}}
+    cells = sweep.expand_grid(grid, tmp_path / "sweep")
+    assert [[cells[i].labels["seed"] for i in group] for group in sweep.seed_groups(cells)] == [["0", "1", "2"]] * 2
     rows = sweep.run_sweep(grid, tmp_path / "sweep")
-    assert batched == [[0, 1, 2], [0, 1, 2]] and {row["status"] for row in rows} == {"completed"}
-    for cell in sweep.expand_grid(grid, tmp_path / "sweep"):
+    assert {row["status"] for row in rows} == {"completed"}
+    for cell in cells:
         alone = tmp_path / "alone" / cell.name
         trainer.train(TrainConfig.from_dict(cell.config), alone)
         assert normalized_metrics(cell.out_dir) == normalized_metrics(alone)
+    (Path(cells[1].out_dir) / "summary.json").unlink()  # seed 1 looks interrupted: it alone is resumed
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "sweep").rglob("metrics.csv")}
     again = sweep.run_sweep(grid, tmp_path / "sweep")  # done cells are reused, not run again
-    assert len(batched) == 2 and all(row["status"] == "completed" for row in again)
+    assert all(row["status"] == "completed" for row in again)
+    after = {p: p.stat().st_mtime_ns for p in (tmp_path / "sweep").rglob("metrics.csv")}
+    assert [p.parent for p in after if after[p] != before[p]] == [Path(cells[1].out_dir)]
+    assert normalized_metrics(cells[1].out_dir) == normalized_metrics(tmp_path / "alone" / cells[1].name)
