@@ -26,9 +26,9 @@ TINY_WORLD = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_pro
               "num_heads": 2, "num_layers": 2, "distill_steps": 20, "distill_batch": 16}
 
 
-def _policy(seed: int, **kw: Any) -> TransformerPolicy:
-    return TransformerPolicy(vocab_size=20, response_len=6, prompt_vocab_size=25, max_prompt_len=5, d_model=16,
-                             num_layers=2, num_heads=4, seed=seed, **kw)
+def _policy(seed: int, d_model: int = 16, num_heads: int = 4) -> TransformerPolicy:
+    return TransformerPolicy(vocab_size=20, response_len=6, prompt_vocab_size=25, max_prompt_len=5, d_model=d_model,
+                             num_layers=2, num_heads=num_heads, seed=seed)
 
 
 def _prompts(rows: int) -> Prompts:
@@ -38,10 +38,10 @@ def _prompts(rows: int) -> Prompts:
     return Prompts(ids=ids, mask=mask, index=torch.arange(rows))
 
 
-def _stacked() -> tuple[StackedTransformerPolicy, list[TransformerPolicy]]:
+def _stacked(**sizes: int) -> tuple[StackedTransformerPolicy, list[TransformerPolicy]]:
     """The stack of three members, and three independent copies of those members."""
-    members = [_policy(seed) for seed in SEEDS]
-    alone = [_policy(seed) for seed in SEEDS]
+    members = [_policy(seed, **sizes) for seed in SEEDS]
+    alone = [_policy(seed, **sizes) for seed in SEEDS]
     return StackedTransformerPolicy(members), alone
 
 
@@ -50,8 +50,11 @@ def _block(value: Any, s: int, rows: int = ROWS) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------ the network
-def test_stacked_scoring_logits_and_gradients_equal_each_members_own_bit_for_bit() -> None:
-    stacked, alone = _stacked()
+@pytest.mark.parametrize("sizes", [{}, {"d_model": 8, "num_heads": 2}, {"d_model": 24, "num_heads": 3}])
+def test_stacked_scoring_logits_and_gradients_equal_each_members_own_bit_for_bit(sizes: dict[str, int]) -> None:
+    """Also at widths where one batched matrix product over the blocks would sum in another order than each
+    member's own (d_model 8)."""
+    stacked, alone = _stacked(**sizes)
     prompts = _prompts(3 * ROWS)
     response = torch.randint(20, (3 * ROWS, 6), generator=torch.Generator().manual_seed(2))
     logits = stacked.response_logits(prompts.ids, prompts.mask, prompts.index, response)
@@ -126,6 +129,21 @@ def test_batched_seeds_write_the_separate_runs_bit_for_bit(world_params: dict[st
         trainer.train(dataclasses.replace(config, seed=seed), alone)
         assert_same_run(tmp_path / "batched" / f"seed={seed}", alone)
     assert normalized_metrics(tmp_path / "batched" / "seed=3") != normalized_metrics(tmp_path / "batched" / "seed=7")
+
+
+def test_batched_seeds_of_a_small_random_transformer_on_an_enumerable_world(tmp_path: Path) -> None:
+    """``init=random`` on a token MDP: the exact evaluation (return and KL by enumeration) goes through the stack."""
+    config = TrainConfig(world="token_mdp", world_params={"vocab_size": 3, "length": 3, "num_prompts": 2, "eos": True},
+                         policy="transformer", policy_params={"init": "random", "d_model": 8, "num_heads": 2,
+                                                              "num_layers": 1},
+                         objective="grpo", schedule="mixture:0.5", updates=5, prompts_per_update=2, group_size=4,
+                         eval_every=2, sample_every=2, checkpoint_every=2)
+    trainer.train_seeds(config, SEEDS, tmp_path / "batched")
+    for seed in SEEDS:
+        alone = tmp_path / f"alone{seed}"
+        trainer.train(dataclasses.replace(config, seed=seed), alone)
+        assert_same_run(tmp_path / "batched" / f"seed={seed}", alone)
+    assert "exact_return" in (tmp_path / "alone3" / "metrics.csv").read_text().splitlines()[0]
 
 
 def test_batched_transformer_run_resumes_per_seed(world_params: dict[str, Any], tmp_path: Path,
