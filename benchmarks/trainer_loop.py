@@ -189,7 +189,7 @@ _SHOWN = ("world", "world_params", "objective", "schedule", "prompts_per_update"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--policy", nargs="+", default=["tabular", "sequence_model"],
-                        choices=("tabular", "sequence_model"))
+                        choices=("tabular", "sequence_model", "transformer"))
     parser.add_argument("--updates", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
@@ -197,7 +197,8 @@ def main() -> None:
                         help="TrainConfig overrides, e.g. --set objective=m2po schedule=stale_k:16 checkpoint_every=1")
     parser.add_argument("--json", default=None, help="also write all results to this JSON file")
     parser.add_argument("--seeds", type=int, default=1,
-                        help="N > 1: paired rounds of one seed and N seeds batched together (tabular, sequence_model)")
+                        help="N > 1: paired rounds of one seed and N seeds batched together (tabular, "
+                             "sequence_model, transformer)")
     parser.add_argument("--compare-with", default=None, metavar="DIR",
                         help="another checkout of the repository: paired rounds of both trees, side by side")
     args = parser.parse_args()

@@ -28,6 +28,8 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.batch import TokenBatch
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy, TabularSoftmaxPolicy
+from offpolicylab.policies.transformer import TransformerPolicy
+from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 
 if TYPE_CHECKING:
     from offpolicylab.runs import RunDir
@@ -35,7 +37,11 @@ if TYPE_CHECKING:
 
 _ROW_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp", "group_ids",
                "prompt_index", "sampler_logp", "rewards", "version")  # the [B, ...] fields of a Rollout
-STACKABLE_POLICIES = ("tabular", "sequence_model")  # policy kinds whose seeds train as one batched computation
+STACKABLE_POLICIES = ("tabular", "sequence_model", "transformer")  # kinds whose seeds can train as one computation
+SWEEP_BATCHED_POLICIES = ("tabular", "sequence_model")
+"""The kinds whose runs a sweep trains together: batching them saves time (3 seeds ≈ 1.6–1.7 × one).  The
+transformer's batched seeds cost what separate runs cost (≈ 3 ×, its work grows with the rows; benchmarks/README.md),
+so a sweep keeps its cells as separate tasks, spread over the workers in the grid's order."""
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -60,6 +66,8 @@ def stack_policies(policies: Sequence[Policy]) -> Policy:
         return StackedTabularPolicy(policies)  # type: ignore[arg-type]
     if all(type(p) is SequenceModelPolicy for p in policies):
         return StackedSequenceModelPolicy(policies)  # type: ignore[arg-type]
+    if all(type(p) is TransformerPolicy for p in policies):
+        return StackedTransformerPolicy(policies)  # type: ignore[arg-type]
     kinds = sorted({type(p).__name__ for p in policies})
     raise ValueError(f"{', '.join(kinds)} cannot be stacked; batched seeds support the policies "
                      f"{', '.join(STACKABLE_POLICIES)}")

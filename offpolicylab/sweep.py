@@ -232,15 +232,15 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
 
 def seed_groups(cells: list[Cell]) -> list[list[int]]:
     """Indices of the cells that train together: cells of a policy that batches runs
-    (:data:`~offpolicylab.seeds.STACKABLE_POLICIES`) share a group with the cells of their configuration that differ
+    (:data:`~offpolicylab.seeds.SWEEP_BATCHED_POLICIES`) share a group with the cells of their configuration that differ
     only in :data:`~offpolicylab.trainer.MEMBER_FIELDS` (seed, objective and its parameters); every other cell is a
     group of its own.  Groups keep the cells' order."""
-    from offpolicylab.seeds import STACKABLE_POLICIES
+    from offpolicylab.seeds import SWEEP_BATCHED_POLICIES
     from offpolicylab.trainer import MEMBER_FIELDS
 
     groups: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
-        stackable = TrainConfig.from_dict(cell.config).policy in STACKABLE_POLICIES
+        stackable = TrainConfig.from_dict(cell.config).policy in SWEEP_BATCHED_POLICIES
         rest = {key: value for key, value in cell.config.items() if key not in MEMBER_FIELDS}
         key = json.dumps(rest, sort_keys=True, default=str) if stackable else f"cell {index}"
         groups.setdefault(key, []).append(index)

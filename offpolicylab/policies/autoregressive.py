@@ -23,6 +23,7 @@ log-prob as ``sampler_logp``; ``behavior_logp`` stays the trainer-side log softm
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -210,11 +211,46 @@ def _randn(shape: torch.Size, generator: torch.Generator | Sequence[torch.Genera
 
 
 def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
-    """One token per row of ``probs`` [B, V]; with k generators, k equal row blocks, block i from generator i."""
-    if generator is None or isinstance(generator, torch.Generator):
-        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    blocks = probs.split(probs.shape[0] // len(generator))
-    return torch.cat([torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generator, strict=True)]).squeeze(1)
+    """One token per row of ``probs`` [B, V], the token ``torch.multinomial(probs, 1)`` draws; with k generators,
+    k equal row blocks, block i from generator i.
+
+    ``torch.multinomial`` draws one sample by the exponential race (the Gumbel-max trick in exponential form):
+    y = argmax_v p_v / q_v with q_v ~ Exp(1) i.i.d., q from ``exponential_``.  For float32 probabilities on the CPU
+    the same q come from :func:`exponential` (same generator draws, bit for bit, about twice as fast), so tokens and
+    the generator's state are those of ``torch.multinomial``; other cases call it."""
+    generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
+    blocks = probs.split(probs.shape[0] // len(generators))
+    if probs.dtype != torch.float32 or probs.device.type != "cpu":
+        return torch.cat([torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generators, strict=True)]
+                         ).squeeze(1)
+    if not math.isfinite(float(probs.sum())):  # probabilities are >= 0: the sum is finite iff every one is
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    q = [exponential(b.shape, g) for b, g in zip(blocks, generators, strict=True)]
+    return (probs / (q[0] if len(q) == 1 else torch.cat(q))).argmax(-1)
+
+
+def exponential(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None) -> Tensor:
+    """q ~ Exp(1) i.i.d., float32: bit for bit the numbers (and generator state) of
+    ``torch.empty(shape).exponential_(generator=generator)``, vectorised.
+
+    ``exponential_`` draws u ~ U[0, 1) as doubles (the generator's 53-bit draws, those of ``torch.rand(...,
+    dtype=float64)``) and returns float32(−log1p(−u)) with the C library's scalar ``log1p``.  Here ``torch.log1p``
+    computes all of them at once; it is within 1 ulp (double) of the scalar one, which changes the float32 result
+    only where the double sits within an ulp of a float32 rounding boundary: those rare entries (bounded by
+    perturbing the double by ±2⁻⁵⁰ relative) are recomputed with the scalar ``math.log1p``."""
+    return exponential_of(torch.rand(shape, dtype=torch.float64, generator=generator).neg_())
+
+
+def exponential_of(minus_u: Tensor) -> Tensor:
+    """float32(−log1p(−u)) as the scalar C ``log1p`` gives it, from −u (float64) (see :func:`exponential`)."""
+    q = torch.log1p(minus_u).neg_()
+    out = q.to(torch.float32)
+    unsure = (q * (1 - 2.0 ** -50)).to(torch.float32) != (q * (1 + 2.0 ** -50)).to(torch.float32)
+    if bool(unsure.any()):
+        where = unsure.nonzero(as_tuple=True)
+        exact = [-math.log1p(value) for value in minus_u[where].tolist()]
+        out[where] = torch.tensor(exact, dtype=torch.float64).to(torch.float32)
+    return out
 
 
 def _check_temperature(temperature: float) -> None:

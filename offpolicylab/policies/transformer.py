@@ -51,13 +51,18 @@ class TransformerShape:
 
 @dataclass
 class KVCache:
-    """Per-layer keys and values ``[B, H, L, d_head]`` of the positions seen so far, their padding mask ``[B, L]``
-    (True = real) and the position id the next token gets ``[B]``."""
+    """Per-layer key and value buffers ``[B, H, capacity, d_head]`` whose first ``length`` positions hold the
+    positions seen so far (preallocated at the prompt and written in place, so a new token copies only its own
+    keys/values), their padding mask ``[B, capacity]`` (True = real), the position id the next token gets ``[B]``,
+    the largest position id so far and whether every position so far is real."""
 
     keys: list[Tensor] = field(default_factory=list)
     values: list[Tensor] = field(default_factory=list)
     real: Tensor | None = None
     next_position: Tensor | None = None
+    length: int = 0
+    last_position: int = -1
+    all_real: bool = True
 
 
 class _Block(nn.Module):
@@ -73,20 +78,24 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, shape.mlp_ratio * d), nn.GELU(), nn.Linear(shape.mlp_ratio * d, d))
 
     def forward(self, h: Tensor, allowed: Tensor | None,
-                past: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+                cache: tuple[Tensor, Tensor, int] | None = None) -> Tensor:
         """``h`` [B, L, d] new positions; ``allowed`` [B, L, L_past + L] which keys each query may read (None: all);
-        returns (h', keys, values) with the keys/values of past and new positions."""
+        ``cache`` (key buffer, value buffer, L_past): the new keys/values are written at L_past … L_past + L − 1
+        and the queries read positions 0 … L_past + L − 1 of the buffers; returns h'."""
         batch, length, d = h.shape
         q, k, v = self.qkv(self.norm1(h)).split(d, dim=-1)
         q, k, v = (x.reshape(batch, length, self.heads, d // self.heads).transpose(1, 2) for x in (q, k, v))
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if cache is not None:
+            keys, values, past = cache
+            keys[:, :, past:past + length], values[:, :, past:past + length] = k, v
+            if past:
+                k, v = keys[:, :, :past + length], values[:, :, :past + length]
         scores = q @ k.transpose(-1, -2) / math.sqrt(d // self.heads)
         if allowed is not None:
             scores = scores.masked_fill(~allowed[:, None], float("-inf"))
         attended = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(batch, length, d)
         h = h + self.out(attended)
-        return h + self.mlp(self.norm2(h)), k, v
+        return h + self.mlp(self.norm2(h))
 
 
 class CausalTransformer(nn.Module):
@@ -105,16 +114,19 @@ class CausalTransformer(nn.Module):
     def forward(self, tokens: Tensor, real: Tensor, cache: KVCache | None = None) -> Tensor:
         """Hidden states [B, L, d] of ``tokens`` [B, L] (``real`` [B, L] bool, False = padding).
 
-        With ``cache`` the tokens continue the cached positions (their keys/values are appended to it); an empty
-        cache is filled from scratch."""
+        With ``cache`` the tokens continue the cached positions (their keys/values are written into it); an empty
+        cache is allocated and filled from scratch."""
+        if cache is not None and cache.length and tokens.shape[1] == 1 and bool(real.all()):
+            return self.step(tokens, cache)
         length = tokens.shape[1]
-        if cache is not None and cache.real is not None:
-            past_real, start = cache.real, cache.next_position
+        if cache is not None and cache.length:
+            past_real, start = cache.real[:, :cache.length], cache.next_position
         else:
             past_real, start = real[:, :0], torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
         positions = start[:, None] + real.long().cumsum(1) - real.long()
-        if int(positions.max()) >= self.shape.max_len:
-            raise ValueError(f"sequence of {int(positions.max()) + 1} positions exceeds max_len {self.shape.max_len}")
+        last_position = int(positions.max())
+        if last_position >= self.shape.max_len:
+            raise ValueError(f"sequence of {last_position + 1} positions exceeds max_len {self.shape.max_len}")
         keys_real = torch.cat([past_real, real], dim=1)
         past_len = past_real.shape[1]
         allowed: Tensor | None = None  # None: every key may be read (one new position, no padding anywhere)
@@ -123,16 +135,49 @@ class CausalTransformer(nn.Module):
             allowed = causal[None] & keys_real[:, None, :]
             allowed = allowed | ~allowed.any(-1, keepdim=True)  # a query with nothing to read (padding) reads all
         h = self.token(tokens) + self.position(positions)
-        fresh = cache is None or not cache.keys
-        keys, values = [], []
-        for i, block in enumerate(self.blocks):
-            h, k, v = block(h, allowed, None if fresh else (cache.keys[i], cache.values[i]))
-            keys.append(k)
-            values.append(v)
-        if cache is not None:
-            cache.keys, cache.values = keys, values
-            cache.real, cache.next_position = keys_real, start + real.long().sum(1)
+        if cache is None:
+            for block in self.blocks:
+                h = block(h, allowed)
+            return self.norm(h)
+        if not cache.length:
+            self._allocate(cache, tokens.shape[0], length, tokens.device)
+        h = self._run_cached(h, allowed, cache, length)
+        cache.real[:, past_len:past_len + length] = real
+        cache.next_position, cache.last_position = start + real.long().sum(1), last_position
+        cache.all_real = cache.all_real and bool(real.all())
         return self.norm(h)
+
+    def step(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Hidden states [B, 1, d] of one new real token per row ``tokens`` [B, 1] continuing a filled ``cache``:
+        :meth:`forward` with ``real`` all True, whose position is the row's next position id and whose query may
+        read every real cached key and itself (no causal mask is needed for one query)."""
+        position, past_len = cache.next_position, cache.length
+        if cache.last_position + 1 >= self.shape.max_len:
+            raise ValueError(f"sequence of {cache.last_position + 2} positions exceeds max_len {self.shape.max_len}")
+        cache.real[:, past_len] = True
+        allowed = None if cache.all_real else cache.real[:, None, :past_len + 1]
+        h = self.token(tokens) + self.position(position[:, None])
+        h = self._run_cached(h, allowed, cache, 1)
+        cache.next_position, cache.last_position = position + 1, cache.last_position + 1
+        return self.norm(h)
+
+    def _run_cached(self, h: Tensor, allowed: Tensor | None, cache: KVCache, length: int) -> Tensor:
+        """The blocks over ``length`` new positions against the cache; advances ``cache.length``.  Returns h."""
+        if cache.length + length > cache.keys[0].shape[2]:
+            raise ValueError(f"the key/value cache holds {cache.keys[0].shape[2]} positions; "
+                             f"{cache.length + length} were asked for")
+        for block, keys, values in zip(self.blocks, cache.keys, cache.values, strict=True):
+            h = block(h, allowed, (keys, values, cache.length))
+        cache.length += length
+        return h
+
+    def _allocate(self, cache: KVCache, batch: int, prompt_len: int, device: torch.device) -> None:
+        """Buffers for the prompt and up to ``max_len`` new positions (each new real token takes a position id)."""
+        heads = self.shape.num_heads
+        shape = (batch, heads, prompt_len + self.shape.max_len, self.shape.d_model // heads)
+        cache.keys = [torch.empty(shape, device=device) for _ in self.blocks]
+        cache.values = [torch.empty(shape, device=device) for _ in self.blocks]
+        cache.real = torch.zeros(batch, shape[2], dtype=torch.bool, device=device)
 
 
 class TransformerPolicy(ModulePolicy):
@@ -184,8 +229,7 @@ class TransformerPolicy(ModulePolicy):
             prompt, real = self._prompt(prompt_ids, prompt_mask)
             hidden = self.model(prompt, real, state)
         else:
-            token = response_ids[:, t - 1: t]
-            hidden = self.model(token, torch.ones_like(token, dtype=torch.bool), state)
+            hidden = self.model.step(response_ids[:, t - 1: t], state)
         return self.model.head(hidden[:, -1])
 
     # ------------------------------------------------------------------------------------------ state

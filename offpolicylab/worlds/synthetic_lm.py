@@ -139,11 +139,15 @@ class Teacher:
 
     def log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
         """log p_T(· | x, y_{<t}) for every response position, [B, T, V] (−inf where p_T = 0), one causal pass."""
-        tokens = torch.cat([prompt, response[:, :-1]], dim=1)
         with torch.no_grad():
-            hidden = self.net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
-            previous = torch.cat([prompt[:, -1:], response[:, :-1]], dim=1)
+            hidden, previous = self._teacher_forced(prompt, response)
             return self._distribution(hidden, torch.arange(self.response_len), previous, prompt[:, 0])
+
+    def _teacher_forced(self, prompt: Tensor, response: Tensor) -> tuple[Tensor, Tensor]:
+        """(hidden states [B, T, d] of the positions predicting y_1 … y_T, the token before each y_t [B, T])."""
+        tokens = torch.cat([prompt, response[:, :-1]], dim=1)
+        hidden = self.net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
+        return hidden, torch.cat([prompt[:, -1:], response[:, :-1]], dim=1)
 
     def sample(self, prompt: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """(responses [B, T], log p_T [B, T, V]) sampled with a key/value cache."""
@@ -166,29 +170,54 @@ class Teacher:
         each position ``previous`` [B, W] (the format rule at t = T−1 reads whether it is ANS) and the prompt's key
         token [B] (the digit logits depend on the key)."""
         r, vocab = self.recipe, self.vocab_size
-        z = self.net.head(hidden)
+        sharp, broad, digit_probs = self._softmaxes(hidden, key_token)
         text = torch.arange(vocab) >= FIRST_TEXT
-        z_text = _standardise(z[..., FIRST_TEXT:])
-        kappa = torch.exp(r.sharpness_spread * (hidden @ self.direction))
-        sharp = torch.softmax(r.alpha * kappa[..., None] * z_text, -1)
-        p_text = (1 - r.delta) * sharp + r.delta * torch.softmax(z_text, -1)
-        probs = torch.zeros(*z.shape[:-1], vocab)
+        p_text = (1 - r.delta) * sharp + r.delta * broad
+        probs = torch.zeros(*sharp.shape[:-1], vocab)
         probs[..., text] = p_text
         is_ans_slot = (steps == self.response_len - 2)[None, :, None]
         ans = torch.zeros_like(probs)
         ans[..., ANS] = r.ans_prob
         probs = torch.where(is_ans_slot, ans + (1 - r.ans_prob) * probs, probs)
         digits = torch.zeros_like(probs)
-        key_part = r.key_scale * self.key_logits[(key_token - FIRST_TEXT).clamp(0, r.num_keys - 1)][:, None]
-        digits[..., :NUM_DIGITS] = torch.softmax(key_part + r.digit_scale * _standardise(z[..., :NUM_DIGITS]), -1)
+        digits[..., :NUM_DIGITS] = digit_probs
         is_digit_slot = (steps == self.response_len - 1)[None, :, None] & (previous == ANS)[..., None]
         probs = torch.where(is_digit_slot, digits, probs)
         return probs.log()
 
+    def _softmaxes(self, hidden: Tensor, key_token: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The three distributions p_T mixes, from hidden states [B, W, d] and key tokens [B]: softmax(α κ ẑ) and
+        softmax(ẑ) over the text tokens [B, W, V − 11], and the digit distribution [B, W, 10]."""
+        r = self.recipe
+        z = self.net.head(hidden)
+        z_text = _standardise(z[..., FIRST_TEXT:])
+        kappa = torch.exp(r.sharpness_spread * (hidden @ self.direction))
+        sharp = torch.softmax(r.alpha * kappa[..., None] * z_text, -1)
+        key_part = r.key_scale * self.key_logits[(key_token - FIRST_TEXT).clamp(0, r.num_keys - 1)][:, None]
+        digits = torch.softmax(key_part + r.digit_scale * _standardise(z[..., :NUM_DIGITS]), -1)
+        return sharp, torch.softmax(z_text, -1), digits
+
+    def token_log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """log p_T(y_t | x, y_{<t}) [B, T] of the response's own tokens: :meth:`log_probs` read at y_t, with the
+        mixture, format rules and log applied to the T read entries instead of all T·V (the same numbers)."""
+        r, width = self.recipe, self.response_len
+        with torch.no_grad():
+            hidden, previous = self._teacher_forced(prompt, response)
+            sharp, broad, digit_probs = self._softmaxes(hidden, prompt[:, 0])
+            text_index = (response - FIRST_TEXT).clamp(min=0)[..., None]
+            p_text = ((1 - r.delta) * sharp.gather(-1, text_index) + r.delta * broad.gather(-1, text_index))[..., 0]
+            probs = torch.where(response >= FIRST_TEXT, p_text, 0.0)
+            steps = torch.arange(width)[None]
+            ans = torch.where(response == ANS, r.ans_prob, 0.0)
+            probs = torch.where(steps == width - 2, ans + (1 - r.ans_prob) * probs, probs)
+            digit = digit_probs.gather(-1, response.clamp(max=NUM_DIGITS - 1)[..., None])[..., 0]
+            digit = torch.where(response < NUM_DIGITS, digit, 0.0)
+            probs = torch.where((steps == width - 1) & (previous == ANS), digit, probs)
+            return probs.log()
+
     def mean_log_prob(self, prompt: Tensor, response: Tensor) -> Tensor:
         """m(y) = (1/T) Σ_t max(log p_T(y_t | x, y_{<t}), LOG_FLOOR), [B]."""
-        logp = self.log_probs(prompt, response).gather(-1, response[..., None]).squeeze(-1)
-        return logp.clamp(min=LOG_FLOOR).mean(1)
+        return self.token_log_probs(prompt, response).clamp(min=LOG_FLOOR).mean(1)
 
 
 def _standardise(z: Tensor) -> Tensor:

@@ -132,6 +132,26 @@ def test_threshold_is_the_first_percentile_of_pi0_samples(world):
     assert below == int(np.ceil(0.01 * (m.size - 1)))
 
 
+def test_token_log_probs_equal_the_full_distribution_read_at_the_tokens_bit_for_bit(world):
+    """The reward reads p_T only at the response's tokens: the same numbers as the full [B, T, V] distribution,
+    on π₀'s samples and on random responses with ANS / digits in and out of their slots, for batch sizes whose
+    B·T is and is not a multiple of the vector width."""
+    r, gen = world.recipe, torch.Generator().manual_seed(4)
+    policy = world.pretrained_policy()
+    for batch in (1, 3, 8, 13):
+        index = torch.randint(r.num_train_prompts, (batch,), generator=gen)
+        prompt = world.prompt_tokens[index]
+        sampled = policy.sample(world._prompts(index), 2, 1.0, gen).response_ids
+        noise = torch.randint(r.vocab_size, (batch, r.response_len), generator=gen)
+        noise[::2, -2] = ANS
+        noise[::3, -1] = torch.randint(NUM_DIGITS, noise[::3, -1].shape, generator=gen)
+        noise[1::4, 2] = ANS
+        for prompts, response in ((prompt.repeat_interleave(2, 0), sampled), (prompt, noise)):
+            full = world.teacher.log_probs(prompts, response).gather(-1, response[..., None])[..., 0]
+            assert torch.equal(world.teacher.token_log_probs(prompts, response), full)
+    assert torch.isinf(full).any() and torch.isfinite(full).any()  # both kinds of entry were compared
+
+
 def test_prompts_keys_and_eval_set(world):
     r = world.recipe
     assert world.prompt_tokens.shape == (r.num_train_prompts + r.num_keys, 4)
