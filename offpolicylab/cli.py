@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     run.add_argument("--seeds", default=None, metavar="S,S,...",
                      help="train one run per seed (e.g. 0,1,2) into --out/seed=S, each the run that --seed S writes; "
-                          "the tabular policy trains them as one batched computation")
+                          "the tabular, sequence_model and transformer policies train them as one batched "
+                          "computation")
     run.add_argument("--profile", action="store_true",
                      help="profile the updates: time per section and top functions on stderr, the full profile in "
                           "--out/profile.txt (and profile.pstats for pstats / snakeviz)")

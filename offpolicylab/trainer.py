@@ -272,11 +272,12 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         tick = time.perf_counter()
         # 1-2. schedule → rollout: generate what is due now, consume this update's batch
         fresh: list[list[Rollout]] = [[] for _ in active]
-        for key in schedule.generate_at(update, cfg.updates):
+        due = schedule.generate_at(update, cfg.updates)
+        for key in due:
             for member, own, rollout in zip(group.members, fresh, generate_group(group, update, watch), strict=True):
                 member.buffer[key] = rollout
                 own.append(rollout)
-        if cfg.collapse_tail and watches_tail(schedule, update, cfg.updates):
+        if cfg.collapse_tail and not due and watches_tail(schedule, update, cfg.updates):
             for own, rollout in zip(fresh, generate_group(group, update, watch), strict=True):
                 own.append(rollout)  # the detector's batch: its reward is recorded, never trained on
         consumed = [member.buffer[schedule.key(update)] for member in group.members]
