@@ -551,10 +551,13 @@ def generate(parts: Parts, version: int, watch: Stopwatch) -> Rollout:
 def generate_group(group: SeedGroup, version: int, watch: Stopwatch) -> list[Rollout]:
     """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions.
     A share ``schedule.other_share`` of the prompts is answered by the frozen initial policy (version 0).  Each
-    member draws its prompts, tokens and rewards from its own generator, in the order of a separate run."""
+    member draws its prompts, tokens and rewards from its own generator, in the order of a separate run; a world
+    with ``rowwise_reward`` (each row's reward depends on that row alone, bit for bit, and draws nothing) scores
+    all members' rows in one call."""
     members, policies = group.members, (group.policy, group.frozen)
     cfg, schedule = members[0].config, members[0].schedule
     n_other = round(schedule.other_share * cfg.prompts_per_update)
+    joined_rewards = len(members) > 1 and getattr(members[0].world, "rowwise_reward", False)
     pieces: list[list[Rollout]] = [[] for _ in members]
     for policy, count, tag in ((policies[0], cfg.prompts_per_update - n_other, version),
                                (policies[1], n_other, INITIAL_VERSION)):
@@ -567,15 +570,21 @@ def generate_group(group: SeedGroup, version: int, watch: Stopwatch) -> list[Rol
                 rollout = recompute_behavior_logp(policy, rollout)
         device = rollout.response_ids.device
         rollout = rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device))
+        if joined_rewards:  # every member's rows in one call: each row's reward is its own, bit for bit
+            with watch("other"):
+                rewards = members[0].world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)
+            rollout = rollout.with_(rewards=rewards.to(torch.float32))
         for own, block in zip(pieces, group.split_rollout(rollout), strict=True):
             own.append(block)
     batches = []
     for member, own in zip(members, pieces, strict=True):
         rollout = own[0] if len(own) == 1 else Rollout.concat(own)
-        with watch("other"):
-            rewards = member.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
-                                          generator=member.generator)
-        batches.append(rollout.with_(rewards=rewards.to(torch.float32)))
+        if not joined_rewards:
+            with watch("other"):
+                rewards = member.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
+                                              generator=member.generator)
+            rollout = rollout.with_(rewards=rewards.to(torch.float32))
+        batches.append(rollout)
     return batches
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -37,6 +39,10 @@ class TokenMDP(FixedPrompts, EnumerableWorld):
     """A token-sequence world (see module docstring).  Prompts are fixed: ``num_prompts`` of them, all of length
     ``prompt_len``, no padding; ``sample_prompts`` draws indices uniformly with replacement, ``eval_prompts`` is all
     of them in order."""
+
+    #: :meth:`reward` of a row reads that row alone (elementwise ops and a reduction over its T positions) and draws
+    #: nothing, so scoring several runs' rows in one call gives each row's reward bit for bit (batched seeds do).
+    rowwise_reward: ClassVar[bool] = True
 
     def __init__(self, family: str = "target", vocab_size: int = 4, length: int = 5, num_prompts: int = 8,
                  eos: bool = False, credit: str = "partial", num_forks: int = 2, filler_prob: float = 0.9,
