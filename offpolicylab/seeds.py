@@ -210,6 +210,26 @@ class SeedGroup:
             return [joined]
         return joined.split_rows(len(self), [r.group_ids for r in rollouts], summarize=metrics)
 
+    def objective_runs(self, batches: list[TokenBatch], metrics: bool) -> list[tuple[int, int]]:
+        """The members as consecutive runs ``[start, stop)`` that one objective call can score together: members
+        whose objectives are of one row-wise, stateless kind with equal parameters, whose blocks hold at most
+        ``stats.ROW_LIMIT`` tokens (so each block's sums are its own, bit for bit) and, with ``metrics``, come with
+        their ratio summaries; every other member is a run of one."""
+        runs: list[tuple[int, int]] = []
+        for index in range(len(self)):
+            if runs and self._joins(runs[-1][0], index, batches, metrics):
+                runs[-1] = (runs[-1][0], index + 1)
+            else:
+                runs.append((index, index + 1))
+        return runs
+
+    def _joins(self, start: int, index: int, batches: list[TokenBatch], metrics: bool) -> bool:
+        first, objective = self.members[start].objective, self.members[index].objective
+        fits = [batches[i].logp.numel() <= stats.ROW_LIMIT and (not metrics or batches[i]._summary is not None)
+                for i in (start, index)]
+        return (type(objective) is type(first) and objective.rowwise and not objective.stateful
+                and objective.config == first.config and all(fits))
+
     # ---------------------------------------------------------------------------------------- the step
     def clip_gradients(self, max_norm: float) -> list[Tensor]:
         """Each member's pre-clip global gradient norm, its gradient scaled by min(1, max_norm / (norm + 1e-6)) as

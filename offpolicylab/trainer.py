@@ -289,15 +289,12 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             logp, entropy = group.policy.score(joined)
         with watch("other"):  # 3. advantages (per group, so the same numbers as each member's alone)
             advantages = member_advantages(group, joined)
-        outs = []
         with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
         with watch("other"):  # 4. TokenBatch: built and validated once, one block per member
-            batches = group.token_batches(token_batch(joined, logp, entropy, advantages, update), consumed,
-                                          with_metrics)
-        for member, batch in zip(group.members, batches, strict=True):
-            with watch("objective"):  # 5. objective
-                member.objective.update(batch)
-                outs.append(member.objective(batch) if with_metrics else member.objective(batch, metrics=False))
+            whole = token_batch(joined, logp, entropy, advantages, update)
+            batches = group.token_batches(whole, consumed, with_metrics)
+        with watch("objective"):  # 5. objective
+            outs = objective_outputs(group, whole, batches, with_metrics)
         # 6. step
         with watch("policy_backward"):
             group.optimizer.zero_grad(set_to_none=True)
@@ -336,6 +333,25 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         if statuses[position] is None:
             statuses[position] = "collapsed" if member.detector.collapsed_at >= 0 else "completed"
     return [status or "completed" for status in statuses]
+
+
+def objective_outputs(group: SeedGroup, whole: TokenBatch, batches: list[TokenBatch],
+                      metrics: bool) -> list[LossOutput]:
+    """Each member's objective output on its block ``batches[i]`` of the group's batch ``whole``.  Consecutive
+    members with the same row-wise, stateless objective (batched seeds of one configuration) share one call over
+    their rows (:meth:`Objective.call_blocks`, bit for bit each member's own call); the others call their own."""
+    outs: list[LossOutput] = []
+    for start, stop in group.objective_runs(batches, metrics):
+        objective = group.members[start].objective
+        if stop - start == 1:
+            objective.update(batches[start])
+            outs.append(objective(batches[start]) if metrics else objective(batches[start], metrics=False))
+            continue
+        rows = batches[start].batch_size
+        part = whole.rows(slice(start * rows, stop * rows), whole.group_ids[start * rows:stop * rows])
+        summaries = [batch._summary for batch in batches[start:stop]] if metrics else None
+        outs.extend(objective.call_blocks(part, stop - start, summaries, metrics=metrics))  # type: ignore[arg-type]
+    return outs
 
 
 def evaluate_due(group: SeedGroup, update: int, rows: list[dict[str, Any]], finite: list[bool], watch: Stopwatch,

@@ -6,8 +6,9 @@ Notation: r = exp(Δ), Δ = log r = logp − behavior_logp.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -16,13 +17,43 @@ from torch import Tensor
 EXP_CLAMP = 80.0
 
 
+_blocks = 1  # the row blocks :func:`total` sums separately (see :func:`blockwise`)
+
+
+@contextlib.contextmanager
+def blockwise(count: int) -> Iterator[None]:
+    """Inside, :func:`total` and the reductions built on it (:func:`masked_mean`, :func:`fraction`, the loss
+    aggregation) reduce each of ``count`` equal consecutive row blocks of their input on its own and return
+    ``[count]`` values: several runs' batches joined row-wise (batched seeds) go through one objective call."""
+    global _blocks
+    if count < 1:
+        raise ValueError(f"count={count} is invalid; valid: an integer >= 1")
+    previous, _blocks = _blocks, count
+    try:
+        yield
+    finally:
+        _blocks = previous
+
+
+def total(values: Tensor) -> Tensor:
+    """Σ of every entry of ``values``; inside :func:`blockwise` (``count`` blocks) the sums of its ``count`` equal
+    consecutive row blocks, ``[count]`` — each bit for bit the sum of the block alone when the block holds at most
+    :data:`ROW_LIMIT` values (a contiguous row reduces as the block does on its own)."""
+    return values.sum() if _blocks == 1 else values.reshape(_blocks, -1).sum(1)
+
+
+def average(values: Tensor) -> Tensor:
+    """Mean of every entry of ``values``; inside :func:`blockwise`, of each row block (``[count]``)."""
+    return values.mean() if _blocks == 1 else values.reshape(_blocks, -1).mean(1)
+
+
 def _masked(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Σ m·x / max(Σ m, 1)."""
-    return _masked(values, mask).sum() / mask.sum().clamp_min(1.0)
+    """Σ m·x / max(Σ m, 1) (per row block inside :func:`blockwise`)."""
+    return total(_masked(values, mask)) / total(mask).clamp_min(1.0)
 
 
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
@@ -261,11 +292,12 @@ def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def fraction(selected: Tensor, mask: Tensor) -> Tensor:
-    """Share of valid tokens where ``selected`` holds: Σ m·s / max(Σ m, 1) (``selected``: bool, or 0/1 floats).
+    """Share of valid tokens where ``selected`` holds: Σ m·s / max(Σ m, 1) (``selected``: bool, or 0/1 floats; per
+    row block inside :func:`blockwise`).
 
     Multiplies by the 0/1 mask instead of masking with ``torch.where`` (exact for 0/1 values, and much faster on CPU).
     """
-    return (selected.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1.0)
+    return total(selected.to(mask.dtype) * mask) / total(mask).clamp_min(1.0)
 
 
 def indicator(test: Callable[..., Tensor], left: Tensor, right: Tensor | float) -> Tensor:

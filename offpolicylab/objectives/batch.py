@@ -169,18 +169,26 @@ class TokenBatch:
             summaries = [{key: value[index] for key, value in together.items()} for index in range(count)]
         blocks = []
         for index, (ids, summary) in enumerate(zip(group_ids, summaries, strict=True)):
-            block, part = copy.copy(self), slice(index * rows, (index + 1) * rows)
-            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
-                value = getattr(self, name)
-                if value is not None:
-                    setattr(block, name, value[part])
-            block.group_ids = ids
-            block._delta = None if self._delta is None else self._delta[part]  # elementwise: the block's own
-            block._ratio = None if self._ratio is None else self._ratio[part]
+            block = self.rows(slice(index * rows, (index + 1) * rows), ids)
             block._ess = None if summary is None else summary["ess"]
             block._summary = summary
             blocks.append(block)
         return blocks
+
+    def rows(self, part: slice, group_ids: Tensor | None) -> TokenBatch:
+        """The rows ``part`` as a batch with the group ids ``group_ids``, not validated again (every field is a
+        slice of a validated field; validation works token by token).  The log-ratio and ratio are sliced too
+        (elementwise: the rows' own); the batch-level ESS and ratio summary are left to be computed."""
+        block = copy.copy(self)
+        for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(block, name, value[part])
+        block.group_ids = group_ids
+        block._delta = None if self._delta is None else self._delta[part]
+        block._ratio = None if self._ratio is None else self._ratio[part]
+        block._ess = block._summary = None
+        return block
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""

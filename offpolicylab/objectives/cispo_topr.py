@@ -29,6 +29,8 @@ class CISPO(Objective):
     valid tokens whose weight was clipped.
     """
 
+    rowwise = True
+
     params = {
         "eps_low": Param(1.0, float, low=0.0, doc="IS-weight floor 1 − eps_low (≥ 1 means no floor)"),
         "eps_high": Param(0.28, float, low=0.0, doc="IS-weight cap 1 + eps_high"),
@@ -59,6 +61,8 @@ class TOPR(Objective):
     advantage the sequence level is the paper's estimator exactly.  Reports ``clip_frac``: share of valid tokens
     in A < 0 samples whose weight was truncated (ratio > 1).
     """
+
+    rowwise = True
 
     advantage = "mean"  # the paper: reward minus a baseline, no std normalisation
 

@@ -81,6 +81,8 @@ class REC(Objective):
     Reports ``clip_frac``: share of valid tokens the mask removed.
     """
 
+    rowwise = True
+
     advantage = "mean"  # the paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
     params = {

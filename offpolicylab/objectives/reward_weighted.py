@@ -47,6 +47,8 @@ class OPMD(Objective):
     regulariser's per-token value β/2·Δᵢ²/|yᵢ| (sequence) or β/2·Δᵢₜ² (token) averaged over valid tokens.
     """
 
+    rowwise = True
+
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
     params = {
@@ -78,6 +80,8 @@ class AsymRE(Objective):
     β > 0 lowers the baseline, tilting updates towards positive samples.  Default β = 0.1, the paper's code
     (Trinity-RFT ``regularizer="forward-kl"``, coefficient 0.1, which adds −β·log π).
     """
+
+    rowwise = True
 
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
@@ -164,6 +168,8 @@ class REDWeight(Objective):
     Unnormalised weights, as in the paper's code (Trinity-RFT: "unnormalized version"); T = 1 by default.
     T = inf gives plain REINFORCE.  Reports ``weight_mean`` over valid tokens.
     """
+
+    rowwise = True
 
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 

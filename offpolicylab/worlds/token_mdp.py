@@ -21,7 +21,6 @@ Exact return / KL / χ² / optimal return by enumeration live in :mod:`offpolicy
 from __future__ import annotations
 
 import math
-
 from typing import ClassVar
 
 import torch

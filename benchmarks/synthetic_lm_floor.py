@@ -1,0 +1,133 @@
+"""Where one update of the synthetic-LM collapse grid spends its time, and how far the 45-minute grid is from it.
+
+    python benchmarks/synthetic_lm_floor.py [--updates 100] [--objective grpo] [--schedule stale_k:64] [--threads 1]
+
+Measures, on the world's defaults (π₀, 8 prompts × 8 responses × 32 tokens, V = 256), medians over ``--repeats``
+calls after a warm-up:
+
+- the three pieces of work every update does — **sampling** one batch (32 key/value-cached decoding steps),
+  the **reward** of its 64 responses (the teacher network's pass) and **scoring + backward** (one teacher-forced pass
+  over the batch with gradient, log-softmax over the vocabulary, ``backward``);
+- the FLOPs of the matrix products in sampling and in scoring + backward (``torch.utils.flop_counter``), and the time
+  they would take at the GFLOP/s of one large float32 matrix product on this thread (what the core can do at best);
+- a plain run of one grid cell (its base settings from ``experiments/synthetic_lm_grid.json``, ``--updates``
+  updates, evaluation and checkpoints as in the grid): the median and mean wall time per update from its
+  ``metrics.csv`` (world building excluded);
+
+and what these give for the whole grid (81 cells × 1000 updates on ``--workers`` cores, one cell per core), next to
+the per-update budget of a 45-minute grid.  Run on an otherwise idle machine; quote the thread count and command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from offpolicylab import trainer
+from offpolicylab.config import TrainConfig
+from offpolicylab.worlds import make_world
+
+GRID = Path(__file__).resolve().parent.parent / "experiments" / "synthetic_lm_grid.json"
+
+
+def cell_config(objective: str, schedule: str, updates: int) -> TrainConfig:
+    """The grid's base settings for one cell with ``updates`` updates."""
+    base = dict(json.loads(GRID.read_text())["base"])
+    base.update(objective=objective, schedule=schedule, updates=updates)
+    return TrainConfig.from_dict(base)
+
+
+def median_ms(call: Callable[[], object], repeats: int) -> float:
+    """Median milliseconds of ``call`` over ``repeats`` calls after two warm-up calls."""
+    call(), call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def gflop(call: Callable[[], object]) -> float:
+    """GFLOP of the matrix products (and other counted ops) of one ``call``."""
+    with FlopCounterMode(display=False) as counter:
+        call()
+    return counter.get_total_flops() / 1e9
+
+
+def peak_gflops(size: int = 1024, repeats: int = 10) -> float:
+    """GFLOP/s of one large float32 matrix product on this thread (median of ``repeats``)."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    return 2 * size ** 3 / median_ms(lambda: a @ b, repeats) * 1e3 / 1e9
+
+
+def cell_ms(config: TrainConfig) -> tuple[float, float]:
+    """(median, mean) wall milliseconds per update of a plain run of ``config`` (from its metrics.csv)."""
+    out = Path(tempfile.mkdtemp(prefix="floor_"))
+    try:
+        trainer.train(config, out / "run")
+        seconds = pd.read_csv(out / "run" / "metrics.csv")["time_update_s"]
+        return float(seconds.median()) * 1e3, float(seconds.mean()) * 1e3
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=100, help="updates of the plain cell run")
+    parser.add_argument("--objective", default="grpo")
+    parser.add_argument("--schedule", default="stale_k:64")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2, help="cores the grid runs on (one cell per core)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    world = make_world("synthetic_lm")
+    policy = world.pretrained_policy()
+    prompts = world._prompts(torch.arange(8))
+    generator = torch.Generator().manual_seed(0)
+    rollout = policy.sample(prompts, 8, generator=generator)
+
+    def sample() -> object:
+        return policy.sample(prompts, 8, generator=generator)
+
+    def reward() -> object:
+        return world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)
+
+    def score_backward() -> None:
+        logp, entropy = policy.score(rollout)
+        (logp.sum() + 0 * entropy.sum()).backward()
+
+    pieces = {"sampling": sample, "reward": reward, "scoring + backward": score_backward}
+    times = {name: median_ms(call, args.repeats) for name, call in pieces.items()}
+    flops = {name: gflop(pieces[name]) for name in ("sampling", "scoring + backward")}
+    peak = peak_gflops()
+    median, mean = cell_ms(cell_config(args.objective, args.schedule, args.updates))
+    per_grid = 81 * 1000 / args.workers / 60e3  # minutes of grid per millisecond of update
+    print(f"threads={args.threads}; grid = 81 cells x 1000 updates on {args.workers} cores; "
+          f"large float32 matmul: {peak:.1f} GFLOP/s")
+    print(f"{'piece':24s} {'ms':>8s} {'GFLOP':>7s} {'GFLOP/s':>8s} {'ms at peak':>10s} {'grid min':>9s}")
+    for name, ms in times.items():
+        g = flops.get(name)
+        row = (f"{g:7.3f} {g / ms * 1e3:8.1f} {g / peak * 1e3:10.1f}" if g is not None
+               else f"{'':7s} {'':8s} {'':10s}")
+        print(f"{name:24s} {ms:8.1f} {row} {ms * per_grid:9.1f}")
+    total = sum(times.values())
+    print(f"{'the three pieces':24s} {total:8.1f} {'':7s} {'':8s} {'':10s} {total * per_grid:9.1f}")
+    print(f"{'a grid cell, per update':24s} {median:8.1f} (median; mean {mean:.1f} with evaluation and checkpoints) "
+          f"-> grid {mean * per_grid:.1f} min  [{args.objective} {args.schedule}, {args.updates} updates]")
+    print(f"{'45-minute grid budget':24s} {45 / per_grid:8.1f} ms per update")
+
+
+if __name__ == "__main__":
+    main()
