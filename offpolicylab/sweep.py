@@ -334,7 +334,7 @@ def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[s
         except BaseException:
             stop_pool(pool)
             raise
-        pool.shutdown()
+        stop_pool(pool)  # every result is in and the workers are idle: end them rather than wait for their teardown
     bar.close()
     return [r or {"status": "failed", "error": "no result"} for r in results]
 

@@ -301,7 +301,7 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             (outs[0].loss if len(outs) == 1 else sum(out.loss for out in outs)).backward()
             grad_norms = group.clip_gradients(cfg.grad_clip)
         with watch("other"):
-            rows = update_rows(update, outs, grad_norms, batches, fresh, group.members)
+            rows = update_rows(update, outs, grad_norms, batches, fresh, group.members, whole)
         finite = [math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) for row in rows]
         if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):
@@ -374,11 +374,12 @@ def evaluate_due(group: SeedGroup, update: int, rows: list[dict[str, Any]], fini
 
 
 def update_rows(update: int, outs: list[LossOutput], grad_norms: list[Tensor], batches: list[TokenBatch],
-                fresh: list[list[Rollout]], members: list[Parts]) -> list[dict[str, Any]]:
+                fresh: list[list[Rollout]], members: list[Parts], whole: TokenBatch) -> list[dict[str, Any]]:
     """The metrics row of each member's update before evaluation: the update, the step's numbers (one host
-    transfer for all members) and the current policy's reward."""
+    transfer for all members; ``whole``, the members' batches joined, gives their batch numbers at once) and the
+    current policy's reward."""
     values = scalars_of([(out.loss, norm, batch, out.metrics)
-                         for out, norm, batch in zip(outs, grad_norms, batches, strict=True)])
+                         for out, norm, batch in zip(outs, grad_norms, batches, strict=True)], whole)
     return [{"update": update, **numbers,
              "reward_current": current_reward(own, update, member.schedule.other_share == 0)}
             for numbers, own, member in zip(values, fresh, members, strict=True)]
@@ -654,9 +655,13 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
     return scalars_of([(loss, grad_norm, batch, metrics)])[0]
 
 
-def scalars_of(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]) -> list[dict[str, float]]:
-    """:func:`scalars` of several runs' updates (batched seeds), with a single host transfer for all of them."""
-    named = [_scalar_tensors(*step) for step in steps]
+def scalars_of(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]],
+               whole: TokenBatch | None = None) -> list[dict[str, float]]:
+    """:func:`scalars` of several runs' updates (batched seeds), with a single host transfer for all of them;
+    ``whole``: the runs' batches joined row-wise (each step's batch a row block of it), whose per-block reward and
+    staleness numbers are then computed for all runs at once (:func:`block_numbers`)."""
+    blocks = block_numbers(whole, len(steps)) if whole is not None and len(steps) > 1 else [None] * len(steps)
+    named = [_scalar_tensors(*step, numbers) for step, numbers in zip(steps, blocks, strict=True)]
     tensors = [v if v.dim() == 0 else v.reshape(()) for one in named for v in one.values()]
     if len({t.dtype for t in tensors}) != 1:  # mixed dtypes: widen each (float32 -> float64 is exact either way)
         tensors = [t.to(torch.float64) for t in tensors]
@@ -664,13 +669,28 @@ def scalars_of(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]
     return [{key: next(values) for key in one} for one in named]
 
 
-def _scalar_tensors(loss: Tensor, grad_norm: Tensor, batch: TokenBatch,
-                    metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+def block_numbers(batch: TokenBatch, count: int) -> list[dict[str, Tensor]]:
+    """The batch numbers of :func:`_scalar_tensors` (reward mean and std, staleness mean and max, mean response
+    length) of each of the ``count`` equal consecutive row blocks of ``batch``: one reduction per row of a
+    ``[count, rows]`` view, bit for bit the block's own."""
+    def rows(value: Tensor) -> Tensor:
+        return value.reshape(count, -1)
+
+    rewards, staleness = rows(batch.rewards), rows(batch.staleness)
+    columns = torch.stack([rewards.mean(1), rewards.std(1, unbiased=False)]), torch.stack(
+        [staleness.mean(1), staleness.amax(1)]), rows(batch.mask.sum(-1)).mean(1)
+    return [{"reward_mean": columns[0][0, i], "reward_std": columns[0][1, i], "staleness_mean": columns[1][0, i],
+             "staleness_max": columns[1][1, i], "response_len": columns[2][i]} for i in range(count)]
+
+
+def _scalar_tensors(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor],
+                    numbers: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+    if numbers is None:
+        numbers = {"reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
+                   "staleness_mean": batch.staleness.mean(), "staleness_max": batch.staleness.max(),
+                   "response_len": batch.mask.sum(-1).mean()}
     named = {
-        "loss": loss.detach(), "grad_norm": grad_norm.detach(),
-        "reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
-        "staleness_mean": batch.staleness.mean(), "staleness_max": batch.staleness.max(),
-        "response_len": batch.mask.sum(-1).mean(),
+        "loss": loss.detach(), "grad_norm": grad_norm.detach(), **numbers,
         **{key: value for key, value in metrics.items() if value.numel() == 1},
     }
     if batch.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
