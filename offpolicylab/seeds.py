@@ -16,8 +16,9 @@ A group of one member is a plain run (its own policy, generator and optimizer, u
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -133,6 +134,8 @@ class SeedGroup:
     frozen: Policy | None  # the same for the frozen initial policies (mixture / offline data)
     optimizer: torch.optim.Optimizer
     _params: list[Tensor] | None = None  # the policy's trainable parameters, listed once
+    #: id of a block's first row block → (weak references to the blocks, the rollout they were split from)
+    _split: dict[int, tuple[list[weakref.ref[Rollout]], Rollout]] = field(default_factory=dict)
 
     @classmethod
     def single(cls, parts: Parts, run: RunDir) -> SeedGroup:
@@ -182,7 +185,15 @@ class SeedGroup:
                        index=torch.cat([p.index for p in prompts]))
 
     def join_rollouts(self, rollouts: list[Rollout]) -> Rollout:
-        return rollouts[0] if len(rollouts) == 1 else Rollout.concat(rollouts)
+        """The members' rollouts as row blocks of one (:meth:`Rollout.concat`, group ids kept apart); when they are
+        the very blocks :meth:`split_rollout` made of one rollout, that rollout itself (the same numbers)."""
+        if len(rollouts) == 1:
+            return rollouts[0]
+        entry = self._split.get(id(rollouts[0]))
+        if entry is not None and len(entry[0]) == len(rollouts) and all(
+                ref() is rollout for ref, rollout in zip(entry[0], rollouts, strict=True)):
+            return entry[1]
+        return Rollout.concat(rollouts)
 
     def split_rollout(self, rollout: Rollout) -> list[Rollout]:
         """Block s of the rows of ``rollout`` for member s, group ids counted from 0 within each block."""
@@ -197,7 +208,15 @@ class SeedGroup:
             block = {name: value[part] for name, value in fields.items()}
             block["group_ids"] = block["group_ids"] - index * groups
             blocks.append(replace(rollout, **block))
+        self._remember(blocks, rollout)
         return blocks
+
+    def _remember(self, blocks: list[Rollout], rollout: Rollout) -> None:
+        """Note that ``blocks`` were split from ``rollout`` (for :meth:`join_rollouts`), for as long as the first
+        block lives (weak references: the note goes when the blocks are dropped, e.g. released from the buffers)."""
+        key, split = id(blocks[0]), self._split
+        first = weakref.ref(blocks[0], lambda _: split.pop(key, None))
+        split[key] = ([first, *(weakref.ref(block) for block in blocks[1:])], rollout)
 
     def split(self, value: Tensor) -> list[Tensor]:
         """The members' row blocks of a ``[S·B, ...]`` tensor."""

@@ -14,7 +14,7 @@ import torch
 
 from offpolicylab import cli, trainer
 from offpolicylab.config import TrainConfig
-from offpolicylab.contracts import Prompts
+from offpolicylab.contracts import Prompts, Rollout
 from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
@@ -395,3 +395,24 @@ def test_clipping_all_members_at_once_clips_each_as_its_separate_run(num_prompts
     for index, (norm, grad) in enumerate(expected):
         assert torch.equal(norms[index], norm) and torch.equal(stacked.logits.grad[index], grad)
     assert norms[0] < 1.0 < norms[1]  # one member left unclipped, the others scaled
+
+
+def test_join_rollouts_gives_back_the_rollout_its_blocks_were_split_from(tmp_path: Path) -> None:
+    """The members' blocks of one sampled rollout join back to that rollout (no copy), equal field by field to
+    :meth:`Rollout.concat` of them; other rollouts are concatenated; the note goes with the blocks."""
+    members = trainer.build_seeds(mdp_config(), [0, 1, 2])
+    group = SeedGroup.stack(members, [RunDir(tmp_path / str(i)) for i in range(3)])
+    prompts = group.join_prompts([m.world.sample_prompts(4, m.generator) for m in members])
+    whole = group.policy.sample(prompts, 8, 1.0, group.generators)
+    whole = whole.with_(rewards=torch.rand(len(whole)), version=torch.zeros(len(whole), dtype=torch.long))
+    blocks = group.split_rollout(whole)
+    assert group.join_rollouts(blocks) is whole
+    concatenated = Rollout.concat(blocks)
+    for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp", "group_ids",
+                 "prompt_index", "rewards", "version"):
+        assert torch.equal(getattr(concatenated, name), getattr(whole, name)), name
+    copies = [dataclasses.replace(block) for block in blocks]
+    assert group.join_rollouts(copies) is not whole  # not the split blocks themselves: concatenated
+    assert group.join_rollouts([blocks[1], blocks[0], blocks[2]]) is not whole
+    del blocks, copies
+    assert not group._split  # the note went with the blocks
