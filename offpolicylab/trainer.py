@@ -671,16 +671,16 @@ def scalars_of(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]
 
 def block_numbers(batch: TokenBatch, count: int) -> list[dict[str, Tensor]]:
     """The batch numbers of :func:`_scalar_tensors` (reward mean and std, staleness mean and max, mean response
-    length) of each of the ``count`` equal consecutive row blocks of ``batch``: one reduction per row of a
-    ``[count, rows]`` view, bit for bit the block's own."""
+    length) of each of the ``count`` equal consecutive row blocks of ``batch``: the means and the max one reduction
+    per row of a ``[count, rows]`` view, bit for bit the block's own; the standard deviation block by block (a
+    row-wise ``std`` rounds differently from the block's own: 0 against 3e-8 for equal rewards)."""
     def rows(value: Tensor) -> Tensor:
         return value.reshape(count, -1)
 
     rewards, staleness = rows(batch.rewards), rows(batch.staleness)
-    columns = torch.stack([rewards.mean(1), rewards.std(1, unbiased=False)]), torch.stack(
-        [staleness.mean(1), staleness.amax(1)]), rows(batch.mask.sum(-1)).mean(1)
-    return [{"reward_mean": columns[0][0, i], "reward_std": columns[0][1, i], "staleness_mean": columns[1][0, i],
-             "staleness_max": columns[1][1, i], "response_len": columns[2][i]} for i in range(count)]
+    means = torch.stack([rewards.mean(1), staleness.mean(1), staleness.amax(1), rows(batch.mask.sum(-1)).mean(1)])
+    return [{"reward_mean": means[0, i], "reward_std": rewards[i].std(unbiased=False), "staleness_mean": means[1, i],
+             "staleness_max": means[2, i], "response_len": means[3, i]} for i in range(count)]
 
 
 def _scalar_tensors(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor],
