@@ -15,7 +15,7 @@ import torch
 from offpolicylab import cli, trainer
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts, Rollout
-from offpolicylab.objectives.batch import LossOutput
+from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.runs import RunDir, RunError
@@ -416,3 +416,24 @@ def test_join_rollouts_gives_back_the_rollout_its_blocks_were_split_from(tmp_pat
     assert group.join_rollouts([blocks[1], blocks[0], blocks[2]]) is not whole
     del blocks, copies
     assert not group._split  # the note went with the blocks
+
+
+@pytest.mark.parametrize("rewards", ["equal", "random"])
+def test_members_batch_numbers_at_once_equal_each_members_own(rewards: str) -> None:
+    """``scalars_of`` with the joined batch (reward mean, staleness mean / max and length per row block, the reward
+    std block by block) gives every member the numbers it computes alone, bit for bit — equal rewards included,
+    where a row-wise ``std`` rounds to 0 and the member's own to 3e-8 (checked below)."""
+    gen = torch.Generator().manual_seed(0)
+    count, rows, width = 3, 8, 5
+    mask = (torch.rand(count * rows, width, generator=gen) < 0.8).float()
+    values = (torch.full((count * rows,), 1 / 3) if rewards == "equal"
+              else torch.rand(count * rows, generator=gen))
+    whole = TokenBatch(logp=torch.zeros(count * rows, width), behavior_logp=torch.zeros(count * rows, width),
+                       advantages=torch.randn(count * rows, generator=gen), mask=mask, rewards=values,
+                       staleness=torch.randint(0, 9, (count * rows,), generator=gen).float())
+    blocks = whole.split_rows(count, [None] * count)
+    steps = [(torch.tensor(0.5), torch.tensor(1.0), block, {}) for block in blocks]
+    joined = trainer.scalars_of(steps, whole)
+    assert joined == [trainer.scalars_of([step])[0] for step in steps]
+    if rewards == "equal":  # the case a row-wise std gets wrong: the test would see it
+        assert values.reshape(count, rows).std(1, unbiased=False)[0] != blocks[0].rewards.std(unbiased=False)
