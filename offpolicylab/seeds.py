@@ -234,20 +234,19 @@ class SeedGroup:
         whose objectives are of one row-wise, stateless kind with equal parameters, whose blocks hold at most
         ``stats.ROW_LIMIT`` tokens (so each block's sums are its own, bit for bit) and, with ``metrics``, come with
         their ratio summaries; every other member is a run of one."""
+        objectives = [member.objective for member in self.members]
+        joinable = [getattr(o, "rowwise", False) and not o.stateful and b.logp.numel() <= stats.ROW_LIMIT
+                    and (not metrics or b._summary is not None) for o, b in zip(objectives, batches, strict=True)]
         runs: list[tuple[int, int]] = []
-        for index in range(len(self)):
-            if runs and self._joins(runs[-1][0], index, batches, metrics):
-                runs[-1] = (runs[-1][0], index + 1)
+        for index, objective in enumerate(objectives):
+            start = runs[-1][0] if runs else index
+            first = objectives[start]
+            if runs and joinable[start] and joinable[index] and type(objective) is type(first) \
+                    and objective.config == first.config:
+                runs[-1] = (start, index + 1)
             else:
                 runs.append((index, index + 1))
         return runs
-
-    def _joins(self, start: int, index: int, batches: list[TokenBatch], metrics: bool) -> bool:
-        first, objective = self.members[start].objective, self.members[index].objective
-        fits = [batches[i].logp.numel() <= stats.ROW_LIMIT and (not metrics or batches[i]._summary is not None)
-                for i in (start, index)]
-        return (type(objective) is type(first) and objective.rowwise and not objective.stateful
-                and objective.config == first.config and all(fits))
 
     # ---------------------------------------------------------------------------------------- the step
     def clip_gradients(self, max_norm: float) -> list[Tensor]:

@@ -225,12 +225,9 @@ def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Gene
                          ).squeeze(1)
     if not math.isfinite(float(probs.sum())):  # probabilities are >= 0: the sum is finite iff every one is
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    if len(generators) == 1:
-        return (probs / exponential(probs.shape, generators[0])).argmax(-1)
-    # each block's uniforms from its own generator, then one elementwise pass for all (the same numbers)
-    minus_u = torch.cat([torch.rand(b.shape, dtype=torch.float64, generator=g) for b, g in
-                         zip(blocks, generators, strict=True)]).neg_()
-    return (probs / exponential_of(minus_u)).argmax(-1)
+    # each block's uniforms from its own generator (what ``exponential`` draws), then one pass for all blocks
+    uniforms = [torch.rand(b.shape, dtype=torch.float64, generator=g) for b, g in zip(blocks, generators, strict=True)]
+    return (probs / exponential_of(torch.cat(uniforms).neg_())).argmax(-1)
 
 
 def exponential(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None) -> Tensor:
