@@ -348,7 +348,8 @@ def objective_outputs(group: SeedGroup, whole: TokenBatch, batches: list[TokenBa
             outs.append(objective(batches[start]) if metrics else objective(batches[start], metrics=False))
             continue
         rows = batches[start].batch_size
-        part = whole.rows(slice(start * rows, stop * rows), whole.group_ids[start * rows:stop * rows])
+        part = whole if stop - start == len(batches) else \
+            whole.rows(slice(start * rows, stop * rows), whole.group_ids[start * rows:stop * rows])
         summaries = [batch._summary for batch in batches[start:stop]] if metrics else None
         outs.extend(objective.call_blocks(part, stop - start, summaries, metrics=metrics))  # type: ignore[arg-type]
     return outs
@@ -801,8 +802,8 @@ def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
 def kl_from_scores(initial_logp: Tensor, sampled: Rollout) -> dict[str, float]:
     """:func:`kl_to_initial` from π_0's log-probs ``initial_logp`` of the sampled tokens."""
     delta = initial_logp.detach().to(sampled.behavior_logp.dtype) - sampled.behavior_logp
-    kl = stats.ratio_summary(delta, sampled.response_mask)
-    return {"eval_kl_init_k1": float(kl["kl_k1"]), "eval_kl_init_k3": float(kl["kl_k3"])}
+    k1, k3 = stats.kl_estimates(delta, sampled.response_mask)
+    return {"eval_kl_init_k1": float(k1), "eval_kl_init_k3": float(k3)}
 
 
 def exact_diagnostics(parts: Parts, logp: Tensor | None = None) -> dict[str, float]:

@@ -169,6 +169,18 @@ def fused_ratio_summary(
     return metrics
 
 
+def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(k1, k3) = (E[−Δ], E[(e^Δ − 1) − Δ]) over valid tokens (Schulman's estimators of KL(π_b ‖ π_θ) from samples of
+    π_b), alone: the ``kl_k1`` and ``kl_k3`` of :func:`ratio_summary`, bit for bit (the same steps), without its
+    other statistics."""
+    if log_ratio.numel() == 0:
+        return log_ratio.new_zeros(()), log_ratio.new_zeros(())
+    delta = _masked(log_ratio.detach(), mask)
+    count = mask.to(delta.dtype).sum().clamp_min(1.0)
+    k1 = (0.0 - delta.sum()) / count
+    return k1, torch.expm1(torch.clamp(delta, max=EXP_CLAMP)).sub_(delta).sum() / count
+
+
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")
 """The keys of :func:`ratio_summary`."""
 

@@ -76,6 +76,24 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
         """θ[x, t, c_t] of position ``t`` alone (the column ``t`` of :meth:`response_logits`, one small gather)."""
         return self.logits[self._cells_at(prompt_index, response_ids, t)]
 
+    def prefix_tree_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> Tensor:
+        """Logits [N, K, V] after every response prefix (see ``AutoregressivePolicy.prefix_tree_log_probs``): node
+        k of depth t reads θ[x, t, c], c the prefix's last token (BOS at t = 0; 0 for ``context="none"``), so the
+        tree is one gather of K table rows per prompt — the same values as the teacher-forced default, which reads
+        T rows for each of the V^(T−1) leaves."""
+        positions, contexts = self._tree_cells()
+        return self.logits[prompt_index[:, None], positions, contexts]
+
+    def _tree_cells(self) -> tuple[Tensor, Tensor]:
+        """(position t, context c) [K] of every prefix-tree node, depth by depth in base-V order: the last token of
+        the prefix with code k at depth t ≥ 1 is k mod V."""
+        vocab, depths = self.vocab_size, range(self.response_len)
+        positions = torch.cat([torch.full((vocab ** t,), t) for t in depths])
+        if self.context == "none":
+            return positions, torch.zeros_like(positions)
+        contexts = [torch.full((1,), vocab)] + [torch.arange(vocab ** t) % vocab for t in depths[1:]]
+        return positions, torch.cat(contexts)
+
     def _cells_at(self, prompt_index: Tensor, response_ids: Tensor, t: int) -> tuple[Tensor, int, Tensor]:
         """The (prompt, position, context) index [B] of the table row read at response position ``t``."""
         if self.context == "prev_token":
@@ -145,19 +163,32 @@ class StackedTabularPolicy(TabularSoftmaxPolicy):
         self.logits = torch.nn.Parameter(torch.stack([member.logits.detach() for member in members]))
         for index, member in enumerate(members):
             member.logits = self.logits.detach()[index]
+        self._members: dict[int, Tensor] = {}  # batch size -> the member of every row (read only)
+
+    def members_of(self, batch: int) -> Tensor:
+        """[batch] the member s of every row (S equal consecutive blocks), built once per batch size."""
+        if batch not in self._members:
+            self._members[batch] = torch.arange(self.size).repeat_interleave(batch // self.size)
+        return self._members[batch]
 
     def response_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
                         response_ids: Tensor) -> Tensor:
         """θ[s, x, t, c_t] for every row (s its block) and position: one gather over all members."""
         batch, width = response_ids.shape
-        member = torch.arange(self.size).repeat_interleave(batch // self.size)[:, None].expand(batch, width)
+        member = self.members_of(batch)[:, None].expand(batch, width)
         return self.logits[(member, *self._cells(prompt_index, response_ids))]
 
     def next_logits(self, state: Any, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
                     response_ids: Tensor, t: int) -> Tensor:
         """θ[s, x, t, c_t] of position ``t`` alone, every member at once."""
-        member = torch.arange(self.size).repeat_interleave(response_ids.shape[0] // self.size)
+        member = self.members_of(response_ids.shape[0])
         return self.logits[(member, *self._cells_at(prompt_index, response_ids, t))]
+
+    def prefix_tree_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> Tensor:
+        """θ[s, x, t, c] of every prefix-tree node (see :meth:`TabularSoftmaxPolicy.prefix_tree_logits`), the rows
+        of block s from table s."""
+        positions, contexts = self._tree_cells()
+        return self.logits[self.members_of(prompt_index.shape[0])[:, None], prompt_index[:, None], positions, contexts]
 
     def state_dict(self) -> dict[str, Any]:
         raise TypeError("a stacked policy has no state of its own: checkpoint its members")

@@ -93,7 +93,8 @@ def sequence_logprobs(policy: Any, prompts: Prompts, ids: Tensor, mask: Tensor, 
             token_logp = policy.score(_all_pairs(prompts, ids, mask, temperature))[0].reshape(n, m, -1)
         else:
             table = policy.prefix_tree_log_probs(prompts, temperature)  # [N, K, V]
-            token_logp = table[:, prefix_tree_nodes(ids, vocab_size), ids]  # [N, M, T]
+            flat = (prefix_tree_nodes(ids, vocab_size) * table.shape[-1] + ids).reshape(-1)  # entry (node, y_t)
+            token_logp = table.reshape(n, -1).index_select(1, flat).reshape(n, *ids.shape)  # [N, M, T]
     return (token_logp * mask).sum(-1).double()
 
 

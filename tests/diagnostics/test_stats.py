@@ -37,6 +37,20 @@ def test_ratio_stats_m2_ess_kl_equal_numpy_formulas(seed: int) -> None:
     assert got["kl_k3"].item() == pytest.approx(np.mean(np.exp(delta) - 1.0 - delta), rel=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_kl_estimates_alone_equal_numpy_and_the_summary_bit_for_bit(seed: int, dtype: torch.dtype) -> None:
+    log_ratio, mask = _batch(seed, scale=2.0)
+    log_ratio, mask = log_ratio.to(dtype), mask.to(dtype)
+    delta = log_ratio.double().numpy()[mask.numpy() > 0]
+    k1, k3 = stats.kl_estimates(log_ratio, mask)
+    assert k1.item() == pytest.approx(np.mean(-delta), rel=1e-5 if dtype == torch.float32 else 1e-12)
+    assert k3.item() == pytest.approx(np.mean(np.exp(delta) - 1.0 - delta), rel=1e-5 if dtype == torch.float32 else 1e-12)
+    summary = stats.ratio_summary(log_ratio, mask)
+    assert torch.equal(k1, summary["kl_k1"]) and torch.equal(k3, summary["kl_k3"])
+    assert stats.kl_estimates(torch.zeros(0, 3, dtype=dtype), torch.zeros(0, 3, dtype=dtype)) == (0.0, 0.0)
+
+
 def test_summary_of_an_empty_batch() -> None:
     empty = torch.zeros(0, 4)
     summary = stats.ratio_summary(empty, empty)

@@ -6,6 +6,8 @@ import torch
 
 from offpolicylab import worlds
 from offpolicylab.policies import SequenceModelPolicy, TabularSoftmaxPolicy
+from offpolicylab.policies.autoregressive import AutoregressivePolicy
+from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.worlds.exact import _all_pairs, prefix_tree_nodes, sequence_logprobs
 
 
@@ -54,6 +56,28 @@ def test_incremental_gru_tree_matches_default_teacher_forced_tree():
     v, t = world.vocab_size, world.max_response_len
     assert incremental.shape == (len(prompts), sum(v ** s for s in range(t)), v)
     torch.testing.assert_close(incremental, teacher_forced, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("context", ["prev_token", "none"])
+@pytest.mark.parametrize(("vocab", "length"), [(4, 5), (3, 4), (5, 1)])
+def test_tabular_tree_gather_equals_teacher_forced_tree(context, vocab, length):
+    # the tabular tree reads one table row per node; the default reads T rows per leaf: the same values, bit for bit
+    gen = torch.Generator().manual_seed(vocab * 10 + length)
+    contexts = vocab + 1 if context == "prev_token" else 1
+    policies = [TabularSoftmaxPolicy(num_prompts=6, vocab_size=vocab, response_len=length, context=context,
+                                     eos_id=vocab - 1, init_logits=torch.randn(6, length, contexts, vocab, generator=gen))
+                for _ in range(3)]
+    index = torch.tensor([0, 3, 5, 1, 3])
+    ids, mask = torch.zeros(5, 2, dtype=torch.long), torch.ones(5, 2)
+    for policy in policies:
+        tree = policy.prefix_tree_logits(ids, mask, index)
+        assert tree.shape == (5, sum(vocab ** t for t in range(length)), vocab)
+        assert torch.equal(tree, AutoregressivePolicy.prefix_tree_logits(policy, ids, mask, index))
+    stacked = StackedTabularPolicy(policies)  # block s of the rows from table s
+    rows = (ids.repeat(3, 1), mask.repeat(3, 1), index.repeat(3))
+    tree = stacked.prefix_tree_logits(*rows)
+    assert torch.equal(tree, AutoregressivePolicy.prefix_tree_logits(stacked, *rows))
+    assert torch.equal(tree[5:10], policies[1].prefix_tree_logits(ids, mask, index))
 
 
 def test_prefix_tree_nodes_by_hand():
