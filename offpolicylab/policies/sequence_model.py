@@ -187,16 +187,25 @@ def unrolled_gru(inputs: Tensor, state: Tensor, input_maps: Sequence[Linear],
     layer_input, finals = inputs, []
     for layer, (input_map, hidden_map) in enumerate(zip(input_maps, hidden_maps, strict=True)):
         gates_in, hidden, outputs = input_map(layer_input), state[layer], []
-        size = hidden.shape[-1]
         for t in range(inputs.shape[-2]):
-            gates_t, gates_h = gates_in[..., t, :], hidden_map(hidden)
-            reset, update = torch.sigmoid(gates_t[..., :2 * size] + gates_h[..., :2 * size]).chunk(2, dim=-1)
-            candidate = torch.tanh(gates_t[..., 2 * size:] + reset * gates_h[..., 2 * size:])
-            hidden = candidate + update * (hidden - candidate)  # (1 − z) ⊙ n + z ⊙ h
+            hidden = gru_cell(gates_in[..., t, :], hidden_map(hidden), hidden)
             outputs.append(hidden)
         layer_input = torch.stack(outputs, dim=-2)
         finals.append(hidden)
     return layer_input, torch.stack(finals)
+
+
+def gru_cell(gates_in: Tensor, gates_h: Tensor, hidden: Tensor) -> Tensor:
+    """h_t of :func:`unrolled_gru` from the affine maps ``gates_in`` = W_i x_t + b_i and ``gates_h`` = W_h h_{t−1} + b_h
+    (``[..., 3H]``, gate rows r, z, n) and ``hidden`` = h_{t−1}."""
+    size = hidden.shape[-1]
+    reset, update = torch.sigmoid(gates_in[..., :2 * size] + gates_h[..., :2 * size]).chunk(2, dim=-1)
+    candidate = torch.tanh(gates_in[..., 2 * size:] + reset * gates_h[..., 2 * size:])
+    return candidate + update * (hidden - candidate)  # (1 − z) ⊙ n + z ⊙ h
+
+
+def _same(x: Tensor) -> Tensor:
+    return x
 
 
 class _StackedCore(nn.Module):
@@ -223,21 +232,37 @@ class _StackedCore(nn.Module):
         code, state = self.start(prompt, prompt_mask)
         (response_inputs,) = self._blocks(response_inputs)
         steps = torch.arange(response_inputs.shape[-1])
-        hidden, _ = self._gru(self._step_inputs(response_inputs, steps, code), state)
+        hidden, _ = self._gru(self.input_gates(self.input_parts(code), response_inputs, steps), state)
         logits = self._readout(hidden, steps, code)
         return logits.reshape(-1, *logits.shape[2:])
 
     def prefix_tree(self, prompt: Tensor, prompt_mask: Tensor, bos: int, vocab_size: int, depth: int) -> Tensor:
-        """:meth:`_PromptGRUCore.prefix_tree` of every member on its block."""
+        """:meth:`_PromptGRUCore.prefix_tree` of every member on its block, stepping only what differs between the V
+        children of a node (node k's children are k·V + v, v = 0 … V−1): the hidden maps W_h h_{t−1} + b_h of every
+        layer once per parent (the children share h_{t−1}), the first layer's input gates from
+        :meth:`input_parts` (no product per node)."""
         code, state = self.start(prompt, prompt_mask)
         size, batch = code.shape[:2]
-        tokens, levels = torch.full((size, batch, 1), bos, dtype=torch.long), []
-        for t in range(depth):
-            logits, state = self.advance(tokens, t, code, state)
+        parts = self.input_parts(code)
+        logits, state = self.advance(torch.full((size, batch, 1), bos, dtype=torch.long), 0, code, state, parts)
+        levels = [logits.reshape(size, batch, -1, vocab_size)]
+        tokens, positions, prompts = parts
+        for t in range(1, depth):
+            parents = state.shape[2] // batch  # V^(t−1) per prompt
+            gates = prompts[:, :, None, None] + positions[:, t, None, None, None] + tokens[:, None, None, :vocab_size]
+            layer_input = gates.expand(size, batch, parents, vocab_size, -1).reshape(size, -1, gates.shape[-1])
+            finals = []
+            for layer in range(self.num_layers):
+                if layer > 0:
+                    layer_input = self._affine(f"gru.weight_ih_l{layer}", f"gru.bias_ih_l{layer}")(layer_input)
+                gates_h = self._affine(f"gru.weight_hh_l{layer}", f"gru.bias_hh_l{layer}")(state[layer])
+                layer_input = gru_cell(layer_input, gates_h.repeat_interleave(vocab_size, dim=1),
+                                       state[layer].repeat_interleave(vocab_size, dim=1))
+                finals.append(layer_input)
+            state = torch.stack(finals)
+            nodes = code[:, :, None].expand(size, batch, parents * vocab_size, -1).reshape(size, -1, code.shape[-1])
+            logits = self._readout(layer_input[:, :, None], torch.tensor([t]), nodes)
             levels.append(logits.reshape(size, batch, -1, vocab_size))
-            if t + 1 < depth:  # children of node k: k·V + v, v = 0 … V−1
-                state, code = state.repeat_interleave(vocab_size, dim=2), code.repeat_interleave(vocab_size, dim=1)
-                tokens = torch.arange(vocab_size).repeat(tokens.shape[1])[None, :, None].expand(size, -1, 1)
         return torch.cat(levels, dim=2).reshape(size * batch, -1, vocab_size)
 
     def start(self, prompt: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -245,12 +270,34 @@ class _StackedCore(nn.Module):
         code = self._encode_prompt(*self._blocks(prompt, prompt_mask))
         return code, self._initial_state(code)
 
-    def advance(self, tokens: Tensor, t: int, code: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    def advance(self, tokens: Tensor, t: int, code: Tensor, state: Tensor,
+                parts: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """One GRU step at response position ``t`` from ``state`` on the previous ``tokens`` [S, b, 1]: (logits
-        [S, b, 1, V], the next state)."""
+        [S, b, 1, V], the next state); ``parts``: :meth:`input_parts` of ``code`` when the caller keeps them."""
         step = torch.tensor([t])
-        hidden, state = self._gru(self._step_inputs(tokens, step, code), state)
+        parts = self.input_parts(code) if parts is None else parts
+        hidden, state = self._gru(self.input_gates(parts, tokens, step), state)
         return self._readout(hidden, step, code), state
+
+    def input_parts(self, code: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The first GRU layer's input map split by what each part reads,
+
+            W_i [E[y]; Q_t; c] + b_i  =  W_i^E E[y]  +  W_i^Q Q_t  +  (W_i^c c + b_i),
+
+        as tables: per token id [S, N, 3H], per response position [S, T, 3H], per prompt [S, b, 3H] — a few small
+        products instead of one per response token (equal to the whole product within float rounding: the three
+        sums are added in another order)."""
+        weight, embed = self.w["gru.weight_ih_l0"], self.w["token.weight"].shape[-1]
+        tokens = torch.bmm(self.w["token.weight"], weight[:, :, :embed].transpose(1, 2))
+        positions = torch.bmm(self.w["position.weight"], weight[:, :, embed:2 * embed].transpose(1, 2))
+        prompts = torch.baddbmm(self.w["gru.bias_ih_l0"][:, None], code, weight[:, :, 2 * embed:].transpose(1, 2))
+        return tokens, positions, prompts
+
+    def input_gates(self, parts: tuple[Tensor, Tensor, Tensor], ids: Tensor, steps: Tensor) -> Tensor:
+        """The first layer's W_i x_t + b_i [S, b, W, 3H] for the previous tokens ``ids`` [S, b, W] at positions
+        ``steps`` [W], from :meth:`input_parts`."""
+        tokens, positions, prompts = parts
+        return prompts[:, :, None] + positions[:, steps][:, None] + self._rows(tokens, ids)
 
     def _blocks(self, *rows: Tensor) -> list[Tensor]:
         """``[S·b, ...]`` → ``[S, b, ...]``."""
@@ -258,7 +305,10 @@ class _StackedCore(nn.Module):
 
     def _lookup(self, name: str, ids: Tensor) -> Tensor:
         """Rows ``ids`` [S, ...] of each member's embedding table ``name`` [S, N, D] → [S, ..., D]."""
-        table = self.w[name]
+        return self._rows(self.w[name], ids)
+
+    def _rows(self, table: Tensor, ids: Tensor) -> Tensor:
+        """Rows ``ids`` [S, ...] of each member's table [S, N, D] → [S, ..., D] (one lookup in the flattened stack)."""
         offsets = (torch.arange(self.size) * table.shape[1]).reshape(-1, *[1] * (ids.dim() - 1))
         return functional.embedding(ids + offsets, table.reshape(-1, table.shape[-1]))
 
@@ -273,21 +323,17 @@ class _StackedCore(nn.Module):
         length = real.sum(-1, keepdim=True).clamp(min=1.0)
         return (codes * real[..., None]).sum(-2) / length.sqrt()
 
-    def _step_inputs(self, tokens: Tensor, steps: Tensor, code: Tensor) -> Tensor:
-        size, batch, width = tokens.shape
-        position = self.w["position.weight"][:, steps][:, None].expand(size, batch, width, -1)
-        return torch.cat([self._lookup("token.weight", tokens), position,
-                          code[:, :, None].expand(size, batch, width, -1)], dim=-1)
-
     def _initial_state(self, code: Tensor) -> Tensor:
         """[layers, S, b, H]."""
         state = torch.tanh(self._linear("initial_state", code))
         return state.reshape(*code.shape[:2], self.num_layers, -1).permute(2, 0, 1, 3).contiguous()
 
-    def _gru(self, inputs: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        layers = range(self.num_layers)
-        return unrolled_gru(inputs, state, [self._affine(f"gru.weight_ih_l{k}", f"gru.bias_ih_l{k}") for k in layers],
-                            [self._affine(f"gru.weight_hh_l{k}", f"gru.bias_hh_l{k}") for k in layers])
+    def _gru(self, gates: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`unrolled_gru` from the first layer's input gates ``gates`` [S, b, W, 3H] (:meth:`input_gates`)."""
+        layers = range(1, self.num_layers)
+        input_maps = [_same, *(self._affine(f"gru.weight_ih_l{k}", f"gru.bias_ih_l{k}") for k in layers)]
+        return unrolled_gru(gates, state, input_maps,
+                            [self._affine(f"gru.weight_hh_l{k}", f"gru.bias_hh_l{k}") for k in range(self.num_layers)])
 
     def _affine(self, weight: str, bias: str) -> Linear:
         """x ↦ W_s x + b_s with the stacked tensors ``weight`` [S, out, in] and ``bias`` [S, out]."""
@@ -334,9 +380,10 @@ class StackedSequenceModelPolicy(SequenceModelPolicy):
         self.model = _StackedCore([m.model for m in members])  # type: ignore[assignment]
 
     def start_decoding(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> dict[str, Tensor]:
-        """The decoding state: the prompt code and the GRU state, advanced one step per :meth:`next_logits`."""
+        """The decoding state: the prompt code, the first layer's input parts (``_StackedCore.input_parts``) and the
+        GRU state, advanced one step per :meth:`next_logits`."""
         code, state = self.model.start(self._prompt_tokens(prompt_ids, prompt_mask), prompt_mask)
-        return {"code": code, "state": state}
+        return {"code": code, "parts": self.model.input_parts(code), "state": state}
 
     def next_logits(self, state: dict[str, Tensor], prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
                     response_ids: Tensor, t: int) -> Tensor:
@@ -344,7 +391,8 @@ class StackedSequenceModelPolicy(SequenceModelPolicy):
         :meth:`response_logits` within float rounding (one step instead of a pass over the whole buffer)."""
         previous = response_ids[:, t - 1] if t > 0 else torch.full_like(response_ids[:, 0], self.bos_token)
         code = state["code"]
-        logits, state["state"] = self.model.advance(previous.reshape(*code.shape[:2], 1), t, code, state["state"])
+        logits, state["state"] = self.model.advance(previous.reshape(*code.shape[:2], 1), t, code, state["state"],
+                                                    state["parts"])
         return logits.reshape(-1, logits.shape[-1])
 
     def state_dict(self) -> dict[str, Any]:
