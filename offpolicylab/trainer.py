@@ -281,8 +281,8 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             for own, rollout in zip(fresh, generate_group(group, update, watch), strict=True):
                 own.append(rollout)  # the detector's batch: its reward is recorded, never trained on
         consumed = [member.buffer[schedule.key(update)] for member in group.members]
-        for member in group.members:
-            for key in schedule.release_after(update, cfg.updates):
+        for key in schedule.release_after(update, cfg.updates):  # one schedule for all members
+            for member in group.members:
                 member.buffer.pop(key, None)
         joined = group.join_rollouts(consumed)  # the members' batches as row blocks, group ids kept apart
         with watch("policy_forward"):

@@ -115,6 +115,7 @@ class AutoregressivePolicy(ABC):
         mask = torch.zeros(batch, width)
         behavior = torch.zeros(batch, width)
         sampler = torch.zeros(batch, width) if self.sampler_noise_std > 0 else None
+        race: Tensor | None = None  # every step's Exp(1) numbers, drawn at the first (see race_numbers)
         with torch.no_grad():
             state = self.start_decoding(prompt_ids, prompt_mask, prompt_index)
             for t in range(width):
@@ -124,7 +125,10 @@ class AutoregressivePolicy(ABC):
                 if sampler is not None:
                     noise = _randn(logp.shape, generator, logp.dtype)
                     engine_logp = torch.log_softmax(logp + self.sampler_noise_std * noise, -1)
-                token = _multinomial(engine_logp.exp(), generator)
+                probs = engine_logp.exp()
+                if t == 0 and sampler is None and _races(probs):  # nothing else draws between the steps
+                    race = race_numbers((width, *probs.shape), generator)
+                token = _multinomial(probs, generator, None if race is None else race[t])
                 token = torch.where(alive, token, torch.full_like(token, self.pad_id))
                 ids[:, t] = token
                 mask[:, t] = alive.to(mask.dtype)
@@ -210,24 +214,42 @@ def _randn(shape: torch.Size, generator: torch.Generator | Sequence[torch.Genera
     return torch.cat([torch.randn((rows, *shape[1:]), generator=g, dtype=dtype) for g in generator])
 
 
-def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None,
+                 race: Tensor | None = None) -> Tensor:
     """One token per row of ``probs`` [B, V], the token ``torch.multinomial(probs, 1)`` draws; with k generators,
     k equal row blocks, block i from generator i.
 
     ``torch.multinomial`` draws one sample by the exponential race (the Gumbel-max trick in exponential form):
     y = argmax_v p_v / q_v with q_v ~ Exp(1) i.i.d., q from ``exponential_``.  For float32 probabilities on the CPU
-    the same q come from :func:`exponential` (same generator draws, bit for bit, about twice as fast), so tokens and
-    the generator's state are those of ``torch.multinomial``; other cases call it."""
-    generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
-    blocks = probs.split(probs.shape[0] // len(generators))
-    if probs.dtype != torch.float32 or probs.device.type != "cpu":
+    (:func:`_races`) the same q come from :func:`exponential` (same generator draws, bit for bit, about twice as
+    fast), so tokens and the generator's state are those of ``torch.multinomial``; other cases call it.  ``race``:
+    this draw's q when the caller drew them ahead (:func:`race_numbers`)."""
+    if not _races(probs):
+        generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
+        blocks = probs.split(probs.shape[0] // len(generators))
         return torch.cat([torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generators, strict=True)]
                          ).squeeze(1)
     if not math.isfinite(float(probs.sum())):  # probabilities are >= 0: the sum is finite iff every one is
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-    # each block's uniforms from its own generator (what ``exponential`` draws), then one pass for all blocks
-    uniforms = [torch.rand(b.shape, dtype=torch.float64, generator=g) for b, g in zip(blocks, generators, strict=True)]
-    return (probs / exponential_of(torch.cat(uniforms).neg_())).argmax(-1)
+    return (probs / (race_numbers(probs.shape, generator) if race is None else race)).argmax(-1)
+
+
+def _races(probs: Tensor) -> bool:
+    """Whether :func:`_multinomial` draws ``probs`` by its own exponential race (float32 on the CPU)."""
+    return probs.dtype == torch.float32 and probs.device.type == "cpu"
+
+
+def race_numbers(shape: tuple[int, ...] | torch.Size,
+                 generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+    """q ~ Exp(1) float32 of ``shape`` = [..., B, V] as :func:`exponential` draws them; with k generators, the B
+    rows are k equal blocks and block i's numbers come from generator i.  A generator's uniforms fill its block in
+    order of the leading dimensions, so [T, B, V] at once are, bit for bit (numbers and generator states), T draws
+    of [B, V] in a row (a decoding loop that draws nothing else: its steps' numbers in one call per generator, and
+    one pass for all of them)."""
+    generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
+    rows = shape[-2] // len(generators)
+    uniforms = [torch.rand((*shape[:-2], rows, shape[-1]), dtype=torch.float64, generator=g) for g in generators]
+    return exponential_of((uniforms[0] if len(uniforms) == 1 else torch.cat(uniforms, dim=-2)).neg_())
 
 
 def exponential(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None) -> Tensor:

@@ -45,3 +45,39 @@ def test_draws_equal_torch_multinomial(blocks: int) -> None:
     assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs, strict=True))
     with pytest.raises(RuntimeError, match="inf"):
         _multinomial(torch.full((2, 3), float("nan")), torch.Generator())
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_sampling_draws_each_step_as_torch_multinomial_does(blocks: int) -> None:
+    """``sample`` draws every step's exponential-race numbers at the first step (one call per generator); tokens,
+    log-probs and generator states must be those of a plain loop of ``torch.multinomial`` per step and block, with
+    rows ending at EOS before the last step."""
+    from offpolicylab.contracts import Prompts
+    from offpolicylab.policies import TabularSoftmaxPolicy
+
+    vocab, length, prompts_per_block, group = 5, 6, 3, 4
+    policy = TabularSoftmaxPolicy(num_prompts=4, vocab_size=vocab, response_len=length, eos_id=0,
+                                  init_logits=torch.randn(4, length, vocab + 1, vocab,
+                                                          generator=torch.Generator().manual_seed(1)))
+    index = torch.tensor([0, 2, 3] * blocks)
+    prompts = Prompts(ids=index[:, None], mask=torch.ones(len(index), 1), index=index)
+    ours = [torch.Generator().manual_seed(20 + b) for b in range(blocks)]
+    theirs = [torch.Generator().manual_seed(20 + b) for b in range(blocks)]
+    rollout = policy.sample(prompts, group, generator=ours[0] if blocks == 1 else ours)
+
+    rows = index.repeat_interleave(group)
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    alive = torch.ones(len(rows), dtype=torch.bool)
+    with torch.no_grad():
+        for t in range(length):
+            logp = torch.log_softmax(policy.logits[rows, t, ids[:, t - 1] if t else vocab], -1)
+            token = torch.cat([torch.multinomial(p, 1, generator=g).squeeze(1)
+                               for p, g in zip(logp.exp().split(len(rows) // blocks), theirs, strict=True)])
+            token = torch.where(alive, token, 0)
+            ids[:, t] = token
+            assert torch.equal(rollout.behavior_logp[:, t], torch.where(alive, logp.gather(1, token[:, None])[:, 0], 0.0))
+            assert torch.equal(rollout.response_mask[:, t], alive.float())
+            alive = alive & (token != 0)
+    assert torch.equal(rollout.response_ids, ids)
+    assert 0 < int(rollout.response_mask.sum()) < ids.numel()  # some rows ended early: EOS is exercised
+    assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs, strict=True))
