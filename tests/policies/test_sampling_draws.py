@@ -55,7 +55,7 @@ def test_sampling_draws_each_step_as_torch_multinomial_does(blocks: int) -> None
     from offpolicylab.contracts import Prompts
     from offpolicylab.policies import TabularSoftmaxPolicy
 
-    vocab, length, prompts_per_block, group = 5, 6, 3, 4
+    vocab, length, group = 5, 6, 4
     policy = TabularSoftmaxPolicy(num_prompts=4, vocab_size=vocab, response_len=length, eos_id=0,
                                   init_logits=torch.randn(4, length, vocab + 1, vocab,
                                                           generator=torch.Generator().manual_seed(1)))
