@@ -235,7 +235,7 @@ def fused_ratio_summary_rows(delta: Tensor, mask: Tensor, ratio: Tensor) -> dict
     torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta)
     peak = work.max(dim=1).values
     peak = torch.where(peak > -floor, peak, delta.new_zeros(()))
-    total = work.sub_(peak[:, None]).exp_().sum(dim=1)
+    total = torch.sub(delta, peak[:, None], out=work).mul_(mask).exp_().mul_(mask).sum(dim=1)  # as the ESS alone
     ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum(dim=1)).clamp_min(torch.finfo(delta.dtype).tiny)
     metrics["ess"] = torch.where(tokens > 0, ess, delta.new_ones(()))
     metrics["kl_k1"] = (0.0 - delta.sum(dim=1)) / count
@@ -265,17 +265,21 @@ def largest(flat: Tensor, k: int) -> Tensor:
 def fused_effective_sample_size(delta: Tensor, mask: Tensor, work: Tensor | None = None) -> Tensor:
     """:func:`effective_sample_size` of a detached log-ratio ``delta`` that is already 0 on padded tokens, with a
     binary float ``mask`` of its dtype (``work``: an optional scratch buffer like ``delta``): the max-rescaled
-    weights e^(Δ − max Δ) with the padding pushed to −finfo.max, where the exp is 0 (the masked form's −inf), no
-    ``torch.where`` over tokens — bit-identical to the masked form."""
+    weights e^(Δ − max Δ), max Δ over the valid tokens (the padding pushed to −finfo.max for the max), and 0 on
+    padding, no ``torch.where`` over tokens — bit-identical to the masked form.
+
+    The exp reads (Δ − max Δ)·m, 0 on padding, and its result is multiplied by m again (exactly the masked weights):
+    CPU ``exp`` takes a slow path for arguments far below its range (−finfo.max: ≈ 6× the time of in-range values,
+    measured on 262,144 floats), so the padding must not reach it as −finfo.max."""
     work = torch.empty_like(delta) if work is None else work
     mask = mask.to(delta.dtype)
     tokens = mask.sum()
-    # Δ on valid tokens (Δ + 0 exactly), −finfo.max on padding: its max is the valid max and e^(−max − top) = 0
+    # Δ on valid tokens (Δ + 0 exactly), −finfo.max on padding: its max is the valid max
     floor = torch.finfo(delta.dtype).max
     torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta)
     top = work.max()
     top = torch.where(top > -floor, top, delta.new_zeros(()))  # no finite valid Δ: 0, as the masked form (weights 0)
-    total = work.sub_(top).exp_().sum()
+    total = torch.sub(delta, top, out=work).mul_(mask).exp_().mul_(mask).sum()
     ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum()).clamp_min(torch.finfo(delta.dtype).tiny)
     return torch.where(tokens > 0, ess, delta.new_ones(()))
 
