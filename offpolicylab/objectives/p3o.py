@@ -4,7 +4,7 @@ public code: FeynRL-project/FeynRL ``algs/P3O/p3o.py``)."""
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,17 +44,45 @@ class P3O(Objective):
     """
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        log_ratio = batch.log_ratio
-        ess = batch.ess()
-        weight = batch.ratio().clamp(max=math.exp(EXP_CLAMP))  # = exp(min(Δ, 80))
-        rho = torch.minimum(weight, ess).clamp_min(0.0)
-        kl = kl_k3_behavior(log_ratio)
+        delta, ess = batch.delta(), batch.ess()
+        rho = torch.minimum(batch.ratio(), ess)  # = clamp(min(w, e^80), 0, ESS): w ≥ 0 and ESS ≤ 1 < e^80
+        coefficient = -rho * batch.advantages
+        exp_term = torch.exp(-delta.clamp(min=-EXP_CLAMP))  # e^−Δ of kl_k3_behavior
+        kl = delta + exp_term - 1.0
         kl_weight = 1.0 - ess
-        per_token = -rho * batch.advantages * batch.logp + kl_weight * kl
+        value = coefficient * batch.logp.detach() + kl_weight * kl
+        slope = exp_term * stats.indicator(torch.ge, delta, -EXP_CLAMP)  # d e^−Δ/dΔ = −e^−Δ where the clamp passes
         metrics = {
             "ess": ess,
             "p3o_kl_weight": kl_weight,
-            "clip_frac": stats.fraction(stats.indicator(torch.gt, weight, ess), batch.mask),
-            "kl_behavior": kl.detach().sum() / batch.mask.sum().clamp_min(1.0),  # KL_k3(0) = 0 on padding
+            "clip_frac": stats.fraction(stats.indicator(torch.gt, batch.ratio(), ess), batch.mask),
+            "kl_behavior": kl.sum() / batch.mask.sum().clamp_min(1.0),  # KL_k3(0) = 0 on padding
         }
-        return per_token, torch.ones_like(batch.mask), metrics
+        return _p3o_gradient(value, batch.logp, coefficient, kl_weight, slope), batch.mask, metrics
+
+
+def _p3o_gradient(value: Tensor, logp: Tensor, coefficient: Tensor, kl_weight: Tensor, slope: Tensor) -> Tensor:
+    """ℓ with the value ``value`` and P3O's gradient w.r.t. ``logp`` (everything else detached):
+
+        ∂ℓ/∂logp = coefficient + kl_weight·(1 − slope),   coefficient = −ρ·A,  slope = e^−Δ·1[Δ ≥ −80]
+
+    computed from the upstream gradient g as autograd computes it for the written-out formula (g·coefficient, and
+    g·kl_weight through the k3 term's two paths, added), so the gradient is bit for bit autograd's — without a graph
+    of the clamp, exp and sums forward (see :func:`~offpolicylab.objectives.policy_gradient.straight_through`)."""
+    return _P3OGradient.apply(value, logp, coefficient, kl_weight, slope)
+
+
+class _P3OGradient(torch.autograd.Function):
+    """See :func:`_p3o_gradient` (first-order gradients only)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, logp: Tensor, coefficient: Tensor, kl_weight: Tensor,
+                slope: Tensor) -> Tensor:
+        ctx.save_for_backward(coefficient, kl_weight, slope)
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor, None, None, None]:
+        coefficient, kl_weight, slope = ctx.saved_tensors
+        kl_grad = grad * kl_weight
+        return None, grad * coefficient + (kl_grad - kl_grad * slope), None, None, None
