@@ -44,7 +44,11 @@ def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: flo
                * stats.indicator(torch.gt, log_ratio.detach().to(valid.dtype), math.log(kappa)))
     if scope == "trigger":
         return trigger
-    suffix = valid * stats.indicator(torch.gt, torch.cumsum(trigger, dim=-1), 0.0)  # exact: sums of 0/1 counts
+    # from the first trigger on: t ≥ t₀ ⟺ T − t ≤ T − t₀ = max_t trigger_t·(T − t) (0, so never, without a trigger);
+    # the same tokens as cumsum(trigger) > 0, without the scan (a slow kernel along the contiguous dimension)
+    countdown = torch.arange(trigger.shape[-1], 0, -1, dtype=trigger.dtype, device=trigger.device)  # T − t
+    first = (trigger * countdown).amax(dim=-1, keepdim=True)
+    suffix = valid * stats.indicator(torch.le, countdown.expand_as(trigger), first)
     if scope == "suffix":
         return suffix
     if scope == "nontrigger_suffix":
@@ -84,7 +88,9 @@ class MuGRPO(Objective):
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
         allowed = 1.0 - vetoed
-        safe_ratio = torch.exp(allowed * batch.delta())  # e^0 on vetoed tokens: no overflow leaks from them
+        # r on allowed tokens, 1 = e^0 on vetoed ones (no overflow leaks from them): 1·r + 0 and 0·r + 1 exactly, an
+        # overflowed r (0·inf = nan) set to 1 — the values of exp((1 − veto)·Δ) without a second exp
+        safe_ratio = torch.nan_to_num(torch.addcmul(vetoed, batch.ratio(), allowed), nan=1.0, posinf=math.inf)
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
         token_mask = kept * allowed
         tokens = batch.mask.sum(dim=-1)
