@@ -42,6 +42,19 @@ def total(values: Tensor) -> Tensor:
     return values.sum() if _blocks == 1 else values.reshape(_blocks, -1).sum(1)
 
 
+EXACT_COUNT = 2**24
+"""Up to this many entries a float32 sum of 0/1 values is an exact integer (every partial sum is one)."""
+
+
+def complement_total(values: Tensor) -> Tensor:
+    """Σ (1 − v) of 0/1 floats ``values`` as n − Σ v, n the entries (per row block inside :func:`blockwise`): the same
+    number, bit for bit, when n < :data:`EXACT_COUNT` (both are exact integers), without writing 1 − v; else summed."""
+    entries = values.numel() // _blocks
+    if entries >= EXACT_COUNT:
+        return total(1.0 - values)
+    return entries - total(values)
+
+
 def average(values: Tensor) -> Tensor:
     """Mean of every entry of ``values``; inside :func:`blockwise`, of each row block (``[count]``)."""
     return values.mean() if _blocks == 1 else values.reshape(_blocks, -1).mean(1)

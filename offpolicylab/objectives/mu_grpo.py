@@ -24,7 +24,8 @@ def negative_advantage_veto(log_ratio: Tensor, advantages: Tensor, mask: Tensor,
     return veto_weights(log_ratio, advantages, mask, kappa, scope) > 0
 
 
-def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: float, scope: str) -> Tensor:
+def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: float, scope: str,
+                 zero_padded: bool = False) -> Tensor:
     """[B, T] 0/1 floats (``mask``'s dtype): 1 on tokens removed by the negative-advantage veto.
 
     Trigger tokens: valid tokens with A < 0 and r > κ (compared as log r > log κ).  Scopes:
@@ -33,15 +34,18 @@ def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: flo
     end (cumulative sum along T > 0), i.e. trigger ∪ H_κ from there on; ``response`` → every valid token of a response
     that has a trigger.  Nesting: trigger ⊆ suffix, nontrigger_suffix ⊆ suffix ⊆ response, trigger ∩
     nontrigger_suffix = ∅.  Padding (``mask`` 0; the mask holds 0 and 1) is never vetoed.  Float products instead of
-    boolean tensors (slow on CPU).
+    boolean tensors (slow on CPU).  ``zero_padded``: ``log_ratio`` is 0 on padding, where with κ ≥ 1 no token
+    triggers (0 > log κ fails), so the triggers need no product with the mask.
     """
     if scope not in NAV_SCOPES:
         raise ValueError(f"unknown nav_scope {scope!r}; valid: {', '.join(NAV_SCOPES)}")
     valid = mask if torch.is_floating_point(mask) else mask.to(torch.get_default_dtype())  # 0/1
     if scope == "none":
         return torch.zeros_like(valid)
-    trigger = (valid * stats.indicator(torch.lt, advantages.detach().to(valid.dtype), 0.0)
+    trigger = (stats.indicator(torch.lt, advantages.detach().to(valid.dtype), 0.0)
                * stats.indicator(torch.gt, log_ratio.detach().to(valid.dtype), math.log(kappa)))
+    if not (zero_padded and kappa >= 1.0):
+        trigger = valid * trigger
     if scope == "trigger":
         return trigger
     # from the first trigger on: t ≥ t₀ ⟺ T − t ≤ T − t₀ = max_t trigger_t·(T − t) (0, so never, without a trigger);
@@ -86,7 +90,8 @@ class MuGRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope)
+        vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope,
+                              zero_padded=True)
         allowed = 1.0 - vetoed
         # r on allowed tokens, 1 = e^0 on vetoed ones (no overflow leaks from them): 1·r + 0 and 0·r + 1 exactly, an
         # overflowed r (0·inf = nan) set to 1 — the values of exp((1 − veto)·Δ) without a second exp
@@ -97,7 +102,7 @@ class MuGRPO(Objective):
         count = stats.total(tokens).clamp_min(1.0)
         vetoed_responses = vetoed.amax(dim=-1)  # 0/1 per response; 0 for empty ones (padding is never vetoed)
         metrics = {  # the clipped tokens are allowed − kept·allowed; vetoed and clipped tokens are never padding
-            "clip_frac": (stats.total(allowed) - stats.total(token_mask)) / count,
+            "clip_frac": (stats.complement_total(vetoed) - stats.total(token_mask)) / count,  # Σ allowed − Σ kept
             "nav_frac": stats.total(vetoed) / count,
             "nav_response_frac": stats.total(vetoed_responses) / stats.total(tokens > 0).clamp_min(1),
         }

@@ -181,3 +181,17 @@ def test_loss_and_gradient_equal_the_written_out_objective_bit_for_bit(scope: st
     (expected_grad,) = torch.autograd.grad(expected_loss, reference)
     assert torch.isfinite(expected_loss) and torch.equal(out.loss.detach(), expected_loss.detach())
     assert torch.equal(grad, expected_grad)
+
+
+@pytest.mark.parametrize("scope", ["trigger", "nontrigger_suffix", "suffix", "response"])
+def test_zero_padded_log_ratios_need_no_mask_product(scope: str) -> None:
+    from offpolicylab.objectives.mu_grpo import veto_weights
+
+    gen = torch.Generator().manual_seed(5)
+    mask = (torch.arange(9)[None, :] < torch.randint(0, 10, (30, 1), generator=gen)).float()
+    log_ratio = torch.randn(30, 9, generator=gen) * mask  # 0 on padding, as TokenBatch.delta()
+    advantages = torch.randn(30, 1, generator=gen).expand(30, 9) * mask
+    for kappa in (1.0, 2.0):
+        plain = veto_weights(log_ratio, advantages, mask, kappa, scope)
+        assert plain.sum() > 0 and torch.equal(veto_weights(log_ratio, advantages, mask, kappa, scope, zero_padded=True),
+                                               plain)
