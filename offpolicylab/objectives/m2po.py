@@ -17,7 +17,7 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
-from offpolicylab.objectives.policy_gradient import straight_through
+from offpolicylab.objectives.policy_gradient import ratio_or_one, straight_through
 
 M2PO_VARIANTS = ("mask", "cap")
 
@@ -145,14 +145,15 @@ class M2PO(Objective):
             "tr_frac": in_region / batch.mask.sum().clamp_min(1.0),
         }
         if self.variant == "mask":
-            return self._mask_loss(batch, delta, delta_sq, trust_region, metrics)
+            return self._mask_loss(batch, delta_sq, trust_region, metrics)
         return self._cap_loss(batch, batch.log_ratio, delta_sq, trust_region, metrics)
 
     def _mask_loss(
-        self, batch: TokenBatch, delta: Tensor, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
+        self, batch: TokenBatch, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        keep = 1.0 - m2po_mask(delta_sq, trust_region, self.tau)
-        ratio = torch.exp(keep * delta)  # masked tokens get e^0: an overflowing ratio there cannot leak nan
+        masked = m2po_mask(delta_sq, trust_region, self.tau)
+        keep = 1.0 - masked
+        ratio = ratio_or_one(batch.ratio(), masked, keep)  # masked tokens get e^0: no overflow can leak nan
         negative = -batch.advantages
         per_token = straight_through(keep * (negative * ratio), batch.logp, negative, keep * ratio)
         kept_region = trust_region * keep

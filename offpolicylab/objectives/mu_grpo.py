@@ -14,7 +14,7 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
-from offpolicylab.objectives.policy_gradient import ppo_clip_loss
+from offpolicylab.objectives.policy_gradient import ppo_clip_loss, ratio_or_one
 
 NAV_SCOPES = ("none", "trigger", "nontrigger_suffix", "suffix", "response")
 
@@ -93,9 +93,7 @@ class MuGRPO(Objective):
         vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope,
                               zero_padded=True)
         allowed = 1.0 - vetoed
-        # r on allowed tokens, 1 = e^0 on vetoed ones (no overflow leaks from them): 1·r + 0 and 0·r + 1 exactly, an
-        # overflowed r (0·inf = nan) set to 1 — the values of exp((1 − veto)·Δ) without a second exp
-        safe_ratio = torch.nan_to_num(torch.addcmul(vetoed, batch.ratio(), allowed), nan=1.0, posinf=math.inf)
+        safe_ratio = ratio_or_one(batch.ratio(), vetoed, allowed)  # e^0 on vetoed tokens: no overflow leaks
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
         token_mask = kept * allowed
         tokens = batch.mask.sum(dim=-1)

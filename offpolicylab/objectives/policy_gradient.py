@@ -55,6 +55,13 @@ class _StraightThrough(torch.autograd.Function):
         return None, (grad * coefficient * slope).expand(ctx.shape), None, None
 
 
+def ratio_or_one(ratio: Tensor, dropped: Tensor, kept: Tensor) -> Tensor:
+    """r on the ``kept`` tokens, 1 on the ``dropped`` ones (0/1 floats, ``kept`` = 1 − ``dropped``): exactly
+    exp(kept·Δ) for r = e^Δ without a second exp — 1·r + 0 and 0·r + 1, an overflowed r of a dropped token
+    (0·inf = nan) set to 1 — so no overflow leaks from tokens a loss leaves out."""
+    return torch.nan_to_num(torch.addcmul(dropped, ratio, kept), nan=1.0, posinf=math.inf)
+
+
 def ppo_clip_loss(
     logp: Tensor, ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
 ) -> tuple[Tensor, Tensor]:

@@ -112,3 +112,20 @@ def test_gspo_equals_the_autograd_token_form(agg: str) -> None:
     torch.testing.assert_close(out.loss, ref_loss, rtol=1e-14, atol=0.0)
     torch.testing.assert_close(logp.grad, logp_ref.grad, rtol=1e-14, atol=0.0)
     assert 0.0 < float(out.metrics["clip_frac"]) < 1.0  # both sides of the clip edges occur
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ratio_or_one_equals_exp_of_the_kept_log_ratio(dtype: torch.dtype) -> None:
+    """r on kept tokens and 1 on dropped ones from the batch's r = e^Δ: exactly exp(kept·Δ), also where e^Δ
+    overflows (a dropped token's inf must not leak, a kept token's inf stays inf)."""
+    from offpolicylab.objectives.policy_gradient import ratio_or_one
+
+    gen = torch.Generator().manual_seed(0)
+    delta = torch.randn(40, 30, generator=gen, dtype=dtype) * 3.0
+    delta[::7, ::5] = 800.0  # e^800 overflows float32 and float64
+    dropped = (torch.rand(40, 30, generator=gen) < 0.4).to(dtype)
+    kept = 1.0 - dropped
+    expected = torch.exp(kept * delta)
+    got = ratio_or_one(torch.exp(delta), dropped, kept)
+    assert torch.isinf(expected).any() and (torch.isinf(torch.exp(delta)) & (dropped > 0)).any()
+    assert torch.equal(got, expected)
