@@ -63,9 +63,9 @@ class SortedTrustRegion:
 
 
 def ascending(values: Tensor) -> Tensor:
-    """The 1-D ``values`` sorted ascending (values only).  On the CPU (float32 / float64) through NumPy's sort, about 4× faster than
-    ``torch.sort`` there (0.16 vs 0.66 ms for 11,000 floats, 1 thread); the same values in the same order (ties are
-    equal values)."""
+    """The 1-D ``values`` sorted ascending (values only).  On the CPU (float32 / float64) through NumPy's sort, about
+    4× faster than ``torch.sort`` there (0.16 vs 0.66 ms for 11,000 floats, 1 thread); the same values in the same
+    order (ties are equal values)."""
     if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
         return torch.from_numpy(np.sort(values.numpy()))
     return torch.sort(values).values

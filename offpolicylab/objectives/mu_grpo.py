@@ -30,8 +30,8 @@ def veto_weights(log_ratio: Tensor, advantages: Tensor, mask: Tensor, kappa: flo
 
     Trigger tokens: valid tokens with A < 0 and r > κ (compared as log r > log κ).  Scopes:
     ``none`` → nothing; ``trigger`` → every trigger token; ``nontrigger_suffix`` → H_κ, the tokens after the first
-    trigger of a response that are not triggers themselves; ``suffix`` → from the first trigger of a response to its
-    end (cumulative sum along T > 0), i.e. trigger ∪ H_κ from there on; ``response`` → every valid token of a response
+    trigger of a response that are not triggers themselves; ``suffix`` → from the first trigger t₀ of a response to
+    its end (every valid t ≥ t₀), i.e. trigger ∪ H_κ from there on; ``response`` → every valid token of a response
     that has a trigger.  Nesting: trigger ⊆ suffix, nontrigger_suffix ⊆ suffix ⊆ response, trigger ∩
     nontrigger_suffix = ∅.  Padding (``mask`` 0; the mask holds 0 and 1) is never vetoed.  Float products instead of
     boolean tensors (slow on CPU).  ``zero_padded``: ``log_ratio`` is 0 on padding, where with κ ≥ 1 no token
