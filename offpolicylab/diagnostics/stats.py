@@ -176,9 +176,7 @@ def fused_ratio_summary(
     metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum() / count
     metrics["m2"] = torch.mul(delta, delta, out=work).sum() / count
     metrics["ess"] = fused_effective_sample_size(delta, mask, work) if ess is None else ess
-    metrics["kl_k1"] = (0.0 - delta.sum()) / count  # = Σ(−Δ) exactly, and +0 (not −0) when Σ Δ = 0, as that sum gives
-    torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
-    metrics["kl_k3"] = work.sub_(delta).sum() / count
+    metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work)
     return metrics
 
 
@@ -189,9 +187,19 @@ def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     if log_ratio.numel() == 0:
         return log_ratio.new_zeros(()), log_ratio.new_zeros(())
     delta = _masked(log_ratio.detach(), mask)
-    count = mask.to(delta.dtype).sum().clamp_min(1.0)
-    k1 = (0.0 - delta.sum()) / count
-    return k1, torch.expm1(torch.clamp(delta, max=EXP_CLAMP)).sub_(delta).sum() / count
+    return _kl_terms(delta, mask.to(delta.dtype).sum().clamp_min(1.0), torch.empty_like(delta))
+
+
+def _kl_terms(delta: Tensor, count: Tensor, work: Tensor, dim: int | None = None) -> tuple[Tensor, Tensor]:
+    """(Σ(−Δ), Σ(e^min(Δ, 80) − 1 − Δ)) / count of a ``delta`` that is 0 on padding, summed over ``dim`` (all
+    entries when None); ``work``: a scratch buffer like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ: the same number,
+    and +0 (not −0) when ΣΔ = 0, as that sum gives."""
+    def total(values: Tensor) -> Tensor:
+        return values.sum() if dim is None else values.sum(dim=dim)
+
+    k1 = (0.0 - total(delta)) / count
+    torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
+    return k1, total(work.sub_(delta)) / count
 
 
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")
@@ -251,9 +259,7 @@ def fused_ratio_summary_rows(delta: Tensor, mask: Tensor, ratio: Tensor) -> dict
     total = torch.sub(delta, peak[:, None], out=work).mul_(mask).exp_().mul_(mask).sum(dim=1)  # as the ESS alone
     ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum(dim=1)).clamp_min(torch.finfo(delta.dtype).tiny)
     metrics["ess"] = torch.where(tokens > 0, ess, delta.new_ones(()))
-    metrics["kl_k1"] = (0.0 - delta.sum(dim=1)) / count
-    torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
-    metrics["kl_k3"] = work.sub_(delta).sum(dim=1) / count
+    metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work, dim=1)
     return metrics
 
 

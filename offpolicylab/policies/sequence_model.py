@@ -272,11 +272,10 @@ class _StackedCore(nn.Module):
         return code, self._initial_state(code)
 
     def advance(self, tokens: Tensor, t: int, code: Tensor, state: Tensor,
-                parts: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                parts: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """One GRU step at response position ``t`` from ``state`` on the previous ``tokens`` [S, b, 1]: (logits
-        [S, b, 1, V], the next state); ``parts``: :meth:`input_parts` of ``code`` when the caller keeps them."""
+        [S, b, 1, V], the next state); ``parts``: :meth:`input_parts` of ``code``, computed once per decoding."""
         step = torch.tensor([t])
-        parts = self.input_parts(code) if parts is None else parts
         hidden, state = self._gru(self.input_gates(parts, tokens, step), state)
         return self._readout(hidden, step, code), state
 
