@@ -14,6 +14,8 @@ from typing import Any
 
 from offpolicylab.registry import Param
 
+BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
+
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
 KL_INIT_MODES = ("auto", "on", "off")
@@ -60,11 +62,13 @@ class TrainConfig:
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
                                   "one used"))
-    recompute_behavior_logp: bool = _f(Param(False, bool, doc="score each generated batch with the training forward "
-                                                              "(no grad) and use that as behavior_logp (verl's "
-                                                              "recompute of old_log_prob); the sampler's numbers are "
-                                                              "kept as sampler_logp, so log_ratio measures staleness "
-                                                              "alone and sampler_log_ratio the numeric mismatch"))
+    behavior_logp: str = _f(Param("auto", str, choices=BEHAVIOR_SOURCES,
+                                  doc="where each batch's behavior_logp (the ratios' denominator) comes from: "
+                                      "trainer = the trainer's own forward (fp32; for hf one extra forward per "
+                                      "batch, verl's recompute of old_log_prob), sampler = the sampling engine's "
+                                      "numbers (a reduced sampler_precision's mismatch then enters every ratio), "
+                                      "auto = trainer for the toy policies, sampler for hf; the engine's numbers "
+                                      "are kept as sampler_logp either way (tis_cap)"))
     optimizer: str = _f(Param("adam", str, choices=OPTIMIZERS, doc="optimizer"))
     lr: float | None = _f(Param(None, float, **_POSITIVE, optional=True,
                                 doc="learning rate (none: the policy's default, POLICY_DEFAULTS: 0.05 for the toy "
@@ -127,6 +131,7 @@ class TrainConfig:
         """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
         Fields the mapping leaves out take the world's suggested values
         (:func:`offpolicylab.worlds.world_train_defaults`), then the dataclass defaults."""
+        data = upgrade_config(data)
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
@@ -138,6 +143,18 @@ class TrainConfig:
 
 
 _PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(TrainConfig)}
+LEGACY_RECOMPUTE = "recompute_behavior_logp"  # the bool that behavior_logp replaced (true = trainer)
+
+
+def upgrade_config(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the keys of earlier versions renamed: ``recompute_behavior_logp`` (true / false) becomes
+    ``behavior_logp`` (``trainer`` / ``auto``), so earlier runs' config.json still load and compare equal."""
+    if LEGACY_RECOMPUTE not in data:
+        return data
+    data = dict(data)
+    recompute = Param(False, bool).validate(LEGACY_RECOMPUTE, data.pop(LEGACY_RECOMPUTE))
+    data.setdefault("behavior_logp", "trainer" if recompute else "auto")
+    return data
 
 
 def config_params() -> dict[str, Param]:

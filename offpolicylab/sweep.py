@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offpolicylab.config import TrainConfig
+from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.registry import Registry
 from offpolicylab.runs import write_grid, write_sweep_results
 
@@ -215,7 +215,7 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
         if not run.config_path.exists() or (summary is not None and summary.get("status") == "failed"):
             continue
         try:
-            stored = run.read_config()
+            stored = upgrade_config(run.read_config())  # earlier versions' keys renamed
         except RunError:
             changed[cell.name] = "config.json unreadable"
             continue

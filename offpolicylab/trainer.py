@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from offpolicylab.behavior import sample_rollout
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import ClonablePolicy, ExactWorld, GreedyPolicy, Policy, Rollout, World
 from offpolicylab.diagnostics import stats
@@ -583,9 +584,9 @@ def generate_group(group: SeedGroup, version: int, watch: Stopwatch) -> list[Rol
             continue
         prompts = group.join_prompts([member.world.sample_prompts(count, member.generator) for member in members])
         with watch("policy_forward"):
-            rollout = policy.sample(prompts, cfg.group_size, cfg.temperature, group.generators)
-            if cfg.recompute_behavior_logp:
-                rollout = recompute_behavior_logp(policy, rollout)
+            # the behaviour log-prob's source (offpolicylab.behavior): the trainer's numbers or the sampler's
+            rollout = sample_rollout(policy, prompts, cfg.group_size, cfg.temperature, group.generators,
+                                     cfg.behavior_logp)
         device = rollout.response_ids.device
         rollout = rollout.with_(version=torch.full((len(rollout),), tag, dtype=torch.long, device=device))
         if joined_rewards:  # every member's rows in one call: each row's reward is its own, bit for bit
@@ -604,18 +605,6 @@ def generate_group(group: SeedGroup, version: int, watch: Stopwatch) -> list[Rol
             rollout = rollout.with_(rewards=rewards.to(torch.float32))
         batches.append(rollout)
     return batches
-
-
-def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
-    """behavior_logp ← log π(y_t | x, y_<t) from the policy's training forward (``score``, no grad), as verl's
-    recompute of old_log_prob; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
-    reported one).  The objective's log-ratio logp − behavior_logp then measures staleness alone and
-    behavior_logp − sampler_logp the sampler/trainer numeric mismatch (Yao et al. 2025, "Your efficient RL framework
-    secretly brings you off-policy RL training")."""
-    with torch.no_grad():
-        logp, _ = policy.score(rollout)
-    sampler = rollout.sampler_logp if rollout.sampler_logp is not None else rollout.behavior_logp
-    return rollout.with_(behavior_logp=logp.detach() * rollout.response_mask, sampler_logp=sampler)
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:

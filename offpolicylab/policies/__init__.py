@@ -14,6 +14,7 @@ from typing import Any
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
 from offpolicylab.policies.hf import hf_policy_params, make_hf_policy
+from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
 from offpolicylab.policies.transformer import TransformerPolicy
@@ -22,6 +23,9 @@ from offpolicylab.registry import Param, Registry
 POLICIES: Registry[Policy] = Registry("policy")
 
 _SAMPLER_NOISE = Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)")
+_SAMPLER_PRECISION = Param("fp32", str, choices=PRECISIONS,
+                           doc="precision the sampling engine computes its logits and softmax in (weights stored in "
+                               "it; fp8 simulated, docs/sampler_precision.md); the trainer scores in fp32")
 
 
 def _shape(kind: str, world: World) -> dict[str, Any]:
@@ -32,7 +36,8 @@ def _shape(kind: str, world: World) -> dict[str, Any]:
     return {"vocab_size": world.vocab_size, "response_len": world.max_response_len, "eos_id": world.eos_id}
 
 
-def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: float) -> TabularSoftmaxPolicy:
+def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: float,
+                  sampler_precision: str) -> TabularSoftmaxPolicy:
     """A logits table per prompt (and context) sized for ``world``; ``init="world"`` starts from the world's
     suggested logits when it has them."""
     shape = _shape("tabular", world)
@@ -40,7 +45,7 @@ def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: f
     init_logits = world.initial_logits() if wants_init else None
     context = "none" if world.max_response_len == 1 and world.eos_id is None else context
     return TabularSoftmaxPolicy(num_prompts=world.num_prompts, context=context, init_logits=init_logits,
-                                sampler_noise_std=sampler_noise_std, **shape)
+                                sampler_noise_std=sampler_noise_std, sampler_precision=sampler_precision, **shape)
 
 
 def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
@@ -50,7 +55,7 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
-                      **sizes: int | None) -> TransformerPolicy:
+                      sampler_precision: str, **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
@@ -58,7 +63,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
         sizes = {key: defaults[key] if value is None else value for key, value in sizes.items()}
         return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
                                  max_prompt_len=max_prompt_len, seed=seed, sampler_noise_std=sampler_noise_std,
-                                 **sizes, **shape)
+                                 sampler_precision=sampler_precision, **sizes, **shape)
     policy = world.pretrained_policy()
     pretrained = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
                   "num_heads": policy.shape.num_heads}
@@ -67,7 +72,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     if clash:
         raise ValueError(f"transformer {', '.join(clash)} differs from the world's pretrained π₀; valid: leave the "
                          "sizes unset, or init=random")
-    policy.sampler_noise_std = sampler_noise_std
+    policy.sampler_noise_std, policy.sampler_precision = sampler_noise_std, sampler_precision
     return policy
 
 
@@ -76,6 +81,7 @@ POLICIES.register("tabular", build_tabular, {
     "init": Param("world", str, choices=("world", "uniform"),
                   doc="world = the world's suggested initial policy (e.g. π_b of the pitfall) when it has one"),
     "sampler_noise_std": _SAMPLER_NOISE,
+    "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a softmax logits table per prompt and context")
 POLICIES.register("sequence_model", build_sequence_model, {
     "embed_dim": Param(32, int, low=1, doc="token embedding width"),
@@ -86,6 +92,7 @@ POLICIES.register("sequence_model", build_sequence_model, {
                          doc="logits = logit_scale/√features · head(features); smaller explores longer"),
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
     "sampler_noise_std": _SAMPLER_NOISE,
+    "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a small GRU sequence model")
 POLICIES.register("transformer", build_transformer, {
     "init": Param("pretrained", str, choices=("pretrained", "random"),
@@ -96,6 +103,7 @@ POLICIES.register("transformer", build_transformer, {
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt (random init; π₀ keeps its own)"),
     "seed": Param(0, int, doc="initial-weight seed (random init)"),
     "sampler_noise_std": _SAMPLER_NOISE,
+    "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)")
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),
                   doc="a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)")
