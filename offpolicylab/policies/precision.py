@@ -11,8 +11,9 @@ Training", blog post), which the P3O paper (Fakoor et al. 2026, arXiv:2605.12380
 - ``fp32``: the trainer's own arithmetic (no mismatch, today's behaviour bit for bit).
 - ``bf16``, ``fp16``: every weight is cast to the dtype (round to nearest even) and the whole network — embeddings,
   matrix products, LayerNorm, attention, the GRU, the head — runs in it with torch's own CPU kernels (they exist for
-  both dtypes); the logits come out in the dtype, and ``log_softmax`` runs in it too (torch's kernel: accumulates in
-  float32 and rounds its output, within about one unit in the last place of the correctly rounded value).
+  both dtypes); the logits come out in the dtype, and ``log_softmax`` runs in it too (torch's kernel rounds the
+  normalising sum Σ e^z and the output to the dtype: ℓ is within one unit in its last place plus one unit roundoff,
+  2⁻⁸ for bf16 and 2⁻¹¹ for fp16, of the exact log-softmax of the rounded logits).
 - ``fp8_e4m3``, ``fp8_e5m2``: **simulated** (torch has no FP8 kernel on the CPU but a plain matrix product: no
   softmax, LayerNorm, addition or GRU).  The network runs in bf16 as above, and every linear map (``nn.Linear``, its
   stacked form, the GRU's gate matrices, a Hugging Face model's linear layers, LoRA and the LM head included) takes

@@ -132,8 +132,8 @@ class StackedTransformerPolicy(TransformerPolicy):
                first.max_prompt_len)
         if any((m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len) != key
                for m in members):
-            raise ValueError("stacked transformer policies must share shape, eos_id, sampler noise and precision, and "
-                             "prompt length")
+            raise ValueError("stacked transformer policies must share shape, eos_id, sampler noise, sampler precision "
+                             "and prompt length")
         self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std,
                           first.sampler_precision)
         self.pad_token, self.max_prompt_len, self.shape = first.pad_token, first.max_prompt_len, first.shape
