@@ -288,8 +288,8 @@ class HFPolicy:
         out = self.model(input_ids=ids[first], attention_mask=mask[first], position_ids=positions[first],
                          use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[:, -1]
-        if first.numel() < rows:
-            cache.batch_select_indices(source)
+        if not torch.equal(source, torch.arange(rows, device=source.device)):  # back to the rows' order (also
+            cache.batch_select_indices(source)                                  # when all rows are distinct)
             logits = logits[source]
         next_position = positions[:, -1:] + 1
         eos = self.eos_ids.to(ids.device)
