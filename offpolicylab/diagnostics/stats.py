@@ -205,6 +205,7 @@ def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
     counts the spread between groups, so it is larger).  0 for N < 2.  (For evaluation: unlike the per-update
     statistics above, it reads the group sizes on the host.)"""
     values = values.detach().to(torch.float64).reshape(-1)
+    group_ids = group_ids.to(values.device)  # rewards come back on the host, a GPU policy's group ids do not
     total = values.numel()
     if total < 2:
         return values.new_zeros(())

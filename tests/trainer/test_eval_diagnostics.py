@@ -39,6 +39,17 @@ def test_standard_error_with_a_singleton_group_is_the_iid_formula() -> None:
     assert float(stats.stratified_standard_error(torch.ones(1), torch.zeros(1, dtype=torch.long))) == 0.0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the mixed-device case)")
+def test_standard_error_of_host_rewards_with_gpu_group_ids() -> None:
+    """The trainer's evaluation passes rewards on the host and a GPU policy's group ids on the GPU (this raised
+    'Expected all tensors to be on the same device' in index_add on an H100)."""
+    values = np.array([1.0, 0.0, 0.1, 1.0, 0.0, 0.0])
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    expected = np.sqrt(sum(3 * np.var(values[groups == g], ddof=1) for g in (0, 1))) / len(values)
+    got = stats.stratified_standard_error(torch.from_numpy(values), torch.from_numpy(groups).cuda())
+    assert float(got) == pytest.approx(expected, rel=1e-12)
+
+
 # ------------------------------------------------------------------------------------------ sampled KL to π_0
 def _moved_policy() -> trainer.Run:
     parts = trainer.build(mdp_config())
