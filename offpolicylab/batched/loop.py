@@ -19,6 +19,7 @@ from offpolicylab.contracts import GreedyPolicy, Prompts, Rollout
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.trainer import (
     Step,
+    advantages_of,
     batches_due,
     checkpoint_state,
     compute_loss,
@@ -33,14 +34,14 @@ from offpolicylab.trainer import (
     is_finite,
     kl_from_scores,
     log,
-    make_batch,
     progress_line,
     progress_range,
     record,
     sampled_numbers,
     take,
+    token_batch,
     tracks_kl_init,
-    update_row,
+    update_rows,
 )
 from offpolicylab.worlds.exact import sequence_logprobs
 
@@ -56,12 +57,12 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
         tick = time.perf_counter()
         fresh = collect(stack, update, watch)                                      # 1. schedule → rollouts
         joined = Rollout.concat([take(run, update) for run in stack.runs])
-        blocks = joined.split(len(stack))  # each member's rows at the joined width
         with watch("policy_forward"):                                              # 2. TokenBatch
             logp, entropy = stack.policy.score(joined)
         with watch("other"):
-            batches = [make_batch(run, block, lp, ent, update) for run, block, lp, ent in
-                       zip(stack.runs, blocks, stack.split(logp), stack.split(entropy), strict=True)]
+            advantages = [advantages_of(run, block) for run, block in zip(stack.runs, joined.split(len(stack)),
+                                                                          strict=True)]
+            batches = token_batch(joined, logp, entropy, torch.cat(advantages), update).split(len(stack))
         with watch("objective"):                                                   # 3. loss
             outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
         with watch("policy_backward"):                                             # 4. step
@@ -69,7 +70,7 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
             torch.stack([output.loss for output in outputs]).sum().backward()
             norms = stack.clip_gradients(cfg.grad_clip)
         steps = [Step(*parts) for parts in zip(batches, outputs, norms, fresh, strict=True)]
-        rows = [update_row(run, update, step) for run, step in zip(stack.runs, steps, strict=True)]
+        rows = update_rows(stack.runs, update, steps)
         finite = [is_finite(row) for row in rows]
         if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):
