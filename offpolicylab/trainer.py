@@ -206,7 +206,7 @@ def generate(run: Run, version: int, watch: Stopwatch) -> Rollout:
             rollout = sample(policy, prompts, run.config, run.generator)
         pieces.append(stamped(rollout, tag))
     with watch("other"):
-        return with_rewards(run, pieces[0] if len(pieces) == 1 else Rollout.concat(pieces))
+        return with_rewards(run, Rollout.concat(pieces))
 
 
 def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
