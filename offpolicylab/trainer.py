@@ -61,6 +61,7 @@ from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
 from offpolicylab.profiling import LoopProfile, Stopwatch
+from offpolicylab.proximal import proximal_logp
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.staleness import Schedule, parse_schedule
 from offpolicylab.worlds import WORLDS, make_world
@@ -255,7 +256,7 @@ def make_batch(run: Run, rollout: Rollout, logp: Tensor, entropy: Tensor, update
     """The objective's input: per-token ``logp`` (with grad) and ``entropy`` of ``rollout``'s tokens, its behaviour
     log-probs, the run's group-relative advantages (:func:`advantages_of`) and each sequence's staleness at
     ``update``."""
-    return token_batch(rollout, logp, entropy, advantages_of(run, rollout), update)
+    return token_batch(rollout, logp, entropy, advantages_of(run, rollout), update, proximal_of(run, logp, update))
 
 
 def advantages_of(run: Run, rollout: Rollout) -> Tensor:
@@ -277,12 +278,21 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: fl
     return centered / (var.sqrt()[group_ids] + eps)
 
 
-def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int) -> TokenBatch:
-    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies and advantages."""
+def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:
+    """log π_prox of the batch consumed at ``update`` for an objective that reads it (decoupled PPO:
+    :func:`offpolicylab.proximal.proximal_logp`), else None."""
+    if not getattr(run.objective, "needs_prox", False):  # wrappers around an objective may not declare it
+        return None
+    return proximal_logp(run.objective, run.schedule, run.buffer, run.policy, update, run.config.updates, logp)
+
+
+def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int,
+                prox_logp: Tensor | None = None) -> TokenBatch:
+    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies, advantages (and log π_prox)."""
     return TokenBatch(
         logp=logp, behavior_logp=rollout.behavior_logp, advantages=advantages, mask=rollout.response_mask,
         rewards=rollout.rewards, group_ids=rollout.group_ids, sampler_logp=rollout.sampler_logp, entropy=entropy,
-        staleness=(update - rollout.version).to(torch.float32),
+        staleness=(update - rollout.version).to(torch.float32), prox_logp=prox_logp,
     )
 
 

@@ -36,6 +36,7 @@ from offpolicylab.trainer import (
     log,
     progress_line,
     progress_range,
+    proximal_of,
     record,
     sampled_numbers,
     take,
@@ -62,7 +63,10 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
         with watch("other"):
             advantages = [advantages_of(run, block) for run, block in zip(stack.runs, joined.split(len(stack)),
                                                                           strict=True)]
-            batches = token_batch(joined, logp, entropy, torch.cat(advantages), update).split(len(stack))
+            proximal = [proximal_of(run, own, update) for run, own in zip(stack.runs, stack.split(logp), strict=True)]
+            prox_logp = None if all(p is None for p in proximal) else torch.cat(
+                [own.detach() if p is None else p for p, own in zip(proximal, stack.split(logp), strict=True)])
+            batches = token_batch(joined, logp, entropy, torch.cat(advantages), update, prox_logp).split(len(stack))
         with watch("objective"):                                                   # 3. loss
             outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
         with watch("policy_backward"):                                             # 4. step
