@@ -57,12 +57,12 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
     for update in progress_range(start, cfg.updates, progress):
         tick = time.perf_counter()
         fresh = collect(stack, update, watch)                                      # 1. schedule → rollouts
-        joined = Rollout.concat([take(run, update) for run in stack.runs])
+        rollouts = [take(run, update) for run in stack.runs]
+        joined = Rollout.concat(rollouts)
         with watch("policy_forward"):                                              # 2. TokenBatch
             logp, entropy = stack.policy.score(joined)
         with watch("other"):
-            advantages = [advantages_of(run, block) for run, block in zip(stack.runs, joined.split(len(stack)),
-                                                                          strict=True)]
+            advantages = [advantages_of(run, rollout) for run, rollout in zip(stack.runs, rollouts, strict=True)]
             proximal = [proximal_of(run, own, update) for run, own in zip(stack.runs, stack.split(logp), strict=True)]
             prox_logp = None if all(p is None for p in proximal) else torch.cat(
                 [own.detach() if p is None else p for p, own in zip(proximal, stack.split(logp), strict=True)])
