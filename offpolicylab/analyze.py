@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.logs import Log, LogError, canonical, engine_of, read_log, slug, unmapped
+from offpolicylab.logs import Log, LogError, canonical, engine_of, read_log, unmapped
 
 REWARD = "reward_mean"
 DETECTOR_KL = ("kl_k3", "kl_k1", "kl_ref")
@@ -218,6 +218,3 @@ def run_command(args: argparse.Namespace) -> int:
           f"{summary['peak_reward']:.4g} at step {summary['peak_reward_step']}, final {summary['final_reward']:.4g} "
           f"-> {out}/summary.json, {', '.join(summary['figures'])}")
     return 0
-
-
-__all__ = ["FIGURES", "Analysis", "analyze", "add_arguments", "run_command", "slug", "write"]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -377,7 +376,3 @@ def mapping_table() -> str:
                     f"{metric.meaning} |")
     return "\n".join(rows)
 
-
-def slug(name: str) -> str:
-    """A file-name-safe form of a metric name."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)

@@ -79,21 +79,7 @@ class Recorder:
     def add(self, batch: TokenBatch, out: LossOutput, staleness: float | None = None) -> None:
         """One micro-batch the objective scored (``out`` = its output on ``batch``); ``staleness`` in optimizer steps
         when the engine knows it (else ``batch.staleness``, else unknown)."""
-        keep = batch.mask if out.token_mask is None else out.token_mask
-        part = {"log_ratio": batch.delta(), "advantage": batch.advantages, "mask": batch.mask, "kept": keep}
-        if batch.entropy is not None:
-            part["entropy"] = batch.entropy
-        if batch.sampler_logp is not None:
-            part["sampler_log_ratio"] = (batch.behavior_logp - batch.sampler_logp) * batch.mask
-        rows = batch.batch_size
-        if staleness is not None:
-            part["staleness"] = torch.full((rows,), float(staleness))
-        elif batch.staleness is not None:
-            part["staleness"] = batch.staleness
-        for name in ("rewards", "group_ids"):
-            if getattr(batch, name) is not None:
-                part[name] = getattr(batch, name)
-        self._parts.append({key: _numpy(value) for key, value in part.items()})
+        self._parts.append(batch_part(batch, out.token_mask, staleness))
         self._metrics.append({key: float(value) for key, value in out.metrics.items() if value.numel() == 1}
                              | {"loss": float(out.loss.detach())})
 
@@ -138,12 +124,32 @@ def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     return {name: float(np.mean([row[name] for row in rows if name in row])) for name in names}
 
 
-def record_arrays(parts: list[dict[str, np.ndarray]], update: int) -> dict[str, np.ndarray]:
-    """One step's micro-batches as one sample file: the histogram arrays of our own runs (the trainer's
-    ``histogram_samples`` of the joined batch: valid tokens, subsampled to ``MAX_SAMPLE_TOKENS``) and the whole
-    batch (``batch_*``, right-padded to the longest micro-batch; ``micro_batch`` numbers the rows' micro-batches)."""
-    from offpolicylab.trainer import histogram_samples
+def batch_part(batch: TokenBatch, kept: Tensor | None, staleness: float | None = None) -> dict[str, np.ndarray]:
+    """The arrays of one micro-batch (see the module docstring), as CPU NumPy copies."""
+    part = {"log_ratio": batch.delta(), "advantage": batch.advantages, "mask": batch.mask,
+            "kept": batch.mask if kept is None else kept}
+    if batch.entropy is not None:
+        part["entropy"] = batch.entropy
+    if batch.sampler_logp is not None:
+        part["sampler_log_ratio"] = (batch.behavior_logp - batch.sampler_logp) * batch.mask
+    if staleness is not None:
+        part["staleness"] = torch.full((batch.batch_size,), float(staleness))
+    elif batch.staleness is not None:
+        part["staleness"] = batch.staleness
+    for name in ("rewards", "group_ids"):
+        if getattr(batch, name) is not None:
+            part[name] = getattr(batch, name)
+    return {key: _numpy(value) for key, value in part.items()}
 
+
+def whole_batch(batch: TokenBatch, kept: Tensor | None) -> dict[str, np.ndarray]:
+    """The ``batch_*`` arrays and ``micro_batch`` of one batch scored in one call: what a sample file of our own
+    runs needs besides its histogram arrays for ``offpolicylab replay``."""
+    return batch_arrays([batch_part(batch, kept)])
+
+
+def batch_arrays(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Micro-batches joined: ``batch_*`` right-padded to the longest, ``micro_batch`` numbering their rows."""
     width = max(p["log_ratio"].shape[1] for p in parts)
     arrays: dict[str, np.ndarray] = {}
     for name in BATCH_FIELDS:
@@ -154,6 +160,16 @@ def record_arrays(parts: list[dict[str, np.ndarray]], update: int) -> dict[str, 
             arrays[f"batch_{name}"] = np.concatenate([p[name] for p in parts])
     arrays["micro_batch"] = np.concatenate([np.full(p["log_ratio"].shape[0], i, dtype=np.int32)
                                             for i, p in enumerate(parts)])
+    return arrays
+
+
+def record_arrays(parts: list[dict[str, np.ndarray]], update: int) -> dict[str, np.ndarray]:
+    """One step's micro-batches as one sample file: the histogram arrays of our own runs (the trainer's
+    ``histogram_samples`` of the joined batch: valid tokens, subsampled to ``MAX_SAMPLE_TOKENS``) and the whole
+    batch (``batch_*``, right-padded to the longest micro-batch; ``micro_batch`` numbers the rows' micro-batches)."""
+    from offpolicylab.trainer import histogram_samples
+
+    arrays = batch_arrays(parts)
     rows = arrays["micro_batch"].shape[0]
     staleness = (np.concatenate([p["staleness"] for p in parts]) if all("staleness" in p for p in parts)
                  else np.full(rows, UNKNOWN_STALENESS))

@@ -201,7 +201,20 @@ def bad_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     no_reward = tmp_path / "no_reward"
     no_reward.mkdir()
     (no_reward / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 1, "loss": 2.0}]}))
+    two_jsonl = tmp_path / "two_jsonl"
+    two_jsonl.mkdir()
+    for name in ("a", "b"):
+        (two_jsonl / f"{name}.jsonl").write_text('{"step": 1, "data": {"critic/score/mean": 0.5}}\n')
+    two_runs = tmp_path / "two_runs"
+    for name in ("run1", "run2"):
+        write_verl_tensorboard(two_runs / name, "healthy")
+    blank_events = tmp_path / "blank_events"
+    blank_events.mkdir()
+    (blank_events / "events.out.tfevents.1.host").write_bytes(b"")
     return {
+        "several .jsonl files": (two_jsonl, "holds 2 .jsonl files (a.jsonl, b.jsonl)"),
+        "event files of several runs": (two_runs, "holds the event files of 2 runs (run1, run2)"),
+        "event files without scalars": (blank_events, "holds event files without scalars"),
         "wrong format (CSV)": (csv, "is not a log analyze reads (it does not start with a JSON object)"),
         "wrong format (our events.jsonl)": (events, "events.jsonl:1: not a verl FileLogger record"),
         "wrong format (a JSON list)": (listed, "is not a log analyze reads"),
@@ -247,3 +260,31 @@ def test_out_must_not_be_the_analysed_run_directory(tmp_path: Path, capsys: pyte
     with pytest.raises(SystemExit):
         cli.main(["analyze", str(tmp_path / "run"), "--out", str(tmp_path / "run")])
     assert "is the log's own folder" in capsys.readouterr().err
+
+
+def test_a_trl_output_folder_is_read_from_its_latest_checkpoint(tmp_path: Path) -> None:
+    """Without a trainer_state.json of its own, the checkpoint with the highest step number (10 > 9 > 2)."""
+    for step in (2, 9, 10):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        history = [{"step": s, "reward": 0.1 * s, "loss": 1.0} for s in range(1, step + 1)]
+        (folder / "trainer_state.json").write_text(json.dumps({"log_history": history, "global_step": step}))
+    log = logs.read_log(tmp_path)
+    assert log.path == tmp_path / "checkpoint-10" / "trainer_state.json" and log.steps == list(range(1, 11))
+
+
+def test_non_finite_values_count_as_not_logged(tmp_path: Path) -> None:
+    """An fp16 run's infinite gradient norm at a skipped step is not a spike, and a null reward is not a drop."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path))
+    for row in history("healthy"):
+        grad = math.inf if row["step"] % 25 == 0 else row["grad_norm"]
+        reward = math.nan if row["step"] % 30 == 0 else row["reward"]
+        for name, value in (("critic/score/mean", reward), ("actor/grad_norm", grad), ("actor/ppo_kl", row["kl"])):
+            writer.add_scalar(name, value, row["step"])
+    writer.close()
+    summary = analyze.analyze(tmp_path).summary
+    assert summary["status"] == "completed"
+    assert summary["not_finite"] == {"grad_norm": 6, "reward_mean": 5}
+    assert not set(summary["detector"]["spike_steps"]) & {25, 50, 75, 100, 125, 150}

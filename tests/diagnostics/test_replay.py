@@ -203,3 +203,44 @@ def test_replay_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Capt
         assert stop.value.code == 2 and err.count("\n") == 1 and message in err, (case, err)
         assert not out.exists(), case
     assert RunDir(ours).holds_run()
+
+
+def test_recorder_from_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from offpolicylab.integrations import record as record_module
+
+    monkeypatch.delenv(record_module.RECORD_ENV, raising=False)
+    assert Recorder.from_env({"objective": "grpo"}) is None
+    monkeypatch.setenv(record_module.RECORD_ENV, str(tmp_path / "rec"))
+    monkeypatch.setenv(record_module.EVERY_ENV, "x")
+    with pytest.raises(ValueError, match="OFFPOLICYLAB_RECORD_EVERY='x' is invalid"):
+        Recorder.from_env({"objective": "grpo"})
+    monkeypatch.setenv(record_module.EVERY_ENV, "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    recorder = Recorder.from_env({"objective": "grpo"})
+    assert recorder.run.path == tmp_path / "rec" / "rank=1" and recorder.every == 5
+    recorder.close()
+    assert not (tmp_path / "rec" / "rank=1" / "summary.json").exists()  # nothing recorded, no summary
+
+
+def test_our_runs_replay_once_their_samples_carry_the_whole_batch(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer hook the record module offers (sample files = histogram arrays + ``whole_batch``): a stale
+    token-MDP run of M2PO is then replayed exactly, rewards and groups included (RED-Drop needs them)."""
+    from offpolicylab import trainer
+    from offpolicylab.integrations.record import whole_batch
+    from tests.small_runs import mdp_config
+
+    histogram = trainer.histogram_samples
+    monkeypatch.setattr(trainer, "histogram_samples",
+                        lambda batch, kept, seed, update: {**histogram(batch, kept, seed, update),
+                                                           **whole_batch(batch, kept)})
+    run = tmp_path / "run"
+    trainer.train(mdp_config(objective="m2po", objective_params={"tau": 0.01}, schedule="stale_k:2", updates=8,
+                             sample_every=2, lr=0.5), run)
+    objectives, shown, own = replay.parse_objectives("m2po,red_drop", [], replay.run_objective(run))
+    assert own == "m2po" and shown["m2po"] == "tau=0.01"
+    rows = replay.summary_table(replay.replay(replay.sample_files(run), objectives, own), shown)
+    assert rows[0]["as_run"] == 1.0 and rows[0]["silenced"] > 0
+    metrics = load_run(run).metrics  # every response has T = 3 tokens: the pooled share is the mean of the rows'
+    assert rows[0]["silenced"] == pytest.approx(float(metrics["mask_frac"][[0, 2, 4, 6]].mean()), abs=1e-6)
