@@ -10,6 +10,8 @@
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
     offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
     offpolicylab profiles list | show NAME_OR_FILE [NAME_OR_FILE ...]
+    offpolicylab analyze LOG --out DIR            (a verl / TRL / TensorBoard log or a run directory)
+    offpolicylab replay SAMPLES [--objectives m2po,grpo,...] [--param OBJ.K=V] [--updates A:B] --out DIR
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated (docs/bad_input.md lists every case and its message).  A run that fails
@@ -29,7 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from offpolicylab import analyze as analyze_command
 from offpolicylab import calibrate as calibrate_command
+from offpolicylab import replay as replay_command
 from offpolicylab.config import TrainConfig, config_params, parse_assignments
 from offpolicylab.registry import Registry
 
@@ -113,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     profiles = sub.add_parser("profiles", help="token profiles: list the packaged ones, show some side by side")
     calibrate_command.add_profiles_arguments(profiles)
 
+    analyze = sub.add_parser("analyze", help="collapse status and figures of a verl / TRL / TensorBoard log or run")
+    analyze_command.add_arguments(analyze)
+    replay = sub.add_parser("replay", help="what each objective clips, masks and weights on a run's recorded batches")
+    replay_command.add_arguments(replay)
+
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
     return parser
@@ -128,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
                 "convert-gguf": cmd_convert_gguf,
                 "calibrate": calibrate_command.run_command,
-                "profiles": calibrate_command.run_profiles_command}[args.command](args)
+                "profiles": calibrate_command.run_profiles_command,
+                "analyze": analyze_command.run_command, "replay": replay_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
     except OSError as exc:  # a full disk, a file-size limit, a read-only folder ...

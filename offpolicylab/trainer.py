@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -62,7 +61,8 @@ from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objec
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
 from offpolicylab.profiling import LoopProfile, Stopwatch
 from offpolicylab.proximal import proximal_logp
-from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
+from offpolicylab.runs import RunDir, RunError
+from offpolicylab.samples import sample_arrays
 from offpolicylab.staleness import Schedule, parse_schedule
 from offpolicylab.worlds import WORLDS, make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
@@ -341,7 +341,7 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
         if reason is not None:
             directory.event("collapse", update, reason=reason)
         if cfg.sample_every and update % cfg.sample_every == 0:
-            directory.write_samples(update, histogram_samples(step.batch, step.output.token_mask, cfg.seed, update))
+            directory.write_samples(update, sample_arrays(step.batch, step.output.token_mask, cfg.seed, update))
     return not finite or (reason is not None and cfg.stop_on_collapse)
 
 
@@ -742,26 +742,6 @@ def exact_optimum(world: World) -> dict[str, float]:
 def rewards_of(world: World, rollout: Rollout, generator: torch.Generator) -> Tensor:
     rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=generator)
     return rewards.float().cpu()
-
-
-def histogram_samples(batch: TokenBatch, kept: Tensor | None, seed: int, update: int) -> dict[str, np.ndarray]:
-    """Valid-token samples (≤ MAX_SAMPLE_TOKENS, subsampled without replacement by a generator of its own) of log r,
-    advantage, entropy and kept (1 = the token carried gradient), plus per-sequence log ρ and staleness."""
-    valid = batch.mask > 0
-    log_ratio = batch.log_ratio.detach()
-    columns = {
-        "log_ratio": log_ratio[valid], "advantage": batch.advantages[valid],
-        "entropy": (batch.entropy if batch.entropy is not None else torch.zeros_like(log_ratio))[valid],
-        "kept": (kept if kept is not None else batch.mask)[valid],
-    }
-    arrays = {key: value.detach().cpu().numpy().astype(np.float32) for key, value in columns.items()}
-    count = arrays["log_ratio"].shape[0]
-    if count > MAX_SAMPLE_TOKENS:
-        pick = np.sort(np.random.default_rng([seed, update]).choice(count, MAX_SAMPLE_TOKENS, replace=False))
-        arrays = {key: value[pick] for key, value in arrays.items()}
-    arrays["seq_log_ratio"] = stats.sequence_log_ratio(log_ratio, batch.mask).cpu().numpy().astype(np.float32)
-    arrays["staleness"] = batch.staleness.cpu().numpy().astype(np.float32)
-    return arrays
 
 
 # ================================================================================================ progress
