@@ -9,6 +9,9 @@
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
     offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
+    offpolicylab profiles list | show NAME_OR_FILE [NAME_OR_FILE ...]
+    offpolicylab analyze LOG --out DIR            (a verl / TRL / TensorBoard log or a run directory)
+    offpolicylab replay SAMPLES [--objectives m2po,grpo,...] [--param OBJ.K=V] [--updates A:B] --out DIR
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated (docs/bad_input.md lists every case and its message).  A run that fails
@@ -28,7 +31,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from offpolicylab import analyze as analyze_command
 from offpolicylab import calibrate as calibrate_command
+from offpolicylab import replay as replay_command
 from offpolicylab.config import TrainConfig, config_params, parse_assignments
 from offpolicylab.registry import Registry
 
@@ -109,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="weight dtype of the directory (default float32)")
     calibrate = sub.add_parser("calibrate", help="token-statistics profile of a real LM sampling GSM8k answers")
     calibrate_command.add_arguments(calibrate)
+    profiles = sub.add_parser("profiles", help="token profiles: list the packaged ones, show some side by side")
+    calibrate_command.add_profiles_arguments(profiles)
+
+    analyze = sub.add_parser("analyze", help="collapse status and figures of a verl / TRL / TensorBoard log or run")
+    analyze_command.add_arguments(analyze)
+    replay = sub.add_parser("replay", help="what each objective clips, masks and weights on a run's recorded batches")
+    replay_command.add_arguments(replay)
 
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
@@ -124,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
                 "convert-gguf": cmd_convert_gguf,
-                "calibrate": calibrate_command.run_command}[args.command](args)
+                "calibrate": calibrate_command.run_command,
+                "profiles": calibrate_command.run_profiles_command,
+                "analyze": analyze_command.run_command, "replay": replay_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
     except OSError as exc:  # a full disk, a file-size limit, a read-only folder ...
@@ -164,11 +178,11 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from offpolicylab.batched import parse_seeds, seed_dir, train_seeds
     from offpolicylab.policies.hf_loading import allow_remote_code
     from offpolicylab.runs import RunDir
-    from offpolicylab.seeds import parse_seeds
     from offpolicylab.sweep import output_folder
-    from offpolicylab.trainer import TrainingFailed, seed_dir, train, train_seeds
+    from offpolicylab.trainer import TrainingFailed, train
 
     output_folder(args.out)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
@@ -249,7 +263,8 @@ def absolute_paths(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from offpolicylab.sweep import load_grid, run_sweep
+    from offpolicylab.grid import load_grid
+    from offpolicylab.sweep import run_sweep
 
     if args.ray_address:
         os.environ["RAY_ADDRESS"] = args.ray_address
