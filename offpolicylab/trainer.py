@@ -48,6 +48,7 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.profiling import LoopProfile
+from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_reference
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.seeds import STACKABLE_POLICIES, SeedGroup
 from offpolicylab.staleness import Schedule, parse_schedule
@@ -287,11 +288,13 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         joined = group.join_rollouts(consumed)  # the members' batches as row blocks, group ids kept apart
         with watch("policy_forward"):
             logp, entropy = group.policy.score(joined)
+            ref_logp = reference_logp(group.frozen, joined, [m.objective for m in group.members])  # KL penalty
         with watch("other"):  # 3. advantages (per group, so the same numbers as each member's alone)
             advantages = member_advantages(group, joined)
         with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
         with watch("other"):  # 4. TokenBatch: built and validated once, one block per member
             whole = token_batch(joined, logp, entropy, advantages, update)
+            whole = whole if ref_logp is None else whole.replace(ref_logp=ref_logp)  # KL penalty
             batches = group.token_batches(whole, consumed, with_metrics)
         with watch("objective"):  # 5. objective
             outs = objective_outputs(group, whole, batches, with_metrics)
@@ -425,6 +428,8 @@ def build(config: TrainConfig) -> Parts:
     config, memory_plan = plan_memory(config, world, policy)
     enumerable = _enumerable(world)
     keep_initial = schedule.other_share > 0 or enumerable or tracks_kl_init(config)
+    keep_initial = keep_initial or uses_reference([objective])  # KL penalty: π_ref = π_0
+    check_entropy_gradient(objective, policy)
     frozen = _clone(policy) if keep_initial else None
     return Parts(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
