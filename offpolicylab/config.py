@@ -106,6 +106,10 @@ class TrainConfig:
                                                    "collapse test keeps seeing its reward"))
     stop_on_collapse: bool = _f(Param(False, bool, doc="stop the run at the first detected collapse (a non-finite "
                                                        "loss always stops)"))
+    report_to: str = _f(Param("none", str, doc="experiment trackers that also get every metrics row and the "
+                                               "histogram samples, comma-separated: tensorboard, wandb, mlflow, "
+                                               "trackio, or none (metrics.csv is written either way; a resume may "
+                                               "change it)"))
 
     def with_defaults(self) -> tuple[TrainConfig, dict[str, Any]]:
         """(a copy with every unset field filled from :data:`POLICY_DEFAULTS` for ``policy``, the filled values)."""
@@ -117,7 +121,12 @@ class TrainConfig:
         """Every field goes through its :class:`Param` when it is set (at construction and after): strings are
         parsed, ranges checked, ``ValueError`` names the field and what is valid."""
         param = _PARAMS.get(name)
-        super().__setattr__(name, value if param is None else param.validate(name, value))
+        value = value if param is None else param.validate(name, value)
+        if name == "report_to":  # a comma-separated list of tracker names, checked and normalized
+            from offpolicylab.tracking import parse_report_to
+
+            value = ",".join(parse_report_to(value)) or "none"
+        super().__setattr__(name, value)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -205,6 +205,7 @@ def _run_locked(run: Any, cell_config: dict[str, Any], train: Callable[..., dict
 def changed_cells(cells: list[Cell]) -> dict[str, str]:
     """{cell name: what differs} for cells whose directory holds a run (not a failed one) of another config than
     the cell's resolved config."""
+    from offpolicylab.resume import config_changes
     from offpolicylab.runs import RunDir, RunError
     from offpolicylab.trainer import resolve_config
 
@@ -224,7 +225,7 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
         except ValueError:  # a bad objective fails the cell when it runs
             changed[cell.name] = "the config is invalid now"
             continue
-        keys = sorted(k for k in set(stored) | set(resolved) if stored.get(k) != resolved.get(k))
+        keys = config_changes(stored, resolved)  # a changed report_to is no other config
         if keys:
             changed[cell.name] = ", ".join(keys) + " differ"
     return changed

@@ -49,9 +49,11 @@ from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.profiling import LoopProfile
 from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_reference
+from offpolicylab.resume import check_extension, config_changes, tail_key
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.seeds import STACKABLE_POLICIES, SeedGroup
 from offpolicylab.staleness import Schedule, parse_schedule
+from offpolicylab.tracking import open_tracker
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence, sequence_logprobs
 
 INITIAL_VERSION = 0
@@ -279,8 +281,11 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
                 member.buffer[key] = rollout
                 own.append(rollout)
         if cfg.collapse_tail and not due and watches_tail(schedule, update, cfg.updates):
-            for own, rollout in zip(fresh, generate_group(group, update, watch), strict=True):
-                own.append(rollout)  # the detector's batch: its reward is recorded, never trained on
+            tail, key = generate_group(group, update, watch), tail_key(schedule, update)
+            for member, own, rollout in zip(group.members, fresh, tail, strict=True):
+                own.append(rollout)  # the detector's batch: its reward is recorded, never trained on ...
+                if key is not None:  # ... unless the run is extended (--resume --updates N, resume.py)
+                    member.buffer[key] = rollout
         consumed = [member.buffer[schedule.key(update)] for member in group.members]
         for key in schedule.release_after(update, cfg.updates):  # one schedule for all members
             for member in group.members:
@@ -507,38 +512,51 @@ def open_run(run: RunDir, parts: Parts, resume: bool) -> int:
     resolved = resolved_config(parts)
     if not resume:
         run.create(resolved)
+        run.tracker = open_tracker(parts.config.report_to, run.path, resolved, 0)  # --report-to
         return 0
     stored = run.read_config()
-    if stored != resolved:
-        changed = sorted(k for k in set(stored) | set(resolved) if stored.get(k) != resolved.get(k))
+    changed = config_changes(stored, resolved)  # report_to may change; updates extends the run (resume.py)
+    extending = changed == ["updates"]
+    if changed and not extending:
         raise RunError(f"--resume with a different configuration ({', '.join(changed)} differ from "
-                       f"{run.config_path}); valid: the same options as the original run")
+                       f"{run.config_path}); valid: the same options as the original run, or another --updates")
     previous = run.read_summary()
-    if previous is not None and previous.get("status") != "failed":
-        raise RunError(f"run {run.path} already finished with status {previous.get('status')!r}")
+    if previous is not None and previous.get("status") != "failed" and not extending:
+        raise RunError(f"run {run.path} already finished with status {previous.get('status')!r}; valid: "
+                       f"--updates N (more than {stored['updates']}) to extend it")
     state = run.load_checkpoint() if run.checkpoint_path.exists() else None
     if state is None:  # killed before the first checkpoint: start over
         run.truncate_metrics(0)
         start = 0
     else:
-        start = checked_next_update(run, state, parts.config)
+        start = checked_next_update(run, state, parts.config, stored["updates"])
         restore_state(parts, state)
+    if extending:  # --resume --updates N: equal to one straight run of N, or refused (resume.py)
+        check_extension(parts.schedule, stored["updates"], parts.config.updates, start,
+                        parts.config.collapse_tail, set(parts.buffer))
+    if state is not None:
         run.truncate_metrics(start, state)
-    if previous is not None:  # a failed run (e.g. a full disk) continues from its last good checkpoint
+    if previous is not None:  # a failed run continues from its last good checkpoint; an extended one goes on
         run.summary_path.unlink()
-    run.event("resume", start, **({} if state else {"note": "no checkpoint yet, restarting"}))
+    if changed or stored != resolved:
+        run.write_config(resolved, run.read_environment())
+    run.event("extend" if extending else "resume", start,
+              **({} if state else {"note": "no checkpoint yet, restarting"}),
+              **({"updates_before": stored["updates"], "updates": parts.config.updates} if extending else {}))
+    run.tracker = open_tracker(parts.config.report_to, run.path, resolved, start)  # --report-to
     return start
 
 
-def checked_next_update(run: RunDir, state: dict[str, Any], config: TrainConfig) -> int:
+def checked_next_update(run: RunDir, state: dict[str, Any], config: TrainConfig, planned: int | None = None) -> int:
     """The checkpoint's update counter, which must be an integer in 1 … updates at a checkpoint boundary
-    (a multiple of ``checkpoint_every``, or ``updates``)."""
+    (a multiple of ``checkpoint_every``, or ``updates``, or the ``planned`` updates of a run being extended)."""
     value = state["next_update"]
     value = int(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-    at_boundary = isinstance(value, int) and (value % config.checkpoint_every == 0 or value == config.updates)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= config.updates or not at_boundary:
+    at_boundary = isinstance(value, int) and (value % config.checkpoint_every == 0 or value in (config.updates, planned))
+    last = max(config.updates, planned or 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= last or not at_boundary:
         raise RunError(f"corrupt checkpoint {run.checkpoint_path} (update counter {value!r}; valid: a multiple of "
-                       f"checkpoint_every={config.checkpoint_every} in 1..{config.updates})")
+                       f"checkpoint_every={config.checkpoint_every} in 1..{last})")
     return value
 
 
