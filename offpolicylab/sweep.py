@@ -1,4 +1,4 @@
-"""Grids of runs: a JSON grid file → cells → one run directory per cell, on a local process pool (or another engine).
+"""Grids of runs: a grid file (YAML or JSON, docs/configs.md) → cells → one run directory per cell, on a local process pool (or another engine).
 
 Grid file::
 
@@ -38,7 +38,9 @@ the one process writing it (:meth:`~offpolicylab.runs.RunDir.locked`), so a re-r
 
 Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
 context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
-``fn(cells: list[Cell], workers: int, progress: bool) -> list[dict]`` that calls :func:`run_cell` on each cell.
+``fn(cells: list[Cell], workers: int, progress) -> list[dict]`` that calls :func:`run_cell` on each cell; ``progress``
+is ``"bar"`` (a terminal), ``"lines"`` (``sweep: 3/12 cells done, 2 running, 1 failed`` at most every few seconds)
+or False (:class:`~offpolicylab.progress.SweepProgress`).
 """
 
 from __future__ import annotations
@@ -83,17 +85,12 @@ class Cell:
 
 # ============================================================================================ grid → cells
 def load_grid(path: str | Path) -> dict[str, Any]:
-    if Path(path).is_dir():
-        raise ValueError(f"grid file {path} is a directory; valid: a JSON file with keys base and axes")
-    try:
-        grid = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"grid file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"grid file {path} cannot be read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"grid file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(grid, dict) or set(grid) - {"base", "axes"}:
+    """The grid a YAML (``.yaml`` / ``.yml``) or JSON file holds (docs/configs.md): a mapping with keys ``base``
+    and ``axes``."""
+    from offpolicylab.config import read_mapping
+
+    grid = read_mapping(path, f"grid file {path}", "keys base and axes")
+    if set(grid) - {"base", "axes"}:
         raise ValueError(f"grid file {path} must be an object with keys base and axes")
     return grid
 
@@ -305,18 +302,21 @@ def get_engine(name: str) -> Engine:
     return ENGINES.get(name).builder
 
 
-def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
+def local_engine(cells: list[Cell], workers: int, progress: bool | str) -> list[dict[str, Any]]:
     """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order.
     The cells that differ only in seed and objective form one task (:func:`seed_groups`, :func:`run_seed_group`).
     An interrupt (SIGINT, or SIGTERM turned into one by the CLI) terminates the workers before it propagates."""
+    from offpolicylab.progress import SweepProgress
+
     results: list[dict[str, Any] | None] = [None] * len(cells)
-    bar = _bar(len(cells), progress)
+    bar = SweepProgress(len(cells), progress)
     groups = seed_groups(cells)
     if workers <= 1:
-        for group in groups:
+        for index, group in enumerate(groups):
             for i, result in zip(group, run_seed_group([cells[i] for i in group]), strict=True):
                 results[i] = result
-            bar.update(len(group))
+            bar.finished([results[i] for i in group], running=len(groups[index + 1]) if index + 1 < len(groups)
+                         else 0)
     else:
         context = multiprocessing.get_context("spawn")
         pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
@@ -331,7 +331,8 @@ def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[s
                 except Exception as exc:  # noqa: BLE001 - a crashed worker process
                     for i in group:
                         results[i] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-                bar.update(len(group))
+                running = sum(len(pending[f]) for f in pending if f.running() and not f.done())
+                bar.finished([results[i] for i in group], running=running)
         except BaseException:
             stop_pool(pool)
             raise
@@ -394,7 +395,7 @@ register_engine("local", local_engine)
 
 # ============================================================================================ the sweep
 def run_sweep(grid: dict[str, Any], out_dir: str | Path, *, workers: int = 1, engine: str = "local",
-              progress: bool = False, rerun_changed: bool = False) -> list[dict[str, Any]]:
+              progress: bool | str = False, rerun_changed: bool = False) -> list[dict[str, Any]]:
     """Expand ``grid``, run every cell with ``engine``, write ``out_dir/sweep_results.csv``; returns its rows.
 
     Cells whose stored config differs from the grid's raise ``ValueError`` before anything runs, unless
@@ -441,9 +442,3 @@ def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     if row["collapse_update"] == -1:
         row["collapse_update"] = ""
     return row
-
-
-def _bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, disable=not enabled, unit="cell", dynamic_ncols=True)

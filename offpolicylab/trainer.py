@@ -48,6 +48,7 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.profiling import LoopProfile
+from offpolicylab.progress import Progress, describe_run, eval_line, update_warnings
 from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_reference
 from offpolicylab.resume import check_extension, config_changes, tail_key
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
@@ -102,7 +103,7 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     with run.locked():  # one writer per run directory
         start = open_run(run, parts, resume)
         if progress:
-            _log(describe_defaults(config, parts.memory_plan))
+            _log(describe_run(parts.config, parts.memory_plan))
         return train_group(SeedGroup.single(parts, run), start, stopwatch or Stopwatch(), progress, profile)[0]
 
 
@@ -151,7 +152,7 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
             locks.enter_context(run.locked())
         starts = [open_run(run, parts, resume) for run, parts in zip(runs, members, strict=True)]
         if progress:
-            _log(describe_defaults(configs[0], members[0].memory_plan) +
+            _log(describe_run(members[0].config, members[0].memory_plan) +
                  f"; seeds {','.join(str(c.seed) for c in configs)} batched")
         group = SeedGroup.stack(members, runs)
         return train_group(group, starts[0], stopwatch or Stopwatch(), progress, profile)
@@ -271,7 +272,8 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
     active = list(range(len(group)))  # the original index of each member still in the group
     not_evaluated = dict.fromkeys(eval_columns(group.members[0]))
     clock = time.perf_counter()
-    for update in _progress(range(start, cfg.updates), cfg.updates, start, progress):
+    view = Progress(progress, cfg.updates, start)  # the console (progress.py)
+    for update in range(start, cfg.updates):
         tick = time.perf_counter()
         # 1-2. schedule → rollout: generate what is due now, consume this update's batch
         fresh: list[list[Rollout]] = [[] for _ in active]
@@ -315,11 +317,8 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             with watch("policy_backward"):
                 group.optimizer.step()
         labels = [f"[seed {m.config.seed}] " if len(statuses) > 1 else "" for m in group.members]
-        if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
-            for label, row in zip(labels, rows, strict=True):
-                _log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
         # 7. diagnostics
-        due = evaluate_due(group, update, rows, finite, watch, labels if progress == "lines" else None)
+        due = evaluate_due(group, update, rows, finite, watch, None)
         stopped = []
         for position, (member, run, row, batch, out, ok, evaluated) in enumerate(zip(
                 group.members, group.runs, rows, batches, outs, finite, due, strict=True)):
@@ -331,12 +330,14 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
             elif (update + 1) % cfg.checkpoint_every == 0 or update + 1 == cfg.updates:
                 with watch("checkpoint"):
                     run.save_checkpoint(checkpoint_state(member, update + 1))
+        view.update(rows, labels, update_warnings(rows, [m.detector.collapsed_at for m in group.members]))
         if stopped:
             kept = [position for position in range(len(group)) if position not in stopped]
             if not kept:
                 break
             group = group.keep(kept)
             active = [active[position] for position in kept]
+    view.close()
     for position, member in zip(active, group.members, strict=True):
         if statuses[position] is None:
             statuses[position] = "collapsed" if member.detector.collapsed_at >= 0 else "completed"
@@ -1010,42 +1011,5 @@ def _rewards(world: World, rollout: Rollout, gen: torch.Generator) -> Tensor:
     return rewards.float().cpu()
 
 
-def describe_defaults(config: TrainConfig, memory_plan: str | None = None) -> str:
-    """One line naming the run, the defaults that depend on its policy (those it did not set) and the policy's
-    memory plan."""
-    resolved, filled = config.with_defaults()
-    text = f"offpolicylab: {resolved.world} / {resolved.policy} / {resolved.objective} / {resolved.schedule}"
-    if filled:
-        text += f"; defaults for policy {resolved.policy}: " + ", ".join(f"{k}={v:g}" for k, v in filled.items())
-    if memory_plan:
-        text += f"; scoring: {memory_plan}"
-    return text
-
-
-PROGRESS_COLUMNS = ("reward_mean", "loss", "grad_norm", "response_len")
-
-
-def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
-    """``update 3/30  reward_mean 0.125  loss …  12.3 s``: the main training numbers of an update."""
-    parts = [f"update {row['update'] + 1}/{total}"]
-    parts += [f"{key} {row[key]:.4g}" for key in PROGRESS_COLUMNS if key in row]
-    return "  ".join([*parts, f"{seconds:.1f} s"])
-
-
-def eval_line(row: dict[str, Any], seconds: float) -> str:
-    """``  eval  eval_reward_sampled 0.1  eval_reward_greedy 0.05  8.0 s``: the evaluation numbers of an update."""
-    parts = [f"{key} {value:.4g}" for key, value in row.items()
-             if key.startswith(("eval_", "exact_")) and value is not None and not math.isnan(value)]
-    return "  ".join(["  eval", *parts, f"{seconds:.1f} s"])
-
-
 def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def _progress(updates: range, total: int, start: int, enabled: bool | str) -> Any:
-    if enabled not in (True, "bar"):
-        return updates
-    from tqdm.auto import tqdm
-
-    return tqdm(updates, total=total, initial=start, unit="upd", dynamic_ncols=True, leave=False)
