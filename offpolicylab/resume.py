@@ -77,11 +77,20 @@ def check_extension(schedule: Schedule, old_total: int, new_total: int, next_upd
                          f"when the run was to end; valid: --updates {old_total} (resume as planned)")
 
 
+def watches_tail(schedule: Schedule, update: int, total: int) -> bool:
+    """Whether the current policy generates a batch at ``update`` only for the collapse detector: a run without an
+    end would generate here, but every batch it would generate is consumed at or after ``total`` (the drained tail of
+    a stale queue: the last K updates of ``stale_k:K``).  Versions never decrease with the update, so no batch that a
+    later update trains on is generated after this point: drawing the extra batch from the run's own generator leaves
+    every trained batch — and so the whole training — unchanged."""
+    if schedule.other_share >= 1.0 or schedule.generate_at(update, total):
+        return False
+    return bool(schedule.generate_at(update, update + schedule.horizon + 1))
+
+
 def draws(schedule: Schedule, update: int, total: int, collapse_tail: bool) -> int:
     """How many batches the current policy generates at ``update`` of a run of ``total`` updates (the batches it
     trains on, or the collapse detector's one batch in a drained stale tail)."""
-    from offpolicylab.trainer import watches_tail
-
     keys = schedule.generate_at(update, total)
     if keys:
         return len(keys)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from offpolicylab.trainer import train, train_seeds
+from offpolicylab.batched import train_seeds
+from offpolicylab.trainer import train
 from tests.small_runs import column, mdp_config, read_rows
 
 
