@@ -424,6 +424,8 @@ def _default_help(name: str, param: Any) -> str:
 
     if name in ("world", "objective"):
         return "required unless --config or --resume gives it"
+    if name == "policy":
+        return f"default: the world's choice, else {readable(DEFAULTS[name])}"
     if name in DEFAULTS:
         return f"default: the world's or policy's choice, else {readable(DEFAULTS[name])}"
     return f"default: {readable(param.default)}"

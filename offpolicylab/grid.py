@@ -1,4 +1,4 @@
-"""Grid files: a grid of runs → its cells, each a full run config with a directory name (docs/grids.md).
+"""Grid files: a grid of runs → its cells, each a full run config with a directory name (docs/configs.md).
 
 Grid file::
 

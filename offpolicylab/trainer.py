@@ -66,7 +66,7 @@ from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_
 from offpolicylab.resume import check_extension, config_changes, tail_key, watches_tail
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.staleness import Schedule, parse_schedule
-from offpolicylab.tracking import open_tracker
+from offpolicylab.tracking import check_installed, open_tracker, parse_report_to
 from offpolicylab.worlds import WORLDS, make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
@@ -117,8 +117,8 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
     uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
-    ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
-    either prints the policy-dependent defaults it filled in first.  ``profile=True`` profiles the updates
+    ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` lines on stderr at most every few seconds (for logs;
+    :mod:`offpolicylab.progress`), False nothing; either prints the run's settings first.  ``profile=True`` profiles the updates
     (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory and prints
     the section table and the top functions on stderr."""
     directory = RunDir(run_dir, fsync=config.fsync)
@@ -403,6 +403,7 @@ def build(config: TrainConfig) -> Run:
     enumerable = is_enumerable(world)
     keep_reference = schedule.other_share > 0 or enumerable or tracks_kl_init(config) or uses_reference([objective])
     check_entropy_gradient(objective, policy)
+    check_installed(parse_report_to(config.report_to))  # a missing tracker library: refused before any file
     return Run(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
         optimizer=make_optimizer(config, policy.trainable_parameters()),

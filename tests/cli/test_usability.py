@@ -157,3 +157,31 @@ def test_run_off_a_terminal_prints_the_start_line_and_few_lines(tmp_path: Path,
     assert sum(line.startswith("update ") for line in err) < 10  # not one line per update
     assert any(line.startswith("update 29 (30/30 done)") for line in err)
     assert sum(line.startswith("  eval update") for line in err) == 4  # updates 0, 10, 20, 29
+
+
+def test_hub_data_without_datasets_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hub=NAME`` needs ``datasets`` (in the llm extra): without it, one line naming the package and the extra."""
+    import builtins
+
+    from offpolicylab.worlds.gsm8k import load_hub_problems
+
+    real_import = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name == "datasets":
+            raise ImportError("No module named 'datasets'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    with pytest.raises(ValueError, match=r"hub=NAME needs the datasets package \(the llm extra"):
+        load_hub_problems("openai/gsm8k", "test")
+
+
+def test_the_llm_extra_installs_datasets() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    assert any(req.startswith("datasets") for req in project["optional-dependencies"]["llm"])
+    tracking = project["optional-dependencies"]["tracking"]
+    assert {req.split(">")[0] for req in tracking} == {"tensorboard", "wandb", "mlflow-skinny", "trackio"}
+    assert "tracking" in project["optional-dependencies"]["dev"][0]

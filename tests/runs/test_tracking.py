@@ -150,6 +150,9 @@ def test_a_missing_library_is_refused_in_one_line(tmp_path: Path, monkeypatch: p
     with pytest.raises(ValueError, match=r"--report-to wandb needs the wandb package, which is not installed; "
                                          r"valid: pip install wandb"):
         open_tracker(["wandb"], tmp_path, {}, 0)
+    with pytest.raises(ValueError, match="needs the wandb package"):  # refused before anything is written
+        train(mdp_config(report_to="tensorboard,wandb"), tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 def test_config_json_records_the_environment(tmp_path: Path) -> None:
