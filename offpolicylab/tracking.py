@@ -129,16 +129,33 @@ class WandbSink:
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=name, group=group,
                               id=ids["wandb"], resume="allow", dir=str(folder), config=config,
                               mode=os.environ.get("WANDB_MODE", "offline"), settings=settings, reinit="create_new")
+        self.pending: dict[str, Any] = {}
+        self.step = -1
 
     def scalars(self, values: dict[str, float], step: int) -> None:
-        self.run.log(values, step=step)
+        self._add(values, step)
 
     def histograms(self, arrays: dict[str, np.ndarray], step: int, path: Path | None) -> None:
-        self.run.log({f"hist/{key}": self.wandb.Histogram(values) for key, values in arrays.items()}, step=step)
+        self._add({f"hist/{key}": self.wandb.Histogram(values) for key, values in arrays.items()}, step)
+
+    def _add(self, values: dict[str, Any], step: int) -> None:
+        """Gather a step's values and log them as one committed step when the next step begins (or at the end):
+        W&B otherwise holds an uncommitted step, and may lose the last one when the run finishes."""
+        if self.pending and step != self.step:
+            self.flush()
+        self.step = step
+        self.pending.update(values)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.run.log(self.pending, step=self.step, commit=True)
+            self.pending = {}
 
     def close(self, summary: dict[str, Any]) -> None:
+        self.flush()
         self.run.summary.update(_flat_numbers(summary))
         self.run.finish(exit_code=0 if summary.get("status") != "failed" else 1)
+        self.wandb.teardown()  # finish returns before W&B's service has written the run file's last block
 
 
 class MlflowSink:
