@@ -62,6 +62,7 @@ from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objec
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
 from offpolicylab.profiling import LoopProfile, Stopwatch
 from offpolicylab.progress import Progress, describe_run, update_warnings
+from offpolicylab.proximal import proximal_logp
 from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_reference
 from offpolicylab.resume import check_extension, config_changes, tail_key, watches_tail
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
@@ -155,7 +156,7 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
             run.optimizer.zero_grad(set_to_none=True)
             grad_norm = backward(output.loss, run.policy.trainable_parameters(), cfg.grad_clip)
         step = Step(batch, output, grad_norm, fresh)
-        row = update_row(run, update, step)
+        row = update_rows([run], update, [step])[0]
         finite = is_finite(row)
         if finite:
             with watch("policy_backward"):
@@ -214,7 +215,7 @@ def generate(run: Run, version: int, watch: Stopwatch) -> Rollout:
             rollout = sample(policy, prompts, run.config, run.generator)
         pieces.append(stamped(rollout, tag))
     with watch("other"):
-        return with_rewards(run, pieces[0] if len(pieces) == 1 else Rollout.concat(pieces))
+        return with_rewards(run, Rollout.concat(pieces))
 
 
 def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
@@ -261,12 +262,18 @@ def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
 
 def make_batch(run: Run, rollout: Rollout, logp: Tensor, entropy: Tensor, update: int) -> TokenBatch:
     """The objective's input: per-token ``logp`` (with grad) and ``entropy`` of ``rollout``'s tokens, its behaviour
-    log-probs, the run's group-relative advantages and each sequence's staleness at ``update`` (and, when the
-    objective has a KL penalty, π_0's log-probs of the tokens: :func:`~offpolicylab.reference.reference_logp`)."""
-    advantages = group_advantages(rollout.rewards, rollout.group_ids, run.advantage == "std")
-    batch = token_batch(rollout, logp, entropy, advantages, update)
+    log-probs, the run's group-relative advantages (:func:`advantages_of`) and each sequence's staleness at
+    ``update`` (and, when the objective has a KL penalty, π_0's log-probs of the tokens:
+    :func:`~offpolicylab.reference.reference_logp`)."""
+    batch = token_batch(rollout, logp, entropy, advantages_of(run, rollout), update, proximal_of(run, logp, update))
     reference = reference_logp(run.reference, rollout, [run.objective])  # the KL penalty's π_ref = π_0
     return batch if reference is None else batch.replace(ref_logp=reference)
+
+
+def advantages_of(run: Run, rollout: Rollout) -> Tensor:
+    """The run's group-relative advantage of each row of ``rollout`` (:func:`group_advantages`, the run's
+    estimator)."""
+    return group_advantages(rollout.rewards, rollout.group_ids, run.advantage == "std")
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:
@@ -282,12 +289,21 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: fl
     return centered / (var.sqrt()[group_ids] + eps)
 
 
-def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int) -> TokenBatch:
-    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies and advantages."""
+def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:
+    """log π_prox of the batch consumed at ``update`` for an objective that reads it (decoupled PPO:
+    :func:`offpolicylab.proximal.proximal_logp`), else None."""
+    if not getattr(run.objective, "needs_prox", False):  # wrappers around an objective may not declare it
+        return None
+    return proximal_logp(run.objective, run.schedule, run.buffer, run.policy, update, run.config.updates, logp)
+
+
+def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int,
+                prox_logp: Tensor | None = None) -> TokenBatch:
+    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies, advantages (and log π_prox)."""
     return TokenBatch(
         logp=logp, behavior_logp=rollout.behavior_logp, advantages=advantages, mask=rollout.response_mask,
         rewards=rollout.rewards, group_ids=rollout.group_ids, sampler_logp=rollout.sampler_logp, entropy=entropy,
-        staleness=(update - rollout.version).to(torch.float32),
+        staleness=(update - rollout.version).to(torch.float32), prox_logp=prox_logp,
     )
 
 
@@ -306,12 +322,13 @@ def backward(loss: Tensor, params: list[torch.nn.Parameter], max_norm: float) ->
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def update_row(run: Run, update: int, step: Step) -> dict[str, Any]:
-    """The metrics row of an update before evaluation: the update, the step's numbers (:func:`scalars`) and the
-    current policy's own reward."""
-    numbers = scalars(step.output.loss, step.grad_norm, step.batch, step.output.metrics)
-    return {"update": update, **numbers,
-            "reward_current": current_reward(step.fresh, update, run.schedule.other_share == 0)}
+def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[str, Any]]:
+    """The metrics row of each run's update before evaluation: the update, the step's numbers (:func:`scalars`, one
+    host transfer for all) and the current policy's own reward."""
+    numbers = scalars([(step.output.loss, step.grad_norm, step.batch, step.output.metrics) for step in steps])
+    return [{"update": update, **own,
+             "reward_current": current_reward(step.fresh, update, run.schedule.other_share == 0)}
+            for run, step, own in zip(runs, steps, numbers, strict=True)]
 
 
 def is_finite(row: dict[str, Any]) -> bool:
@@ -615,9 +632,20 @@ def policy_device(policy: Policy) -> torch.device:
 
 
 # ================================================================================================ diagnostics
-def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, float]:
-    """The per-update numbers — loss, pre-clip gradient norm, the batch's reward, staleness and length, the
-    objective's scalar metrics and the sampler/trainer mismatch — as Python floats, with one host transfer."""
+def scalars(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]) -> list[dict[str, float]]:
+    """The per-update numbers of each (loss, pre-clip gradient norm, batch, metrics) — the loss, gradient norm, the
+    batch's reward, staleness and length, the objective's scalar metrics and the sampler/trainer mismatch — as
+    Python floats, with one host transfer for all."""
+    named = [step_numbers(*step) for step in steps]
+    tensors = [value.reshape(()) for one in named for value in one.values()]
+    if len({tensor.dtype for tensor in tensors}) > 1:  # mixed dtypes: widen (float32 → float64 is exact)
+        tensors = [tensor.to(torch.float64) for tensor in tensors]
+    values = iter(torch.stack(tensors).tolist())
+    return [{key: next(values) for key in one} for one in named]
+
+
+def step_numbers(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The numbers :func:`scalars` reports of one update, as tensors."""
     named = {
         "loss": loss.detach(), "grad_norm": grad_norm.detach(),
         "reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
@@ -629,8 +657,7 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
-    values = torch.stack([value.reshape(()).to(torch.float64) for value in named.values()]).tolist()
-    return dict(zip(named, values, strict=True))
+    return named
 
 
 def current_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> float:

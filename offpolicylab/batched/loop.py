@@ -18,9 +18,11 @@ from offpolicylab.batched.stack import Stack
 from offpolicylab.contracts import GreedyPolicy, Prompts, Rollout
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.progress import Progress, update_warnings
+from offpolicylab.reference import reference_logp
 from offpolicylab.resume import tail_key
 from offpolicylab.trainer import (
     Step,
+    advantages_of,
     batches_due,
     checkpoint_state,
     compute_loss,
@@ -34,12 +36,13 @@ from offpolicylab.trainer import (
     is_due,
     is_finite,
     kl_from_scores,
-    make_batch,
+    proximal_of,
     record,
     sampled_numbers,
     take,
+    token_batch,
     tracks_kl_init,
-    update_row,
+    update_rows,
 )
 from offpolicylab.worlds.exact import sequence_logprobs
 
@@ -55,13 +58,18 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
     for update in range(start, cfg.updates):
         tick = time.perf_counter()
         fresh = collect(stack, update, watch)                                      # 1. schedule → rollouts
-        joined = Rollout.concat([take(run, update) for run in stack.runs])
-        blocks = joined.split(len(stack))  # each member's rows at the joined width
+        rollouts = [take(run, update) for run in stack.runs]
+        joined = Rollout.concat(rollouts)
         with watch("policy_forward"):                                              # 2. TokenBatch
             logp, entropy = stack.policy.score(joined)
         with watch("other"):
-            batches = [make_batch(run, block, lp, ent, update) for run, block, lp, ent in
-                       zip(stack.runs, blocks, stack.split(logp), stack.split(entropy), strict=True)]
+            advantages = [advantages_of(run, rollout) for run, rollout in zip(stack.runs, rollouts, strict=True)]
+            proximal = [proximal_of(run, own, update) for run, own in zip(stack.runs, stack.split(logp), strict=True)]
+            prox_logp = None if all(p is None for p in proximal) else torch.cat(
+                [own.detach() if p is None else p for p, own in zip(proximal, stack.split(logp), strict=True)])
+            whole = token_batch(joined, logp, entropy, torch.cat(advantages), update, prox_logp)
+            reference = reference_logp(stack.reference, joined, [run.objective for run in stack.runs])  # KL penalty
+            batches = (whole if reference is None else whole.replace(ref_logp=reference)).split(len(stack))
         with watch("objective"):                                                   # 3. loss
             outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
         with watch("policy_backward"):                                             # 4. step
@@ -69,7 +77,7 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
             torch.stack([output.loss for output in outputs]).sum().backward()
             norms = stack.clip_gradients(cfg.grad_clip)
         steps = [Step(*parts) for parts in zip(batches, outputs, norms, fresh, strict=True)]
-        rows = [update_row(run, update, step) for run, step in zip(stack.runs, steps, strict=True)]
+        rows = update_rows(stack.runs, update, steps)
         finite = [is_finite(row) for row in rows]
         if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):

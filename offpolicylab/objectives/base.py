@@ -53,6 +53,9 @@ class Objective:
     params: ClassVar[dict[str, Param]] = {}
     stateful: ClassVar[bool] = False
     advantage: ClassVar[str] = "std"
+    #: The objective reads ``TokenBatch.prox_logp``, log π_prox of a proximal policy (decoupled PPO); the training
+    #: loop supplies it (:func:`offpolicylab.proximal.proximal_logp`).
+    needs_prox: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)

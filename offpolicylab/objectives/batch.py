@@ -157,6 +157,30 @@ class TokenBatch:
         out._delta = out._ratio = out._ess = out._summary = None
         return out
 
+    def split(self, count: int) -> list[TokenBatch]:
+        """The ``count`` equal consecutive row blocks as batches (several runs' batches joined row-wise), each
+        with its group ids counted from 0.  Not validated again: validation and padding removal work token by token,
+        so a block equals its rows validated on their own; the batch-level caches (ESS, ratio summary) are left to
+        be computed per block."""
+        rows = self.batch_size // count
+        if rows * count != self.batch_size:
+            raise ValueError(f"a batch of {self.batch_size} rows does not split into {count} equal blocks")
+        blocks = []
+        for index in range(count):
+            part = slice(index * rows, (index + 1) * rows)
+            block = copy.copy(self)
+            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+                value = getattr(self, name)
+                if value is not None:
+                    setattr(block, name, value[part])
+            if block.group_ids is not None:
+                block.group_ids = block.group_ids - block.group_ids.min()
+            block._delta = None if self._delta is None else self._delta[part]
+            block._ratio = None if self._ratio is None else self._ratio[part]
+            block._ess = block._summary = None
+            blocks.append(block)
+        return blocks
+
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
