@@ -17,6 +17,9 @@ from torch import Tensor
 from offpolicylab.batched.stack import Stack
 from offpolicylab.contracts import GreedyPolicy, Prompts, Rollout
 from offpolicylab.profiling import Stopwatch
+from offpolicylab.progress import Progress, update_warnings
+from offpolicylab.reference import reference_logp
+from offpolicylab.resume import tail_key
 from offpolicylab.trainer import (
     Step,
     advantages_of,
@@ -33,9 +36,6 @@ from offpolicylab.trainer import (
     is_due,
     is_finite,
     kl_from_scores,
-    log,
-    progress_line,
-    progress_range,
     proximal_of,
     record,
     sampled_numbers,
@@ -54,7 +54,8 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
     statuses: list[str | None] = [None] * len(stack)
     active = list(range(len(stack)))  # the original index of each member still in the stack
     clock = time.perf_counter()
-    for update in progress_range(start, cfg.updates, progress):
+    view = Progress(progress, cfg.updates, start)  # the console (progress.py)
+    for update in range(start, cfg.updates):
         tick = time.perf_counter()
         fresh = collect(stack, update, watch)                                      # 1. schedule → rollouts
         rollouts = [take(run, update) for run in stack.runs]
@@ -66,7 +67,9 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
             proximal = [proximal_of(run, own, update) for run, own in zip(stack.runs, stack.split(logp), strict=True)]
             prox_logp = None if all(p is None for p in proximal) else torch.cat(
                 [own.detach() if p is None else p for p, own in zip(proximal, stack.split(logp), strict=True)])
-            batches = token_batch(joined, logp, entropy, torch.cat(advantages), update, prox_logp).split(len(stack))
+            whole = token_batch(joined, logp, entropy, torch.cat(advantages), update, prox_logp)
+            reference = reference_logp(stack.reference, joined, [run.objective for run in stack.runs])  # KL penalty
+            batches = (whole if reference is None else whole.replace(ref_logp=reference)).split(len(stack))
         with watch("objective"):                                                   # 3. loss
             outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
         with watch("policy_backward"):                                             # 4. step
@@ -80,9 +83,6 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
             with watch("policy_backward"):
                 stack.optimizer.step()
         labels = [f"[seed {run.config.seed}] " for run in stack.runs]
-        if progress == "lines":
-            for label, row in zip(labels, rows, strict=True):
-                log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
         with watch("eval"):                                                        # 5. evaluation
             due = [ok and is_due(update, cfg.eval_every, cfg.updates) for ok in finite]
             for row, numbers in zip(rows, evaluate_due(stack, update, due), strict=True):
@@ -97,12 +97,14 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
                 with watch("checkpoint"):
                     directory.save_checkpoint(checkpoint_state(run, update + 1, stack.member_optimizer(index),
                                                                stack.rng_states[index]))
+        view.update(rows, labels, update_warnings(rows, [run.detector.collapsed_at for run in stack.runs]))
         if stopped:
             kept = [index for index in range(len(stack)) if index not in stopped]
             if not kept:
                 break
             stack = stack.keep(kept)
             active = [active[index] for index in kept]
+    view.close()
     for index, run in zip(active, stack.runs, strict=True):
         statuses[index] = statuses[index] or final_status(run)
     return [status or "completed" for status in statuses]
@@ -114,8 +116,11 @@ def collect(stack: Stack, update: int, watch: Stopwatch) -> list[list[Rollout]]:
     keys, tail = batches_due(stack.runs[0], update)
     generated = [stack.generate(update, watch) for _ in range(len(keys) + tail)]
     fresh = [[batch[index] for batch in generated] for index in range(len(stack))]
+    key = tail_key(stack.runs[0].schedule, update) if tail else None
     for run, own in zip(stack.runs, fresh, strict=True):
         run.buffer.update(zip(keys, own, strict=False))
+        if key is not None:  # trained on if the run is extended (offpolicylab.trainer.collect)
+            run.buffer[key] = own[-1]
     return fresh
 
 

@@ -14,9 +14,9 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 
-_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
+_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy", "ref_logp")
 _SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
-_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp")  # must be finite on unmasked tokens
+_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp", "ref_logp")  # must be finite on unmasked tokens
 
 
 @dataclass
@@ -26,7 +26,9 @@ class TokenBatch:
     ``logp`` carries grad; ``behavior_logp`` is the log-prob recorded at generation (detached here);
     ``advantages`` may be given per sequence (``[B]``) and is broadcast to ``[B, T]``; ``mask`` is 1 for tokens that
     count.  Optional: ``rewards`` / ``group_ids`` / ``staleness`` (``[B]``), ``sampler_logp`` (sampling engine's
-    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``entropy`` (diagnostics only).
+    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``ref_logp`` (the reference policy's log-prob of the same
+    tokens, detached: the KL penalty ``kl_coef``) and ``entropy`` (the policy's per-token entropy; it keeps its
+    gradient, which the entropy bonus ``entropy_coef`` uses; the metrics read it detached).
 
     Raises ``ValueError`` naming the field when a shape, dtype or value is wrong.
     """
@@ -41,6 +43,7 @@ class TokenBatch:
     prox_logp: Tensor | None = None
     entropy: Tensor | None = None
     staleness: Tensor | None = None
+    ref_logp: Tensor | None = None
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
@@ -55,7 +58,7 @@ class TokenBatch:
         if isinstance(self.advantages, Tensor) and self.advantages.dim() == 1 and self.advantages.shape[0] == shape[0]:
             self.advantages = self.advantages[:, None].expand(shape)
         self.behavior_logp = _detached(self.behavior_logp)
-        for name in ("sampler_logp", "prox_logp", "entropy"):
+        for name in ("sampler_logp", "prox_logp", "ref_logp"):
             if getattr(self, name) is not None:
                 setattr(self, name, _detached(getattr(self, name)))
         self.mask = self.mask.to(self.logp.dtype) if isinstance(self.mask, Tensor) else self.mask
@@ -143,7 +146,7 @@ class TokenBatch:
         out = copy.copy(self)
         out.mask = self.mask * rows
         out.advantages = advantages.to(self.mask.dtype)[:, None] * out.mask
-        for name in ("behavior_logp", "sampler_logp", "prox_logp"):
+        for name in ("behavior_logp", "sampler_logp", "prox_logp", "ref_logp"):
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, value * rows)

@@ -92,6 +92,10 @@ class HFPolicy:
             sampler's numbers.
     """
 
+    #: :meth:`score` returns the entropy without gradient (its graph would hold [B, T, V] more), so the entropy
+    #: bonus ``entropy_coef`` is refused with this policy.
+    entropy_gradient = False
+
     def __init__(
         self,
         model: Any,

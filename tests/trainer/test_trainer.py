@@ -51,9 +51,9 @@ def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, monkeypatch: p
     seen = []
     original = trainer.token_batch
 
-    def spy(rollout, logp, entropy, advantages, update, prox_logp=None):
+    def spy(rollout, logp, entropy, advantages, update, *rest):
         seen.append((rollout.rewards.numpy().astype(np.float64), rollout.group_ids.numpy(), advantages.numpy()))
-        return original(rollout, logp, entropy, advantages, update, prox_logp)
+        return original(rollout, logp, entropy, advantages, update, *rest)
 
     monkeypatch.setattr(trainer, "token_batch", spy)
     trainer.train(mdp_config(objective=objective, advantage=choice, updates=2, checkpoint_every=2), tmp_path / "r")
