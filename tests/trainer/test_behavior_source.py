@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from offpolicylab import cli
 from offpolicylab.behavior import resolve_behavior
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts
@@ -84,3 +85,22 @@ def test_earlier_configs_recompute_flag_becomes_the_source() -> None:
     assert TrainConfig.from_dict({"recompute_behavior_logp": True}).behavior_logp == "trainer"
     assert TrainConfig.from_dict({"recompute_behavior_logp": "false"}).behavior_logp == "auto"
     assert "recompute_behavior_logp" not in TrainConfig().to_dict()
+
+
+def test_a_run_written_before_the_switch_resumes_as_the_same_configuration(tmp_path: Path) -> None:
+    """A config.json with the earlier ``recompute_behavior_logp: false`` (and no ``behavior_logp``) is the same
+    configuration as ``behavior_logp: auto``: --resume extends it, and it trains as the uninterrupted run (the
+    evaluation the short run made at its last update is the only difference the extension leaves)."""
+    import json
+
+    config = TrainConfig(**{**COMMON, **RUNS["tabular"]})
+    whole = tmp_path / "whole"
+    train(config, whole)
+    short = tmp_path / "short"
+    train(TrainConfig(**{**COMMON, **RUNS["tabular"], "updates": 3}), short)
+    stored = json.loads((short / "config.json").read_text())
+    stored["recompute_behavior_logp"] = stored.pop("behavior_logp") == "trainer"
+    (short / "config.json").write_text(json.dumps(stored))
+    assert cli.main(["run", "--resume", "--out", str(short), "--updates", str(config.updates)]) == 0
+    trained = [[row[k] for k in ("update", "reward_mean", "grad_norm", "loss")] for row in _rows(short)]
+    assert trained == [[row[k] for k in ("update", "reward_mean", "grad_norm", "loss")] for row in _rows(whole)]
