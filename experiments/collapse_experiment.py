@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="output folder, one run directory per cell")
     parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     parser.add_argument("--table-only", action="store_true", help="only build the tables of an existing --out")
+    parser.add_argument("--csv", type=Path, default=None, help="also write one row per run here (objective, "
+                                                              "staleness, seed, J0, peak_J, ..., mask_frac_mean)")
     args = parser.parse_args(argv)
     if not args.table_only:
         start = time.perf_counter()
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
         with open(args.out / "wall_times.txt", "a") as fh:
             fh.write(line + "\n")
-    report = build_report(args.out)
+    report = build_report(args.out, args.csv)
     print(report)
     return 0
 
@@ -108,7 +110,16 @@ def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list
 
 
 def _schedule_staleness(schedule: str) -> int:
-    return 0 if schedule == "on_policy" else int(schedule.split(":")[1])
+    """The nominal staleness s of a schedule as the papers name it: 0 for ``on_policy`` and for ``stages:M`` /
+    ``sync:M,0`` (M minibatch updates per rollout batch: the M2PO paper's s = 0 takes 4, staleness 0–3), K for
+    ``stale_k:K``."""
+    name, _, arg = schedule.partition(":")
+    if name == "on_policy" or name == "stages" or (name == "sync" and arg.split(",")[-1] == "0"):
+        return 0
+    if name == "stale_k":
+        return int(arg)
+    raise ValueError(f"schedule {schedule!r} has no nominal staleness; valid: on_policy, stages:M, sync:M,0, "
+                     f"stale_k:K")
 
 
 def prepare_worlds(grid: dict[str, Any], out: Path) -> None:
@@ -142,7 +153,7 @@ def j_curve(run: plots.Run) -> pd.DataFrame:
 
 
 def staleness_of(run: plots.Run) -> int:
-    """0 for on_policy, K for stale_k:K (the grids of this experiment use only these two forms)."""
+    """The run's nominal staleness (:func:`_schedule_staleness`)."""
     return _schedule_staleness(run.staleness)
 
 
@@ -170,6 +181,8 @@ def run_stats(run: plots.Run) -> dict[str, Any]:
         "entropy_end": _mean(metrics["entropy"].tail(edge)) if "entropy" in metrics else math.nan,
         "kl_init_final": float(kl.iloc[-1]) if len(kl) else math.nan,
         "kl_init_max": float(kl.max()) if len(kl) else math.nan,
+        "clip_frac_mean": _mean(metrics["clip_frac"]) if "clip_frac" in metrics else math.nan,
+        "mask_frac_mean": _mean(metrics["mask_frac"]) if "mask_frac" in metrics else math.nan,
     }
 
 
@@ -253,9 +266,26 @@ def _prosperity_then_collapse(runs: pd.DataFrame, curves: dict[tuple[str, int, i
 
 
 # ============================================================================================ Markdown
-def build_report(out: Path) -> str:
-    """Write table.md, runs.csv and criteria.json under ``out``; returns the Markdown."""
+GRID_CSV_COLUMNS = ("objective", "staleness", "seed", "J0", "peak_J", "peak_update", "final_J", "final_se",
+                    "collapsed", "clip_frac_mean", "mask_frac_mean")
+
+
+def grid_csv(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with :data:`GRID_CSV_COLUMNS`: the grid label, nominal staleness, seed, first / peak (and its
+    update) / final evaluated J, the final J's standard error, whether the collapse detector flagged the run, and the
+    mean over updates of the objective's clip and mask fractions (empty where the objective reports none)."""
+    table = runs.rename(columns={"label": "objective", "peak": "peak_J", "final": "final_J"})
+    table["collapsed"] = table["collapse_update"] >= 0
+    return table[list(GRID_CSV_COLUMNS)]
+
+
+def build_report(out: Path, csv_path: Path | None = None) -> str:
+    """Write table.md, runs.csv and criteria.json under ``out`` (and the per-run :func:`grid_csv` at ``csv_path``);
+    returns the Markdown."""
     runs, curves = load_stats(out)
+    if csv_path is not None:
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        grid_csv(runs).to_csv(csv_path, index=False)
     cells = cell_table(runs)
     verdict = criteria(runs[runs["status"].isin(FINISHED)], curves)
     runs.to_csv(out / "runs.csv", index=False)

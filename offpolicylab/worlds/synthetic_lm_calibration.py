@@ -2,6 +2,8 @@
 
     python -m offpolicylab.worlds.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
                                             [--lrs 1e-4,3e-4,1e-3] [--kl-updates 30] [--success-samples 32]
+    python -m offpolicylab.worlds.synthetic_lm_calibration --drift-lrs 3e-5,1e-4,3e-4 --out runs/drift
+                                            [--drift-updates 300] [--workers 2]
 
 prints (1) π₀'s token profile on temperature-1 samples (one per training prompt) side by side with a reference
 profile (``offpolicylab.diagnostics.profile``, the same statistics code as ``offpolicylab calibrate``), (2) π₀'s
@@ -12,6 +14,20 @@ policies of short on-policy GRPO runs with the world's training defaults:
     KL_u = mean over the batch's response tokens of Σ_v π_u(v | x, y_{<t}) [log π_u(v | ·) − log π_{u+1}(v | ·)]
 
 (exact over the vocabulary at each sampled position, the batch the update was computed on).
+
+With ``--drift-lrs`` it instead measures drift the way the M2PO paper reports it (Zheng et al. 2025, "Prosperity
+before Collapse", arXiv:2510.01161, Fig. 6d): the share of tokens whose ε = 0.2 GRPO clip is active,
+
+    clip_frac = mean over updates u < U of  (1/N_u) Σ_t 1[(A_t > 0 ∧ r_t > 1 + ε) ∨ (A_t < 0 ∧ r_t < 1 − ε)]
+
+for each learning rate in two short runs of U updates from π₀: the papers' s = 0 (``stages:4`` — one rollout batch
+of 4 × 8 prompts split into 4 minibatches, one optimizer update each, staleness 0–3, as the paper's 256 prompts in
+minibatches of 64) and ``stale_k:256``; prints them next to the paper's numbers and chooses the learning rate by
+:func:`choose_lr`.  Only clip fractions are read from these runs.
+
+The seed-scale token statistics of π₀ (:func:`seed_scale_statistics`) are printed next to Qwen3-8B's chain of thought
+(Wang et al. 2025, "Beyond the 80/20 Rule", arXiv:2506.01939: over 50 % of tokens below 0.01 nat, 80th percentile
+0.672 nat; no rare-token share published) and the SmolLM2 profile.
 """
 
 from __future__ import annotations
@@ -20,8 +36,10 @@ import argparse
 import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from offpolicylab.config import TrainConfig, parse_assignments
@@ -37,6 +55,138 @@ def policy_token_profile(world: SyntheticLM, policy: Any, samples_per_prompt: in
     with torch.no_grad():
         logp, entropy = policy.score(rollout)
     return token_profile(entropy, logp, rollout.response_mask)
+
+
+SEED_SCALE_TARGETS = {"share_entropy_below_0.01": (0.45, 0.60), "entropy_q80": (0.5, 0.85)}
+"""Item ranges the default recipe's π₀ must meet (around Qwen3-8B's published chain-of-thought statistics)."""
+
+QWEN3_8B_COT = {"share_entropy_below_0.01": "> 0.50", "entropy_q50": "< 0.01", "entropy_q80": "0.672",
+                "share_sampled_prob_below_1e-3": "not published"}
+"""Wang et al. 2025 (arXiv:2506.01939), Qwen3-8B, > 1 M chain-of-thought tokens on math, as published."""
+
+
+def seed_scale_statistics(entropy: torch.Tensor, sampled_logp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Share of tokens with entropy H_t < 0.01 nat, the median and 80th percentile of H_t (linear interpolation),
+    and the share of sampled tokens with π(y_t) < 1e-3, over the tokens where ``mask`` > 0."""
+    keep = mask.detach().double().cpu().numpy() > 0
+    h = entropy.detach().double().cpu().numpy()[keep]
+    logp = sampled_logp.detach().double().cpu().numpy()[keep]
+    return {"share_entropy_below_0.01": float((h < 0.01).mean()), "entropy_q50": float(np.quantile(h, 0.5)),
+            "entropy_q80": float(np.quantile(h, 0.8)),
+            "share_sampled_prob_below_1e-3": float((logp < math.log(1e-3)).mean())}
+
+
+def policy_seed_scale_statistics(world: SyntheticLM, policy: Any, samples_per_prompt: int = 1,
+                                 seed: int = 0) -> dict[str, float]:
+    """:func:`seed_scale_statistics` of ``policy``'s temperature-1 samples on every training prompt."""
+    prompts = world._prompts(torch.arange(world.num_prompts))
+    rollout = policy.sample(prompts, samples_per_prompt, 1.0, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        logp, entropy = policy.score(rollout)
+    return seed_scale_statistics(entropy, logp, rollout.response_mask)
+
+
+def seed_scale_table(statistics: dict[str, float], smollm2: dict[str, Any] | None = None) -> str:
+    """Markdown: π₀'s seed-scale statistics beside Qwen3-8B's (published) and SmolLM2-135M's (measured), with the
+    item ranges."""
+    rows = ["| statistic | Qwen3-8B CoT (published) | SmolLM2-135M (measured) | synthetic_lm π₀ | range | within |",
+            "|---|---:|---:|---:|---:|:---:|"]
+    for key, value in statistics.items():
+        low_high = SEED_SCALE_TARGETS.get(key)
+        within = "" if low_high is None else ("yes" if low_high[0] <= value <= low_high[1] else "**no**")
+        span = "" if low_high is None else f"[{low_high[0]:g}, {low_high[1]:g}]"
+        other = "—" if smollm2 is None or smollm2.get(key) is None else f"{smollm2[key]:.4f}"
+        rows.append(f"| {key} | {QWEN3_8B_COT[key]} | {other} | {value:.4f} | {span} | {within} |")
+    return "\n".join(rows)
+
+
+def profile_seed_scale_statistics(profile: dict[str, Any]) -> dict[str, float | None]:
+    """The seed-scale statistics of a profile written by ``offpolicylab calibrate``: the share below 0.01 nat (a sum
+    of histogram bins, 0.01 being an edge), the median, the 80th percentile (linearly interpolated inside its
+    histogram bin; None in the open last bin) and the rare-token share."""
+    stats = profile.get("profile", profile)
+    edges, shares = stats["entropy_bin_edges"], stats["entropy_histogram"]
+    below = sum(share for share, upper in zip(shares, edges[1:], strict=True) if upper is not None and upper <= 0.01)
+    cumulative, q80 = 0.0, None
+    for low, upper, share in zip(edges, edges[1:], shares, strict=True):
+        if share > 0 and cumulative + share >= 0.8:
+            q80 = None if upper is None else low + (upper - low) * (0.8 - cumulative) / share
+            break
+        cumulative += share
+    return {"share_entropy_below_0.01": below, "entropy_q50": stats["median_entropy"], "entropy_q80": q80,
+            "share_sampled_prob_below_1e-3": stats["share_sampled_prob_below_1e-3"]}
+
+
+# ================================================================================================ drift
+PAPER_CLIP_FRACTIONS = {  # M2PO paper (Zheng et al. 2025, arXiv:2510.01161), Fig. 6d, averaged over training
+    "Qwen3-1.7B-Base": {"s0": 0.0007, "s256": 0.0066, "m2po_s256_masked": 0.0002},
+    "Qwen2.5-32B": {"s0": 0.0005, "s256": 0.0122, "m2po_s256_masked": 0.0006},
+}
+S0_WINDOW = (3e-4, 1.5e-3)
+"""Item range of ε = 0.2 GRPO's clip fraction at the papers' s = 0 (4 minibatch updates per rollout batch)."""
+STALE_WINDOW = (3e-3, 2.5e-2)
+"""Item range of ε = 0.2 GRPO's clip fraction over the first 300 updates at ``stale_k:256``."""
+S0_TARGET = math.sqrt(0.0007 * 0.0005)
+STALE_TARGET = math.sqrt(0.0066 * 0.0122)
+"""Geometric means of the paper's two models (0.059 % and 0.90 %): the points :func:`choose_lr` aims at."""
+DRIFT_SCHEDULES = {"s0": "stages:4", "s256": "stale_k:256"}
+
+
+def drift_grid(lrs: list[float], updates: int = 300, world_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sweep grid of the drift measurement: ε = 0.2 GRPO, each learning rate × {``stages:4``, ``stale_k:256``},
+    ``updates`` updates from π₀, the world's other defaults (evaluation only at the end)."""
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "objective": "grpo",
+            "objective_params": {"eps_low": 0.2, "eps_high": 0.2}, "updates": updates, "eval_every": updates,
+            "sample_every": 0, "checkpoint_every": updates, "seed": 0}
+    return {"base": base, "axes": {"lr": [{"label": f"{lr:g}", "lr": lr} for lr in lrs],
+                                   "schedule": [{"label": k, "schedule": v} for k, v in DRIFT_SCHEDULES.items()]}}
+
+
+def clip_fractions(sweep_dir: str | Path) -> list[dict[str, float]]:
+    """Per learning rate of a finished :func:`drift_grid` sweep: the mean ``clip_frac`` over its updates at s = 0 and
+    at s = 256 (nothing else of those runs is read)."""
+    from offpolicylab.runs import load_runs
+
+    by_lr: dict[float, dict[str, float]] = {}
+    for run in load_runs([sweep_dir]):
+        lr = float(run.config["lr"])
+        by_lr.setdefault(lr, {"lr": lr})[run.labels["schedule"]] = float(run.metrics["clip_frac"].mean())
+    return [by_lr[lr] for lr in sorted(by_lr)]
+
+
+def _log_distance(value: float, target: float) -> float:
+    return abs(math.log(max(value, 1e-12) / target))
+
+
+def choose_lr(rows: list[dict[str, float]]) -> tuple[float, str]:
+    """The learning rate by the rule fixed before any stale run (``docs/synthetic_lm.md``): among the rates whose s = 0
+    and s = 256 clip fractions both lie in their windows, the one minimising the larger of |log(c₀ / 0.059 %)| and
+    |log(c₂₅₆ / 0.90 %)|; if none meets both, the stale one decides: among the rates inside the stale window (else
+    all), the one with c₂₅₆ closest to 0.90 % on a log scale.  Returns (lr, which branch decided)."""
+    def inside(value: float, window: tuple[float, float]) -> bool:
+        return window[0] <= value <= window[1]
+
+    both = [r for r in rows if inside(r["s0"], S0_WINDOW) and inside(r["s256"], STALE_WINDOW)]
+    if both:
+        best = min(both, key=lambda r: max(_log_distance(r["s0"], S0_TARGET), _log_distance(r["s256"], STALE_TARGET)))
+        return best["lr"], "both windows met"
+    stale = [r for r in rows if inside(r["s256"], STALE_WINDOW)]
+    best = min(stale or rows, key=lambda r: _log_distance(r["s256"], STALE_TARGET))
+    return best["lr"], ("no rate meets both windows; the stale window decides" if stale else
+                        "no rate meets the stale window; closest stale clip fraction")
+
+
+def drift_table(rows: list[dict[str, float]], updates: int) -> str:
+    """Markdown: each learning rate's two clip fractions beside the paper's, with the windows."""
+    papers = "; ".join(f"{name} {v['s0']:.2%} / {v['s256']:.2%}" for name, v in PAPER_CLIP_FRACTIONS.items())
+    lines = [f"ε = 0.2 GRPO clip fraction, mean over updates 0–{updates - 1} (paper, Fig. 6d, mean over training: "
+             f"{papers} at s = 0 / s = 256)", "",
+             "| lr | s = 0 (stages:4) | in [0.03 %, 0.15 %] | s = 256 (stale_k:256) | in [0.3 %, 2.5 %] |",
+             "|---:|---:|:---:|---:|:---:|"]
+    for r in rows:
+        yes = ["yes" if w[0] <= r[k] <= w[1] else "no" for k, w in (("s0", S0_WINDOW), ("s256", STALE_WINDOW))]
+        lines.append(f"| {r['lr']:g} | {r['s0']:.3%} | {yes[0]} | {r['s256']:.3%} | {yes[1]} |")
+    return "\n".join(lines)
 
 
 def initial_success(world: SyntheticLM, policy: Any, samples: int = 32, seed: int = 0) -> dict[str, float]:
@@ -104,10 +254,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lrs", default="", help="comma-separated learning rates for the per-update KL")
     parser.add_argument("--kl-updates", type=int, default=30)
     parser.add_argument("--success-samples", type=int, default=32)
+    parser.add_argument("--drift-lrs", default="", help="comma-separated learning rates for the clip-fraction "
+                                                       "measurement (then only that runs)")
+    parser.add_argument("--drift-updates", type=int, default=300)
+    parser.add_argument("--out", default="runs/drift", help="sweep folder of the clip-fraction measurement")
+    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     world_params = parse_assignments(args.world_param, "--world-param")
     world = make_world("synthetic_lm", **world_params)
+    if args.drift_lrs:
+        from offpolicylab.sweep import run_sweep
+
+        lrs = [float(x) for x in args.drift_lrs.split(",") if x]
+        run_sweep(drift_grid(lrs, args.drift_updates, world_params), args.out, workers=args.workers)
+        rows = clip_fractions(args.out)
+        print(drift_table(rows, args.drift_updates))
+        lr, why = choose_lr(rows)
+        print(f"chosen lr: {lr:g} ({why})")
+        return
     pi0 = world.pretrained_policy()
+    print(seed_scale_table(policy_seed_scale_statistics(world, pi0),
+                           profile_seed_scale_statistics(load_profile("smollm2_135m_instruct_gsm8k"))))
     profile = policy_token_profile(world, pi0)
     if args.profile:
         rows = compare_profiles(load_profile(args.profile), profile)

@@ -19,7 +19,8 @@ from offpolicylab.worlds import make_world, world_train_defaults
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, NUM_DIGITS, Recipe, SyntheticLM
 
 TINY = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16, "num_heads": 2,
-        "num_layers": 1, "distill_steps": 40, "distill_batch": 16}
+        "num_layers": 1, "distill_steps": 40, "distill_batch": 16, "alpha": 7.0, "delta": 0.125}
+# (alpha, delta: the smollm2 preset's broad teacher, so that a 40-step student samples text the teacher finds likely)
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +248,53 @@ def test_pi0_profile_shares_against_numpy(world):
     assert profile["median_entropy"] == pytest.approx(float(np.median(entropy)), abs=1e-5)
 
 
+def test_pi0_temperature_divides_the_distilled_students_logits(cache, world):
+    """π₀ = softmax(z / t_π₀): the same distilled student (the recipe differs only in t_π₀), logits at t = 0.5 are
+    twice those at t = 1 on any response (checked on random ones, so not only where π₀ samples)."""
+    plain = make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "pi0_temperature": 1.0})
+    sharp = make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "pi0_temperature": 0.5})
+    prompts = plain._prompts(torch.arange(6))
+    response = torch.randint(plain.vocab_size, (6, plain.max_response_len), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        z_plain, z_sharp = (w.pretrained_policy().response_logits(prompts.ids, prompts.mask, prompts.index, response)
+                            for w in (plain, sharp))
+    assert torch.allclose(z_sharp, 2.0 * z_plain, atol=1e-5)
+    assert sharp.threshold > plain.threshold  # θ is π₀'s own 1st percentile: a sharper π₀ scores higher
+
+
+def test_seed_scale_statistics_against_numpy():
+    from offpolicylab.worlds.synthetic_lm_calibration import seed_scale_statistics
+
+    gen = np.random.default_rng(5)
+    entropy = gen.exponential(0.3, (7, 9)) * (gen.random((7, 9)) < 0.6)
+    logp = -gen.exponential(3.0, (7, 9))
+    mask = (gen.random((7, 9)) < 0.8).astype(float)
+    got = seed_scale_statistics(torch.tensor(entropy), torch.tensor(logp), torch.tensor(mask))
+    h, lp = entropy[mask > 0], logp[mask > 0]
+    assert got["share_entropy_below_0.01"] == pytest.approx((h < 0.01).sum() / h.size)
+    assert got["entropy_q50"] == pytest.approx(np.sort(h)[(h.size - 1) // 2] if h.size % 2 else
+                                               0.5 * (np.sort(h)[h.size // 2 - 1] + np.sort(h)[h.size // 2]))
+    rank = 0.8 * (h.size - 1)  # linear interpolation between order statistics
+    low = int(np.floor(rank))
+    expected_q80 = np.sort(h)[low] + (rank - low) * (np.sort(h)[min(low + 1, h.size - 1)] - np.sort(h)[low])
+    assert got["entropy_q80"] == pytest.approx(expected_q80)
+    assert got["share_sampled_prob_below_1e-3"] == pytest.approx((lp < np.log(1e-3)).mean())
+
+
+def test_profile_statistics_from_the_histogram():
+    """share below 0.01 nat = the first two bins (0.01 is an edge); q80 interpolated inside its bin by hand."""
+    from offpolicylab.worlds.synthetic_lm_calibration import profile_seed_scale_statistics
+
+    edges = [0.0, 0.001, 0.01, 0.03, 0.1, 0.2, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, None]
+    shares = [0.1, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0, 0.0, 0.0]
+    got = profile_seed_scale_statistics({"profile": {
+        "entropy_bin_edges": edges, "entropy_histogram": shares, "median_entropy": 0.02,
+        "share_sampled_prob_below_1e-3": 0.004}})
+    assert got["share_entropy_below_0.01"] == pytest.approx(0.4)
+    assert got["entropy_q80"] == pytest.approx(0.2 + 0.3 * (0.8 - 0.7) / 0.1)  # cumulative 0.7 below 0.2
+    assert got["entropy_q50"] == 0.02 and got["share_sampled_prob_below_1e-3"] == 0.004
+
+
 def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     from offpolicylab.config import TrainConfig
     from offpolicylab.worlds.synthetic_lm_calibration import update_kls
@@ -260,22 +308,97 @@ def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
 
 
-# ------------------------------------------------------------------ the default recipe against the real-LM profile
-def test_default_world_matches_the_committed_smollm2_profile(tmp_path, capsys):
-    """The default recipe's π₀ (the copy shipped with the package, built by this module's recipe) has each headline
-    share of the committed SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
-    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
-    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, Recipe, read_cached
-    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
+# ------------------------------------------------------------------ the shipped recipes against the real-LM profiles
+def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
+    """The default (``seed_scale``) recipe's π₀ — the copy shipped with the package — has the token entropies of a
+    reasoning LLM's chain of thought: 45–60 % of its temperature-1 tokens below 0.01 nat and the 80th percentile in
+    [0.5, 0.85] nat (Qwen3-8B: over 50 % and 0.672 nat, Wang et al. 2025, arXiv:2506.01939), a rare-token tail
+    (sampled π(y) < 1e-3) kept, and the answer digit (where the reward is decided) a fork; printed beside Qwen3-8B's
+    published numbers and SmolLM2-135M's measured profile."""
+    from offpolicylab.diagnostics.profile import load_profile
+    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, read_cached
+    from offpolicylab.worlds.synthetic_lm_calibration import (
+        policy_seed_scale_statistics,
+        profile_seed_scale_statistics,
+        seed_scale_table,
+    )
 
     shipped = PACKAGED_DIR / f"{Recipe().digest()[:32]}.pt"
     assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold the default recipe's π₀"
     world = make_world("synthetic_lm", cache_dir=str(tmp_path))  # empty cache: the shipped copy is used
     assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
+    pi0 = world.pretrained_policy()
+    stats = policy_seed_scale_statistics(world, pi0)
+    smollm2 = profile_seed_scale_statistics(load_profile("smollm2_135m_instruct_gsm8k"))
+    print(seed_scale_table(stats, smollm2))
+    assert 0.45 <= stats["share_entropy_below_0.01"] <= 0.60
+    assert 0.5 <= stats["entropy_q80"] <= 0.85
+    assert stats["share_sampled_prob_below_1e-3"] >= 1e-3
+    # SmolLM2 is nowhere near: 0.8 % of its tokens below 0.01 nat, median 2.65 nat
+    assert smollm2["share_entropy_below_0.01"] < 0.05 and smollm2["entropy_q50"] > 2.0
+    rollout = pi0.sample(world.eval_prompts(), 16, 1.0, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, entropy = pi0.score(rollout)
+    answered = rollout.response_ids[:, -2] == ANS
+    assert float(entropy[answered, -1].mean()) > 1.0  # the answer digit stays a fork (nats, over 10 digits)
+
+
+def test_smollm2_preset_matches_the_committed_smollm2_profile(tmp_path, capsys):
+    """The ``smollm2`` preset's π₀ (shipped with the package) has each headline share of the committed
+    SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
+    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
+    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, PRESETS, read_cached
+    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
+
+    recipe = PRESETS["smollm2"]
+    assert (recipe.alpha, recipe.delta, recipe.pi0_temperature) == (7.0, 0.125, 1.0)
+    shipped = PACKAGED_DIR / f"{recipe.digest()[:32]}.pt"
+    assert read_cached(shipped, recipe) is not None, f"{shipped} must hold the smollm2 preset's π₀"
+    world = make_world("synthetic_lm", preset="smollm2", cache_dir=str(tmp_path))
+    assert world.recipe == recipe and not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
     reference = load_profile("smollm2_135m_instruct_gsm8k")
     rows = compare_profiles(reference, policy_token_profile(world, world.pretrained_policy()))
-    print(format_comparison(rows, names=("SmolLM2-135M", "synthetic_lm π₀")))
+    print(format_comparison(rows, names=("SmolLM2-135M", "synthetic_lm π₀ (smollm2 preset)")))
     checked = {row.name: row for row in rows if row.within is not None}
     assert set(checked) == set(SHARE_KEYS)
     for row in checked.values():
         assert abs(row.candidate - row.reference) <= 0.05, (row.name, row.reference, row.candidate)
+
+
+def test_a_preset_is_overridden_by_the_parameters_given(cache):
+    shape = {k: v for k, v in TINY.items() if k not in ("alpha", "delta")}
+    world = make_world("synthetic_lm", preset="smollm2", cache_dir=str(cache), **{**shape, "alpha": 3.0})
+    assert (world.recipe.alpha, world.recipe.delta, world.recipe.pi0_temperature) == (3.0, 0.125, 1.0)
+    assert (Recipe().alpha, Recipe().delta, Recipe().pi0_temperature) == (64.0, 0.0, 0.8)  # the default preset
+    with pytest.raises(ValueError, match="preset"):
+        make_world("synthetic_lm", preset="qwen", cache_dir=str(cache), **TINY)
+
+
+# ------------------------------------------------------------------------------------------ drift calibration
+def test_choose_lr_by_the_clip_fraction_windows():
+    """The rule fixed before any stale run, on hand-made clip fractions (targets √(0.07 %·0.05 %) = 0.0592 % and
+    √(0.66 %·1.22 %) = 0.897 %, worked out by hand)."""
+    from offpolicylab.worlds.synthetic_lm_calibration import S0_TARGET, STALE_TARGET, choose_lr
+
+    assert S0_TARGET == pytest.approx(5.916e-4, rel=1e-3) and STALE_TARGET == pytest.approx(8.973e-3, rel=1e-3)
+    # both windows met by 2e-4 (distances 0.169, 0.003) and 4e-4 (0.707, 0.80): the smaller larger-distance wins
+    rows = [{"lr": 1e-4, "s0": 2e-4, "s256": 4e-3}, {"lr": 2e-4, "s0": 5e-4, "s256": 9e-3},
+            {"lr": 4e-4, "s0": 1.2e-3, "s256": 2e-2}]
+    assert choose_lr(rows) == (2e-4, "both windows met")
+    # no s = 0 value in [0.03 %, 0.15 %]: the stale window decides, |log(0.5 / 0.897)| = 0.58 > |log(1.5 / 0.897)| = 0.51
+    rows = [{"lr": 1e-4, "s0": 2e-3, "s256": 2e-3}, {"lr": 2e-4, "s0": 3e-3, "s256": 5e-3},
+            {"lr": 4e-4, "s0": 5e-3, "s256": 1.5e-2}]
+    assert choose_lr(rows) == (4e-4, "no rate meets both windows; the stale window decides")
+    rows = [{"lr": 1e-4, "s0": 2e-3, "s256": 0.05}, {"lr": 2e-4, "s0": 3e-3, "s256": 0.2}]
+    assert choose_lr(rows) == (1e-4, "no rate meets the stale window; closest stale clip fraction")
+
+
+def test_drift_grid_is_eps_clipped_grpo_at_the_papers_two_staleness_settings():
+    from offpolicylab.sweep import expand_grid
+    from offpolicylab.worlds.synthetic_lm_calibration import drift_grid
+
+    cells = expand_grid(drift_grid([1e-4, 3e-4], updates=300), "/nowhere")
+    assert [(c.config["lr"], c.config["schedule"]) for c in cells] == [
+        (1e-4, "stages:4"), (1e-4, "stale_k:256"), (3e-4, "stages:4"), (3e-4, "stale_k:256")]
+    assert all(c.config["objective"] == "grpo" and c.config["objective_params"] == {"eps_low": 0.2, "eps_high": 0.2}
+               and c.config["updates"] == 300 for c in cells)
