@@ -9,6 +9,7 @@
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
     offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
+    offpolicylab profiles list | show NAME_OR_FILE [NAME_OR_FILE ...]
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated (docs/bad_input.md lists every case and its message).  A run that fails
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="weight dtype of the directory (default float32)")
     calibrate = sub.add_parser("calibrate", help="token-statistics profile of a real LM sampling GSM8k answers")
     calibrate_command.add_arguments(calibrate)
+    profiles = sub.add_parser("profiles", help="token profiles: list the packaged ones, show some side by side")
+    calibrate_command.add_profiles_arguments(profiles)
 
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
@@ -124,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
                 "convert-gguf": cmd_convert_gguf,
-                "calibrate": calibrate_command.run_command}[args.command](args)
+                "calibrate": calibrate_command.run_command,
+                "profiles": calibrate_command.run_profiles_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
     except OSError as exc:  # a full disk, a file-size limit, a read-only folder ...

@@ -48,6 +48,7 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.profiling import LoopProfile
+from offpolicylab.proximal import needs_proximal, proximal_logp
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from offpolicylab.seeds import STACKABLE_POLICIES, SeedGroup
 from offpolicylab.staleness import Schedule, parse_schedule
@@ -292,6 +293,8 @@ def run_group(group: SeedGroup, start: int, watch: Stopwatch, progress: bool | s
         with_metrics = is_due(update, cfg.metrics_every, cfg.updates)  # metrics=False only when skipped
         with watch("other"):  # 4. TokenBatch: built and validated once, one block per member
             whole = token_batch(joined, logp, entropy, advantages, update)
+            if needs_proximal(group):  # decoupled PPO: log π_prox of the consumed batches (offpolicylab.proximal)
+                whole = whole.replace(prox_logp=proximal_logp(group, schedule, update, cfg.updates, logp))
             batches = group.token_batches(whole, consumed, with_metrics)
         with watch("objective"):  # 5. objective
             outs = objective_outputs(group, whole, batches, with_metrics)

@@ -12,6 +12,11 @@ The mapping to :class:`~offpolicylab.objectives.TokenBatch` is
     logp = log_prob,  behavior_logp = old_log_prob,  advantages = advantages,  mask = response_mask,
     sampler_logp = rollout_log_probs (old verl only; used by ``tis_cap``),  agg = loss_agg_mode,
 
+except for an objective that reads log π_prox (``decoupled_ppo``): verl's ``old_log_prob`` is recomputed with the
+parameters at the start of the training step, which is AReaL's π_prox, and the behaviour policy is the rollout's, so
+``prox_logp = old_log_prob, behavior_logp = rollout_log_probs`` (no ``sampler_logp``); without
+``rollout_log_probs`` (verl ≥ 0.6 passes none) it refuses with one line.
+
 and the loss is rescaled from our micro-batch normalisation to verl's global one (``config.global_batch_info``:
 token-mean → × n_local_tokens / batch_num_tokens × dp_size; seq-mean-* → × n_local_seqs / global_batch_size ×
 dp_size), exactly what verl's ``agg_loss`` does, so gradient accumulation and data parallelism see the same
@@ -100,13 +105,16 @@ class VerlPolicyLoss:
                 "the objective's tis_cap parameter"
             )
         self._set_agg(loss_agg_mode)
-        batch = TokenBatch(
-            logp=log_prob,
-            behavior_logp=old_log_prob,
-            advantages=advantages,
-            mask=response_mask.to(log_prob.dtype),
-            sampler_logp=rollout_log_probs,
-        )
+        mask = response_mask.to(log_prob.dtype)
+        if self.objective.needs_prox:  # verl's old_log_prob is the step-start recompute: AReaL's π_prox
+            if rollout_log_probs is None:
+                raise ValueError(f"objective {self.objective.name!r} needs the rollout's log-probs as the behaviour "
+                                 "policy and verl passed none; valid: a verl that passes rollout_log_probs (<= 0.5)")
+            batch = TokenBatch(logp=log_prob, behavior_logp=rollout_log_probs, advantages=advantages, mask=mask,
+                               prox_logp=old_log_prob)
+        else:
+            batch = TokenBatch(logp=log_prob, behavior_logp=old_log_prob, advantages=advantages, mask=mask,
+                               sampler_logp=rollout_log_probs)
         if self.update_pending:
             self.objective.update(batch)
             self.update_pending = False

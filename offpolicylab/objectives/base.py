@@ -52,6 +52,9 @@ class Objective:
     rowwise: ClassVar[bool] = False
     #: Extra metrics that are constants of the objective (0-dim, the same for every block of :meth:`call_blocks`).
     constant_metrics: ClassVar[tuple[str, ...]] = ()
+    #: The objective reads ``TokenBatch.prox_logp``, log π_prox of a proximal policy (decoupled PPO); the training
+    #: loop supplies it (:func:`offpolicylab.proximal.proximal_logp`).
+    needs_prox: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)

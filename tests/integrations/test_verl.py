@@ -132,6 +132,25 @@ def test_rollout_log_probs_feed_tis() -> None:
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
 
 
+def test_decoupled_ppo_takes_old_log_prob_as_prox_and_rollout_log_probs_as_behaviour() -> None:
+    """verl's old_log_prob (recomputed at the step's start) is π_prox; the rollout's log-probs are the behaviour."""
+    inputs = random_verl_inputs(seed=8, padding=0.0)
+    rollout = inputs["old_log_prob"] - 0.3
+    adapter = verl_adapter.VerlPolicyLoss(get_objective("decoupled_ppo"))
+    loss, metrics = adapter(**inputs, rollout_log_probs=rollout)
+    batch = TokenBatch(logp=inputs["log_prob"], behavior_logp=rollout, prox_logp=inputs["old_log_prob"],
+                       advantages=inputs["advantages"], mask=inputs["response_mask"].double())
+    assert loss.item() == get_objective("decoupled_ppo")(batch).loss.item()
+    # by the formula: w = π_prox / π_behavior = e^0.3 on every token, u = π_θ / π_prox clipped at 0.8 / 1.2
+    mask = inputs["response_mask"]
+    u = torch.exp(inputs["log_prob"].detach() - inputs["old_log_prob"])
+    adv = inputs["advantages"]
+    per_token = -np.exp(0.3) * torch.minimum(u * adv, u.clamp(0.8, 1.2) * adv)
+    assert loss.item() == pytest.approx(per_token[mask].mean().item(), rel=1e-12)
+    with pytest.raises(ValueError, match="needs the rollout's log-probs"):
+        adapter(**inputs)
+
+
 def test_stateful_objective_updates_once_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """ac_mispo advances k once per optimizer step (global step hook), whatever the number of micro-batches, and
     its losses equal a directly driven instance that is updated before each step's first micro-batch."""

@@ -24,7 +24,8 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("topr", {}), ("topr", {"ratio_level": "token"}), ("rec", {}), ("rec", {"mask": "two_side"}),
     ("rec", {"mask": "ring", "importance_sampling": True}), ("mu_grpo", {}), ("mu_grpo", {"nav_scope": "response"}),
     ("mu_grpo", {"nav_scope": "trigger"}), ("mispo", {}), ("gspo", {}), ("opmd", {}), ("opmd", {"form": "token"}),
-    ("asymre", {}), ("red_weight", {}),
+    ("asymre", {}), ("red_weight", {}), ("gppo", {}), ("gppo", {"dual_clip": 3.0}), ("decoupled_ppo", {}),
+    ("decoupled_ppo", {"behavior_cap": 1.05}),
 ] + [("grpo", {"agg": agg}) for agg in AGG_MODES] + [("mu_grpo", {"agg": "seq-mean-token-sum"}),
                                                       ("gspo", {"agg": "seq-mean-token-mean"})]
 
@@ -39,7 +40,8 @@ def block_fields(prox: bool) -> list[dict[str, Tensor]]:
         fields["sampler_logp"] = fields["behavior_logp"] + 0.05 * torch.randn(fields["mask"].shape, generator=gen)
         fields["sampler_logp"] = torch.where(fields["mask"] > 0, fields["sampler_logp"], 0.0)
         if prox:
-            fields["prox_logp"] = torch.where(fields["mask"] > 0, fields["behavior_logp"] + 0.1, 0.0)
+            near = fields["behavior_logp"] + 0.1 * torch.randn(fields["mask"].shape, generator=gen)
+            fields["prox_logp"] = torch.where(fields["mask"] > 0, near, 0.0)
         blocks.append(fields)
     return blocks
 
@@ -58,7 +60,7 @@ def joined_fields(blocks: list[dict[str, Tensor]]) -> dict[str, Tensor]:
 @pytest.mark.parametrize(("name", "params"), VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
 @pytest.mark.parametrize("metrics", [True, False])
 def test_call_blocks_equals_each_block_alone(name: str, params: dict[str, Any], metrics: bool) -> None:
-    blocks = block_fields(prox=name == "grpo" and not params)
+    blocks = block_fields(prox=name in ("grpo", "decoupled_ppo"))
     objective = get_objective(name, **params)
     alone = []
     for fields in blocks:
