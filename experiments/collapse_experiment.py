@@ -63,12 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="output folder, one run directory per cell")
     parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     parser.add_argument("--table-only", action="store_true", help="only build the tables of an existing --out")
+    parser.add_argument("--small", action="store_true", help="run the grid shrunk to CI size (small_grid: a tiny "
+                                                                 "world, 12 updates, 2 seeds, staleness 6)")
     parser.add_argument("--csv", type=Path, default=None, help="also write one row per run here (objective, "
                                                               "staleness, seed, J0, peak_J, ..., mask_frac_mean)")
     args = parser.parse_args(argv)
     if not args.table_only:
         start = time.perf_counter()
-        grid = load_grid(args.grid)
+        grid = small_grid(load_grid(args.grid)) if args.small else load_grid(args.grid)
         prepare_worlds(grid, args.out)
         rows = run_in_priority_order(grid, args.out, args.workers)
         wall = time.perf_counter() - start
@@ -80,6 +82,38 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(args.out, args.csv)
     print(report)
     return 0
+
+
+SMALL_BASE = {
+    "world_params": {"vocab_size": 32, "response_len": 8, "num_keys": 8, "num_train_prompts": 32, "d_model": 16,
+                     "num_layers": 1, "num_heads": 2, "distill_steps": 30, "distill_batch": 16},
+    "updates": 12, "prompts_per_update": 4, "group_size": 4, "eval_every": 4, "eval_samples": 2, "sample_every": 0,
+    "checkpoint_every": 100, "lr": 0.003,
+}
+SMALL_STALENESS = 6
+SMALL_SEEDS = 2
+
+
+def small_grid(grid: dict[str, Any]) -> dict[str, Any]:
+    """The same objectives and schedule forms at CI size: the base takes :data:`SMALL_BASE` (a tiny synthetic-LM
+    recipe, 12 updates of 4 prompts × 4), every ``stale_k:K`` becomes ``stale_k:6`` (labels kept), and the first two
+    seeds run."""
+    small = json.loads(json.dumps(grid))
+    small["base"] = {**small.get("base", {}), **json.loads(json.dumps(SMALL_BASE))}
+    axes = small.setdefault("axes", {})
+
+    def shrink(value: Any) -> Any:
+        if isinstance(value, dict) and str(value.get("schedule", "")).startswith("stale_k:"):
+            return {**value, "schedule": f"stale_k:{SMALL_STALENESS}"}
+        if isinstance(value, str) and value.startswith("stale_k:"):
+            return f"stale_k:{SMALL_STALENESS}"
+        return value
+
+    if "schedule" in axes:
+        axes["schedule"] = [shrink(v) for v in axes["schedule"]]
+    if "seed" in axes:
+        axes["seed"] = axes["seed"][:SMALL_SEEDS]
+    return small
 
 
 def priority(cell: Cell, high: int) -> int:

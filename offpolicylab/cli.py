@@ -340,34 +340,50 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
 
 
 def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
-    """Return per update, one line per cell of the demo sweep (named by its grid label): the exact return where the
-    world enumerates its responses, else the Monte-Carlo evaluation return, else the batch reward."""
+    """Return per update, one line per grid label of the demo sweep: the mean over its seeds with a band (± 1 sd
+    over seeds, where there are several), and an ✕ on the line wherever the collapse detector flagged a run.  The
+    return is the exact return where the world enumerates its responses, else the Monte-Carlo evaluation return,
+    else the batch reward."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     import pandas as pd
     import seaborn as sns
 
     from offpolicylab.runs import load_runs
 
-    frames, used = [], set()
+    frames, flags, used = [], [], set()
     for run in load_runs([sweep_dir]):
         frame = run.metrics
         column = next(c for c in (*_DEMO_RETURNS, "reward_mean") if c in frame and frame[c].notna().any())
         used.add(column)
         frame = frame[["update", column]].dropna().rename(columns={column: "return"})
-        frame["objective"] = run.labels.get("objective", run.path.name)
-        frame["schedule"] = run.staleness
+        label = run.labels.get("objective", run.path.name)
+        frame["objective"], frame["seed"] = label, run.seed
         frames.append(frame)
+        for update in run.collapse_updates():
+            flags.append({"objective": label, "update": update,
+                          "return": float(np.interp(update, frame["update"], frame["return"]))})
     sns.set_theme(style="whitegrid")
     fig, ax = plt.subplots(figsize=(8.5, 4))
     if frames:
         data = pd.concat(frames, ignore_index=True)
-        sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
-        sns.move_legend(ax, "center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+        order = list(dict.fromkeys(data["objective"]))
+        palette = dict(zip(order, sns.color_palette(n_colors=len(order)), strict=True))
+        sns.lineplot(data=data, x="update", y="return", hue="objective", hue_order=order, palette=palette,
+                     errorbar="sd", ax=ax)
+        for flag in flags:
+            ax.plot(flag["update"], flag["return"], marker="X", markersize=9, color=palette[flag["objective"]],
+                    markeredgecolor="black", linestyle="none")
+        if flags:
+            ax.plot([], [], marker="X", color="grey", markeredgecolor="black", linestyle="none",
+                    label="collapse detector flag")
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    seeds = len({f["seed"].iloc[0] for f in frames}) if frames else 0
     ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(used)) or "return")
-    ax.set_title("on-policy vs stale data")
+    ax.set_title("on-policy vs stale data" + (f" (mean over {seeds} seeds, band ± 1 sd)" if seeds > 1 else ""))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
