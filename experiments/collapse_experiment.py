@@ -65,14 +65,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-only", action="store_true", help="only build the tables of an existing --out")
     parser.add_argument("--small", action="store_true", help="run the grid shrunk to CI size (small_grid: a tiny "
                                                                  "world, 12 updates, 2 seeds, staleness 6)")
+    parser.add_argument("--updates", type=int, default=None, help="run every cell for this many updates instead "
+                                                                   "of the grid's")
+    parser.add_argument("--only", action="append", default=[], metavar="AXIS=LABEL[,LABEL][;AXIS=...]",
+                        help="run only the cells matching this filter (repeatable: a cell matching any runs)")
     parser.add_argument("--csv", type=Path, default=None, help="also write one row per run here (objective, "
                                                               "staleness, seed, J0, peak_J, ..., mask_frac_mean)")
     args = parser.parse_args(argv)
     if not args.table_only:
         start = time.perf_counter()
         grid = small_grid(load_grid(args.grid)) if args.small else load_grid(args.grid)
+        if args.updates is not None:
+            grid["base"]["updates"] = args.updates
         prepare_worlds(grid, args.out)
-        rows = run_in_priority_order(grid, args.out, args.workers)
+        rows = run_in_priority_order(grid, args.out, args.workers, [parse_filter(f) for f in args.only])
         wall = time.perf_counter() - start
         failed = sum(row["status"] == "failed" for row in rows)
         line = f"sweep: {len(rows)} cells, {failed} failed, wall {wall:.0f} s with {args.workers} workers"
@@ -129,10 +135,33 @@ def priority(cell: Cell, high: int) -> int:
     return 2 if staleness > 0 else 3
 
 
-def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list[dict[str, Any]]:
-    """:func:`offpolicylab.sweep.run_sweep` with the cells ordered by :func:`priority` (stable within a class);
-    writes ``grid.json`` and ``sweep_results.csv`` in the grid's own cell order."""
-    cells = expand_grid(grid, out)
+def parse_filter(text: str) -> dict[str, set[str]]:
+    """``"schedule=stale_k:256;objective=grpo,m2po"`` → {axis: allowed labels} (a cell matches when each named
+    axis's label is one of the allowed ones; labels as in the cell directory names' unescaped form)."""
+    out: dict[str, set[str]] = {}
+    for part in filter(None, text.split(";")):
+        axis, sep, labels = part.partition("=")
+        if not sep or not labels:
+            raise ValueError(f"--only {text!r} is invalid; valid: AXIS=LABEL[,LABEL][;AXIS=LABEL...]")
+        out[axis.strip()] = {label.strip() for label in labels.split(",")}
+    return out
+
+
+def matches(cell: Cell, filters: list[dict[str, set[str]]]) -> bool:
+    """Whether ``cell`` matches one of ``filters`` (every cell when there is none).  A schedule filter reads the
+    cell's schedule string, other axes their label."""
+    def value(axis: str) -> str:
+        return str(cell.config.get("schedule")) if axis == "schedule" else cell.labels.get(axis, "")
+
+    return not filters or any(all(value(axis) in allowed for axis, allowed in f.items()) for f in filters)
+
+
+def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int,
+                          filters: list[dict[str, set[str]]] | None = None) -> list[dict[str, Any]]:
+    """:func:`offpolicylab.sweep.run_sweep` with the cells ordered by :func:`priority` (stable within a class), only
+    the cells matching ``filters`` (:func:`matches`); writes ``grid.json`` and ``sweep_results.csv`` in the grid's
+    own cell order."""
+    cells = [cell for cell in expand_grid(grid, out) if matches(cell, filters or [])]
     high = max(_schedule_staleness(c.config.get("schedule", "on_policy")) for c in cells)
     order = sorted(range(len(cells)), key=lambda i: priority(cells[i], high))
     write_grid(out, grid)

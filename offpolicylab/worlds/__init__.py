@@ -97,7 +97,7 @@ WORLDS.register(
         "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
     },
     doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",
-    train_defaults={"optimizer": "adamw", "lr": 1.5e-3, "advantage": "std", "grad_clip": 1.0,
+    train_defaults={"optimizer": "adamw", "lr": 3e-5, "advantage": "std", "grad_clip": 1.0,
                     "prompts_per_update": 8, "group_size": 8, "temperature": 1.0, "policy": "transformer"},
 
 )
