@@ -15,7 +15,9 @@ the claim and the experiment share one definition).  J is the Monte-Carlo evalua
 on the world's fixed evaluation prompts.  ``--reuse DIR`` copies finished cells of an experiment output folder with
 the same names (identical configurations, so identical results) instead of re-running them.
 
-    python paper_figures/claim_synthetic_lm.py [--small] [--reuse runs/synthetic_lm] [--claims b,d,g]
+    python paper_figures/claim_synthetic_lm.py [--small] [--reuse runs/synthetic_lm] [--claims b,d,g] [--updates N]
+
+``--updates N`` runs every cell for N updates instead of the grid's (as ``collapse_experiment.py --updates``).
 """
 
 from __future__ import annotations
@@ -138,10 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     reuse = Path(_pop_option(argv, "--reuse")) if "--reuse" in argv else None
     chosen = _pop_option(argv, "--claims").split(",") if "--claims" in argv else ["b", "d", "g"]
+    updates = int(_pop_option(argv, "--updates")) if "--updates" in argv else None
     if not chosen or set(chosen) - {"b", "d", "g"}:
         raise ValueError(f"--claims {','.join(chosen)} is invalid; valid: a comma-separated subset of b,d,g")
     args = common.parse_args(__doc__.split("\n")[0], argv)
     grid = experiment_grid(args.small)
+    if updates is not None:
+        grid["base"]["updates"] = updates
     if "b" in chosen:
         claim("b", grid_b(grid), args, reuse, ("return_at_half", "peak", "final", "collapses", "grad_norm_max",
                                                  "ratio_max"))

@@ -44,6 +44,10 @@ CASES = [
     ([*RUN, "--seed", str(10**30), "--out", "{tmp}/out"], "valid: an int in [0, 4294967295]"),
     ([*RUN, "--prompts-per-update", "100000000", "--out", "{tmp}/out"], "GiB but this machine has"),
     ([*RUN, "--resume", "--config", "{tmp}/other.json", "--out", "{tmp}/out"], "cannot be combined with --config"),
+    (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "preset=qwen", "--out", "{tmp}/out"],
+     "parameter preset='qwen' is invalid; valid: one of seed_scale, smollm2"),
+    (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "pi0_temperature=0", "--out",
+      "{tmp}/out"], "parameter pi0_temperature=0.0 is out of range; valid: a float in (0, 10] or none"),
 ]
 
 
