@@ -27,64 +27,44 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from offpolicylab.contracts import Policy, Rollout
 from offpolicylab.staleness import Schedule
 
 
-def needs_proximal(group: Any) -> bool:
-    """Whether some member of ``group`` (a :class:`~offpolicylab.seeds.SeedGroup`) trains an objective that reads
-    ``prox_logp`` (:attr:`Objective.needs_prox`)."""
-    return any(getattr(member.objective, "needs_prox", False) for member in group.members)
+def proximal_logp(objective: Any, schedule: Schedule, buffer: dict[int, Rollout], policy: Policy, update: int,
+                  total: int, logp: Tensor) -> Tensor:
+    """log π_prox of the batch a run consumes at ``update`` (of ``total``), shaped like ``logp`` (its current
+    log π_θ; see the module docstring for the rule).
 
-
-def proximal_logp(group: Any, schedule: Schedule, update: int, total: int, logp: Tensor) -> Tensor:
-    """log π_prox of the batches the members of ``group`` consume at ``update`` (of ``total``), joined row-wise as
-    ``logp`` is ([S·B, T], the current log π_θ of those batches; see the module docstring for the rule).
-
-    Members whose objective does not read ``prox_logp`` get their own ``logp``, detached (never read).  At the first
-    update of a training step the batches first consumed later in the step are scored here (one no-grad forward of
-    the group's policy per batch) and kept in the objectives' state until the schedule releases them."""
+    At the first update of a training step the buffered batches first consumed later in the step are scored here
+    by ``policy`` (one no-grad forward per batch) and kept in ``objective.proximal`` until the schedule releases
+    them."""
     key = schedule.key(update)
-    _score_step(group, schedule, update, total, key)
+    _score_step(objective, schedule, buffer, policy, update, total, key)
     released = schedule.release_after(update, total)
-    blocks = []
-    for member, current in zip(group.members, group.split(logp.detach()), strict=True):
-        objective = member.objective
-        if not getattr(objective, "needs_prox", False):
-            blocks.append(current)
-            continue
-        value = objective.proximal.get(key)
-        if value is None:  # first consumption, not scored at the step's start: the current policy
-            value = current
-            if key not in released:
-                objective.proximal[key] = value
-        blocks.append(_fit(value.to(current.device), current))
-        for done in released:
-            objective.proximal.pop(done, None)
-    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    current = logp.detach()
+    value = objective.proximal.get(key)
+    if value is None:  # first consumption, not scored at the step's start: the current policy
+        value = current
+        if key not in released:
+            objective.proximal[key] = value
+    for done in released:
+        objective.proximal.pop(done, None)
+    return _fit(value.to(current.device), current)
 
 
-def _score_step(group: Any, schedule: Schedule, update: int, total: int, key: int) -> None:
-    """At a training step's first update, score with no grad the buffered batches that members needing π_prox will
-    first consume later in the step, and keep each member's rows in its objective's state."""
-    wanted: dict[int, list[Any]] = {}  # batch key → the objectives that want its log π_prox now
-    for member in group.members:
-        objective = member.objective
-        period = int(getattr(objective, "prox_period", 1))
-        if not getattr(objective, "needs_prox", False) or update % period:
-            continue
-        for later in range(update + 1, min(update + period, total)):
-            batch = schedule.key(later)
-            if batch != key and batch not in objective.proximal:
-                wanted.setdefault(batch, []).append(objective)
-    for batch, objectives in wanted.items():
-        if not all(batch in member.buffer for member in group.members):
-            continue  # generated later in the step: scored at its first consumption
-        joined = group.join_rollouts([member.buffer[batch] for member in group.members])
-        with torch.no_grad():
-            scored, _ = group.policy.score(joined)
-        for member, rows in zip(group.members, group.split(scored.detach()), strict=True):
-            if member.objective in objectives:
-                member.objective.proximal[batch] = rows
+def _score_step(objective: Any, schedule: Schedule, buffer: dict[int, Rollout], policy: Policy, update: int,
+                total: int, key: int) -> None:
+    """At a training step's first update, score with no grad the buffered batches the run will first consume later
+    in the step, and keep them in the objective's state."""
+    period = int(objective.prox_period)
+    if update % period:
+        return
+    for later in range(update + 1, min(update + period, total)):
+        batch = schedule.key(later)
+        if batch != key and batch not in objective.proximal and batch in buffer:  # else scored when consumed
+            with torch.no_grad():
+                objective.proximal[batch] = policy.score(buffer[batch])[0].detach()
 
 
 def _fit(value: Tensor, like: Tensor) -> Tensor:

@@ -48,8 +48,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from offpolicylab.grid import expand_grid, load_grid
+
 if TYPE_CHECKING:
     import pandas as pd
+
+    from offpolicylab.tracking import Tracker
 
 STATUSES = ("completed", "collapsed", "failed")
 MAX_SAMPLE_TOKENS = 4096
@@ -61,7 +65,8 @@ TEMP_MARK = ".tmp-"
 # every name a run directory may hold: what :meth:`RunDir.clear` may delete
 PROFILE_FILES = ("profile.txt", "profile.pstats")
 RUN_ENTRIES = frozenset({"config.json", "metrics.csv", "events.jsonl", "summary.json", "checkpoint", "samples",
-                         "error.txt", LOCK_NAME, *PROFILE_FILES})
+                         "error.txt", "tracking", LOCK_NAME, *PROFILE_FILES})
+ENVIRONMENT_KEY = "environment"  # config.json: package versions and git commit (not part of the configuration)
 _HELD_LOCKS: dict[Path, list[int]] = {}  # resolved run path -> [lock file descriptor, nesting depth]
 
 
@@ -84,6 +89,7 @@ class RunDir:
         self._line = io.StringIO()
         self._line_writer = csv.writer(self._line)  # csv's default dialect, the one csv.DictReader reads
         self._digest = hashlib.sha256()  # of the bytes of metrics.csv written so far (header included)
+        self.tracker: Tracker | None = None  # experiment trackers fed with every row, samples file and the summary
 
     # ---------------------------------------------------------------------------------------- paths
     config_path = property(lambda self: self.path / "config.json")
@@ -134,6 +140,25 @@ class RunDir:
             del _HELD_LOCKS[key]
             os.close(fd)  # releases the lock
 
+    def check_free(self) -> None:
+        """Refuse, without creating anything, a path that is a file or a directory another process holds locked
+        (what :meth:`locked` would refuse), so that a command over several directories can check all first."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError(f"{self.path} is a file, not a run directory; valid: a directory path")
+        lock = self.path / LOCK_NAME
+        if self.path.resolve() in _HELD_LOCKS or not lock.is_file():
+            return
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise RunLocked(f"run directory {self.path} is in use by another process"
+                            f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
+                            "then try again") from None
+        finally:
+            os.close(fd)  # releases the trial lock
+
     def remove_orphans(self) -> list[Path]:
         """Delete temp files (``.NAME.tmp-PID``) that a process killed mid-write left behind; call with the lock."""
         removed = []
@@ -166,20 +191,38 @@ class RunDir:
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def create(self, config: dict[str, Any]) -> None:
-        """Start a fresh run; refuses a directory that already holds one."""
+        """Start a fresh run; refuses a directory that already holds one.  config.json holds ``config`` and, under
+        ``"environment"``, the package versions and git commit of this process (:func:`environment`)."""
         if self.holds_run():
             raise RunError(f"run directory {self.path} already holds a run; pass --resume to continue it "
                            "or choose another --out")
         self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self.config_path, json.dumps(config, indent=2) + "\n")
+        self.write_config(config, environment())
+
+    def write_config(self, config: dict[str, Any], environment: dict[str, Any]) -> None:
+        """Replace config.json (atomically) by ``config`` with ``environment`` under ``"environment"``."""
+        write_text_atomically(self.config_path, json.dumps({**config, ENVIRONMENT_KEY: environment}, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
+        """The run's configuration as config.json holds it, without the environment record."""
+        config = self._read_config_file()
+        config.pop(ENVIRONMENT_KEY, None)
+        return config
+
+    def read_environment(self) -> dict[str, Any]:
+        """config.json's environment record (package versions, git commit); empty for runs written before it."""
+        return dict(self._read_config_file().get(ENVIRONMENT_KEY, {}))
+
+    def _read_config_file(self) -> dict[str, Any]:
         if not self.config_path.exists():
             raise RunError(f"{self.path} holds no run to resume (no config.json)")
         try:
-            return json.loads(self.config_path.read_text())
+            data = json.loads(self.config_path.read_text())
         except json.JSONDecodeError as exc:
             raise RunError(f"{self.config_path} is not valid JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise RunError(f"{self.config_path} holds a JSON {type(data).__name__}; valid: a JSON object")
+        return data
 
     def read_summary(self) -> dict[str, Any] | None:
         if not self.summary_path.exists():
@@ -197,6 +240,8 @@ class RunDir:
             self._open_metrics(row)
         assert self._metrics_file is not None and self._columns is not None
         self._write_metrics(self._csv_line([_format(row.get(key)) for key in self._columns]))
+        if self.tracker is not None:
+            self.tracker.row(row)
 
     def close(self) -> None:
         """Close the metrics file kept open by :meth:`append_metrics` (it reopens on the next row)."""
@@ -295,6 +340,8 @@ class RunDir:
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue(), self.fsync)
+        if self.tracker is not None:
+            self.tracker.samples(arrays, update, path)
         return path
 
     def write_profile(self, report: str, stats: bytes) -> None:
@@ -347,6 +394,9 @@ class RunDir:
                 summary[f"peak_{key}_update"] = peak_update
         summary.update(extra)
         write_text_atomically(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
+        if self.tracker is not None:  # the summary ends the run: the trackers get it and are closed
+            tracker, self.tracker = self.tracker, None
+            tracker.close(summary)
         return summary
 
 
@@ -433,16 +483,12 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 def read_grid(sweep_dir: str | Path) -> dict[str, Any] | None:
     """The grid file a sweep in ``sweep_dir`` ran (validated as ``offpolicylab sweep`` does), or None without one."""
-    from offpolicylab.sweep import load_grid
-
     grid_path = Path(sweep_dir) / GRID_FILE
     return load_grid(grid_path) if grid_path.is_file() else None
 
 
 def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
     """{cell directory name: its axis labels} of the sweep whose grid file is in ``sweep_dir`` ({} without one)."""
-    from offpolicylab.sweep import expand_grid
-
     grid = read_grid(sweep_dir)
     return {} if grid is None else {cell.name: cell.labels for cell in expand_grid(grid, sweep_dir)}
 
@@ -547,3 +593,42 @@ def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
 def write_text_atomically(path: Path, text: str) -> None:
     """Replace ``path`` by ``text`` atomically (temp file, fsync, rename): readers see the old or the new text."""
     _atomic_write_bytes(path, text.encode())
+
+
+# -------------------------------------------------------------------------------------------- environment record
+#: Packages whose versions config.json records (those installed).
+ENVIRONMENT_PACKAGES = ("offpolicylab", "torch", "numpy", "scipy", "gymnasium", "transformers", "peft",
+                        "bitsandbytes", "tensorboard", "wandb", "mlflow-skinny", "mlflow", "trackio")
+
+
+def environment() -> dict[str, Any]:
+    """The Python version, the installed versions of :data:`ENVIRONMENT_PACKAGES` and — when the package runs from
+    a git checkout — the commit and whether the checkout has uncommitted changes (``git`` on this machine only)."""
+    import platform
+    from importlib import metadata
+
+    record: dict[str, Any] = {"python": platform.python_version()}
+    for name in ENVIRONMENT_PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            record[name] = metadata.version(name)
+    record.update(git_commit(Path(__file__).resolve().parent))
+    return record
+
+
+def git_commit(folder: Path) -> dict[str, Any]:
+    """``{"git_commit": sha, "git_dirty": bool}`` of the git checkout holding ``folder``, or ``{}``."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, **({} if status is None else {"git_dirty": bool(status)})}

@@ -43,6 +43,12 @@ Batch-level statistics (M2PO's M̂2 masking, P3O's ESS, AC-MIS-PO's quantile) ar
 set ``ppo_micro_batch_size_per_gpu`` equal to the mini-batch for whole-batch statistics.  verl's rollout-correction
 weights (``rollout_is_weights``) are refused: our objectives own their importance weighting (``tis_cap``).
 
+Recording: with ``OFFPOLICYLAB_RECORD=DIR`` (and ``OFFPOLICYLAB_RECORD_EVERY=N``) the first adapter called in a
+process records every micro-batch it scores into the run directory DIR (``DIR/rank=R`` under data parallelism;
+:mod:`offpolicylab.integrations.record`), one update per optimizer step (the step hook ends it).  verl's loss sees
+neither the token entropy nor the rewards nor the staleness, so those are not recorded; verl's own FileLogger log
+has the reward (``offpolicylab analyze``).
+
 In a verl run, load the adapter in every worker with ``VERL_USE_EXTERNAL_MODULES=offpolicylab.integrations.verl_plugin``
 and choose ``actor_rollout_ref.actor.policy_loss.loss_mode=offpolicylab_m2po`` (docs/scaling.md).
 """
@@ -59,6 +65,7 @@ from typing import Any
 from torch import Tensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from offpolicylab.integrations.record import RECORD_ENV, Recorder, objective_config
 from offpolicylab.objectives import AGG_MODES, Objective, TokenBatch, get_objective, list_objectives
 from offpolicylab.objectives.base import COMMON_PARAMS
 
@@ -68,6 +75,7 @@ METRIC_PREFIX = "actor/offpolicylab/"
 
 _ADAPTERS: dict[str, VerlPolicyLoss] = {}
 _STEP_HOOK: Any = None
+_RECORDING: dict[str, str] = {}  # the one $OFFPOLICYLAB_RECORD folder of this process -> the objective recording
 
 
 class VerlPolicyLoss:
@@ -82,10 +90,29 @@ class VerlPolicyLoss:
         self.objective = objective
         self.legacy_return = legacy_return
         self.update_pending = objective.stateful
+        self.recorder: Recorder | None = None
+        self._record_checked = False
 
     def mark_new_step(self) -> None:
-        """The next call starts a new optimizer step: a stateful objective advances ``update()`` first."""
+        """The next call starts a new optimizer step: a stateful objective advances ``update()`` first, and the
+        recorded step (if recording) is written."""
         self.update_pending = self.objective.stateful
+        if self.recorder is not None:
+            self.recorder.end_step()
+
+    def recording(self) -> Recorder | None:
+        """The recorder of ``$OFFPOLICYLAB_RECORD`` for this adapter, opened on its first call (None when unset);
+        a second objective recording into the same folder in one process is refused."""
+        if not self._record_checked:
+            self._record_checked = True
+            folder = os.environ.get(RECORD_ENV, "").strip()
+            if folder and folder in _RECORDING:
+                raise ValueError(f"objective {_RECORDING[folder]!r} already records into {folder}; valid: one "
+                                 "offpolicylab loss per process when OFFPOLICYLAB_RECORD is set")
+            self.recorder = Recorder.from_env(objective_config("verl", self.objective))
+            if self.recorder is not None:
+                _RECORDING[folder] = self.objective.name
+        return self.recorder
 
     def __call__(
         self,
@@ -119,6 +146,9 @@ class VerlPolicyLoss:
             self.objective.update(batch)
             self.update_pending = False
         out = self.objective(batch)
+        recorder = self.recording()
+        if recorder is not None:
+            recorder.add(batch, out)
         loss = out.loss * global_scale(batch.mask, self.objective.agg, global_batch_info(config))
         return self._verl_return(loss, out.metrics)
 

@@ -14,9 +14,9 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 
-_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
+_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy", "ref_logp")
 _SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
-_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp")  # must be finite on unmasked tokens
+_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp", "ref_logp")  # must be finite on unmasked tokens
 
 
 @dataclass
@@ -26,7 +26,9 @@ class TokenBatch:
     ``logp`` carries grad; ``behavior_logp`` is the log-prob recorded at generation (detached here);
     ``advantages`` may be given per sequence (``[B]``) and is broadcast to ``[B, T]``; ``mask`` is 1 for tokens that
     count.  Optional: ``rewards`` / ``group_ids`` / ``staleness`` (``[B]``), ``sampler_logp`` (sampling engine's
-    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``entropy`` (diagnostics only).
+    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``ref_logp`` (the reference policy's log-prob of the same
+    tokens, detached: the KL penalty ``kl_coef``) and ``entropy`` (the policy's per-token entropy; it keeps its
+    gradient, which the entropy bonus ``entropy_coef`` uses; the metrics read it detached).
 
     Raises ``ValueError`` naming the field when a shape, dtype or value is wrong.
     """
@@ -41,6 +43,7 @@ class TokenBatch:
     prox_logp: Tensor | None = None
     entropy: Tensor | None = None
     staleness: Tensor | None = None
+    ref_logp: Tensor | None = None
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
@@ -55,7 +58,7 @@ class TokenBatch:
         if isinstance(self.advantages, Tensor) and self.advantages.dim() == 1 and self.advantages.shape[0] == shape[0]:
             self.advantages = self.advantages[:, None].expand(shape)
         self.behavior_logp = _detached(self.behavior_logp)
-        for name in ("sampler_logp", "prox_logp", "entropy"):
+        for name in ("sampler_logp", "prox_logp", "ref_logp"):
             if getattr(self, name) is not None:
                 setattr(self, name, _detached(getattr(self, name)))
         self.mask = self.mask.to(self.logp.dtype) if isinstance(self.mask, Tensor) else self.mask
@@ -118,12 +121,12 @@ class TokenBatch:
         """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
         detached; computed once per batch and shared by the objective (P3O) and its metrics."""
         if self._ess is None:
-            self._ess = stats.fused_effective_sample_size(self.delta(), self.mask)
+            self._ess = stats.effective_sample_size(self.delta(), self.mask)
         return self._ess
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
-        :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch (or handed in by :meth:`split_rows`)."""
+        :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch."""
         if self._summary is None:
             self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess())
         return self._summary
@@ -143,7 +146,7 @@ class TokenBatch:
         out = copy.copy(self)
         out.mask = self.mask * rows
         out.advantages = advantages.to(self.mask.dtype)[:, None] * out.mask
-        for name in ("behavior_logp", "sampler_logp", "prox_logp"):
+        for name in ("behavior_logp", "sampler_logp", "prox_logp", "ref_logp"):
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, value * rows)
@@ -154,41 +157,29 @@ class TokenBatch:
         out._delta = out._ratio = out._ess = out._summary = None
         return out
 
-    def split_rows(self, count: int, group_ids: list[Tensor | None], summarize: bool = False) -> list[TokenBatch]:
-        """The ``count`` equal consecutive row blocks as batches (batched seeds: one per member), block s with the
-        group ids ``group_ids[s]``.  Not validated again: every field is a slice of a validated field, and
-        validation and padding removal work token by token, so block s equals the batch validated on its own.
-        ``summarize``: also hand each block its :meth:`ratio_summary`, computed for all blocks in one pass
-        (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary_rows`, bit for bit the block's own) when a block
-        holds at most ``stats.ROW_LIMIT`` tokens."""
+    def split(self, count: int) -> list[TokenBatch]:
+        """The ``count`` equal consecutive row blocks as batches (several runs' batches joined row-wise), each
+        with its group ids counted from 0.  Not validated again: validation and padding removal work token by token,
+        so a block equals its rows validated on their own; the batch-level caches (ESS, ratio summary) are left to
+        be computed per block."""
         rows = self.batch_size // count
-        summaries: list[dict[str, Tensor] | None] = [None] * count
-        if summarize and rows * self.logp.shape[1] <= stats.ROW_LIMIT:
-            flat = [value.reshape(count, -1) for value in (self.delta(), self.mask, self.ratio())]
-            together = stats.fused_ratio_summary_rows(*flat)
-            summaries = [{key: value[index] for key, value in together.items()} for index in range(count)]
+        if rows * count != self.batch_size:
+            raise ValueError(f"a batch of {self.batch_size} rows does not split into {count} equal blocks")
         blocks = []
-        for index, (ids, summary) in enumerate(zip(group_ids, summaries, strict=True)):
-            block = self.rows(slice(index * rows, (index + 1) * rows), ids)
-            block._ess = None if summary is None else summary["ess"]
-            block._summary = summary
+        for index in range(count):
+            part = slice(index * rows, (index + 1) * rows)
+            block = copy.copy(self)
+            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+                value = getattr(self, name)
+                if value is not None:
+                    setattr(block, name, value[part])
+            if block.group_ids is not None:
+                block.group_ids = block.group_ids - block.group_ids.min()
+            block._delta = None if self._delta is None else self._delta[part]
+            block._ratio = None if self._ratio is None else self._ratio[part]
+            block._ess = block._summary = None
             blocks.append(block)
         return blocks
-
-    def rows(self, part: slice, group_ids: Tensor | None) -> TokenBatch:
-        """The rows ``part`` as a batch with the group ids ``group_ids``, not validated again (every field is a
-        slice of a validated field; validation works token by token).  The log-ratio and ratio are sliced too
-        (elementwise: the rows' own); the batch-level ESS and ratio summary are left to be computed."""
-        block = copy.copy(self)
-        for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                setattr(block, name, value[part])
-        block.group_ids = group_ids
-        block._delta = None if self._delta is None else self._delta[part]
-        block._ratio = None if self._ratio is None else self._ratio[part]
-        block._ess = block._summary = None
-        return block
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""

@@ -44,7 +44,6 @@ class GPPO(Objective):
     ``dual_clip`` is off unless given.  Reports ``clip_frac``: share of valid tokens whose value a bound set.
     """
 
-    rowwise = True
 
     params = {
         "eps_low": Param(0.2, float, low=0.0, doc="lower clip ε_low (ratio ≥ 1 − ε_low); inf = no lower bound"),
@@ -94,7 +93,6 @@ class DecoupledPPO(Objective):
     silently be GRPO).  Reports ``clip_frac``: share of valid tokens where the clip set the value.
     """
 
-    rowwise = True
     needs_prox = True
 
     params = {

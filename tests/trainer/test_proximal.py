@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from offpolicylab import cli, trainer
+from offpolicylab import batched, cli, trainer
 from offpolicylab.objectives import get_objective
-from offpolicylab.proximal import needs_proximal, proximal_logp
+from offpolicylab.proximal import proximal_logp
 from offpolicylab.runs import RunDir
 from offpolicylab.staleness import Schedule, parse_schedule
 from tests.small_runs import column, mdp_config, read_rows
@@ -30,28 +29,11 @@ class Batch:
 class VersionPolicy:
     """Scores a batch as 1000·version + key: the number says which policy version scored which batch."""
 
-    def __init__(self, members: int) -> None:
-        self.version, self.members = 0, members
+    def __init__(self) -> None:
+        self.version = 0
 
-    def score(self, joined: list[Batch]) -> tuple[torch.Tensor, None]:
-        return torch.cat([torch.full((ROWS, WIDTH), 1000.0 * self.version + b.key) for b in joined]), None
-
-
-@dataclasses.dataclass
-class Member:
-    objective: Any
-    buffer: dict[int, Batch] = dataclasses.field(default_factory=dict)
-
-
-class Group:
-    def __init__(self, members: list[Member]) -> None:
-        self.members, self.policy = members, VersionPolicy(len(members))
-
-    def join_rollouts(self, rollouts: list[Batch]) -> list[Batch]:
-        return rollouts
-
-    def split(self, value: torch.Tensor) -> list[torch.Tensor]:
-        return list(value.split(ROWS))
+    def score(self, batch: Batch) -> tuple[torch.Tensor, None]:
+        return torch.full((ROWS, WIDTH), 1000.0 * self.version + batch.key), None
 
 
 def expected_version(schedule: Schedule, update: int, period: int) -> int:
@@ -65,27 +47,23 @@ def expected_version(schedule: Schedule, update: int, period: int) -> int:
     return start if generated <= start else first
 
 
-def run_fake_loop(spec: str, period: int, updates: int = 24, others: int = 0) -> list[tuple[int, list[float]]]:
+def run_fake_loop(spec: str, period: int, updates: int = 24) -> list[tuple[int, float]]:
     """The trainer's order per update: generate what is due, take the consumed batch, release, score it, π_prox,
-    step.  Returns (update, [π_prox value of each member's block]) per update."""
+    step.  Returns (update, π_prox value) per update."""
     schedule = parse_schedule(spec)
-    members = [Member(get_objective("decoupled_ppo", prox_period=period))]
-    members += [Member(get_objective("grpo")) for _ in range(others)]
-    group = Group(members)
+    objective, policy, buffer = get_objective("decoupled_ppo", prox_period=period), VersionPolicy(), {}
     seen = []
     for update in range(updates):
         for key in schedule.generate_at(update, updates):
-            for member in members:
-                member.buffer[key] = Batch(key)
-        consumed = [member.buffer[schedule.key(update)] for member in members]
+            buffer[key] = Batch(key)
+        consumed = buffer[schedule.key(update)]
         for key in schedule.release_after(update, updates):
-            for member in members:
-                member.buffer.pop(key, None)
-        logp, _ = group.policy.score(consumed)
-        prox = proximal_logp(group, schedule, update, updates, logp.requires_grad_(True))
+            buffer.pop(key, None)
+        logp, _ = policy.score(consumed)
+        prox = proximal_logp(objective, schedule, buffer, policy, update, updates, logp.requires_grad_(True))
         assert prox.shape == logp.shape and not prox.requires_grad
-        seen.append((update, [float(block[0, 0]) for block in group.split(prox)]))
-        group.policy.version += 1
+        seen.append((update, float(prox[0, 0])))
+        policy.version += 1
     return seen
 
 
@@ -96,7 +74,7 @@ def run_fake_loop(spec: str, period: int, updates: int = 24, others: int = 0) ->
 def test_proximal_policy_is_the_first_update_of_the_step_that_first_consumes_the_batch(spec: str,
                                                                                         period: int) -> None:
     schedule = parse_schedule(spec)
-    for update, (value,) in run_fake_loop(spec, period):
+    for update, value in run_fake_loop(spec, period):
         want = 1000.0 * expected_version(schedule, update, period) + schedule.key(update)
         assert value == want, (spec, period, update)
 
@@ -104,29 +82,25 @@ def test_proximal_policy_is_the_first_update_of_the_step_that_first_consumes_the
 def test_the_rule_is_not_vacuous() -> None:
     """Within a step of stale_k:5 with 4 updates per step, π_prox lags the current policy by 0, 1, 2, 3 updates;
     on the on-policy schedule every batch is scored by the policy that consumes it."""
-    lags = [update - int(value // 1000) for update, (value,) in run_fake_loop("stale_k:5", 4)]
+    lags = [update - int(value // 1000) for update, value in run_fake_loop("stale_k:5", 4)]
     assert lags[:8] == [0, 1, 2, 3, 0, 1, 2, 3]
-    assert all(update == int(value // 1000) for update, (value,) in run_fake_loop("on_policy", 4))
-    epochs = [int(value // 1000) for _, (value,) in run_fake_loop("epochs:3", 1, updates=6)]
+    assert all(update == int(value // 1000) for update, value in run_fake_loop("on_policy", 4))
+    epochs = [int(value // 1000) for _, value in run_fake_loop("epochs:3", 1, updates=6)]
     assert epochs == [0, 0, 0, 3, 3, 3]  # kept for every reuse of the batch
 
 
-def test_members_that_do_not_read_prox_get_their_own_logp_and_the_cache_is_emptied() -> None:
-    seen = run_fake_loop("stale_k:5", 4, updates=12, others=1)
-    for update, (prox, other) in seen:
-        assert other == 1000.0 * update + parse_schedule("stale_k:5").key(update)  # its own log π_θ
-        assert prox <= other
-    group_objective = get_objective("decoupled_ppo", prox_period=4)
-    group = Group([Member(group_objective)])
+def test_objectives_that_do_not_read_prox_get_none_and_the_cache_is_emptied() -> None:
+    run = trainer.build(mdp_config(objective="grpo"))
+    assert trainer.proximal_of(run, torch.zeros(2, 3), 0) is None  # grpo never reads prox_logp
+    objective, policy, buffer = get_objective("decoupled_ppo", prox_period=4), VersionPolicy(), {}
     schedule = parse_schedule("stale_k:2")
     for update in range(6):
         for key in schedule.generate_at(update, 6):
-            group.members[0].buffer[key] = Batch(key)
-        batch = group.members[0].buffer.pop(schedule.key(update))
-        proximal_logp(group, schedule, update, 6, group.policy.score([batch])[0])
-        group.policy.version += 1
-    assert group_objective.proximal == {}  # every batch was released after its one use
-    assert needs_proximal(group) and not needs_proximal(Group([Member(get_objective("grpo"))]))
+            buffer[key] = Batch(key)
+        batch = buffer.pop(schedule.key(update))
+        proximal_logp(objective, schedule, buffer, policy, update, 6, policy.score(batch)[0])
+        policy.version += 1
+    assert objective.proximal == {}  # every batch was released after its one use
 
 
 # ------------------------------------------------------------------------------------------- end to end
@@ -174,7 +148,7 @@ def test_decoupled_ppo_batched_with_grpo_equals_the_separate_runs(tmp_path: Path
     configs = [mdp_config(objective="decoupled_ppo", schedule="stale_k:3", updates=8, seed=1, lr=0.5,
                           optimizer="sgd"),
                mdp_config(objective="grpo", schedule="stale_k:3", updates=8, seed=2, lr=0.5, optimizer="sgd")]
-    trainer.train_together(configs, [tmp_path / "a", tmp_path / "b"])
+    batched.train_together(configs, [tmp_path / "a", tmp_path / "b"])
     for config, name in zip(configs, ("a", "b"), strict=True):
         trainer.train(config, tmp_path / f"alone_{name}")
         assert normalized_metrics(tmp_path / name) == normalized_metrics(tmp_path / f"alone_{name}")

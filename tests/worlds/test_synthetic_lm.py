@@ -228,7 +228,7 @@ def test_cli_run_trains_with_the_world_defaults(cache, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ calibration measurements
 def test_pi0_profile_shares_against_numpy(world):
-    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
+    from offpolicylab.synthetic_lm_calibration import policy_token_profile
 
     policy = world.pretrained_policy()
     profile = policy_token_profile(world, policy, samples_per_prompt=2, seed=3)
@@ -263,7 +263,7 @@ def test_pi0_temperature_divides_the_distilled_students_logits(cache, world):
 
 
 def test_seed_scale_statistics_against_numpy():
-    from offpolicylab.worlds.synthetic_lm_calibration import seed_scale_statistics
+    from offpolicylab.synthetic_lm_calibration import seed_scale_statistics
 
     gen = np.random.default_rng(5)
     entropy = gen.exponential(0.3, (7, 9)) * (gen.random((7, 9)) < 0.6)
@@ -283,7 +283,7 @@ def test_seed_scale_statistics_against_numpy():
 
 def test_profile_statistics_from_the_histogram():
     """share below 0.01 nat = the first two bins (0.01 is an edge); q80 interpolated inside its bin by hand."""
-    from offpolicylab.worlds.synthetic_lm_calibration import profile_seed_scale_statistics
+    from offpolicylab.synthetic_lm_calibration import profile_seed_scale_statistics
 
     edges = [0.0, 0.001, 0.01, 0.03, 0.1, 0.2, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, None]
     shares = [0.1, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0, 0.0, 0.0]
@@ -297,7 +297,7 @@ def test_profile_statistics_from_the_histogram():
 
 def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     from offpolicylab.config import TrainConfig
-    from offpolicylab.worlds.synthetic_lm_calibration import update_kls
+    from offpolicylab.synthetic_lm_calibration import update_kls
 
     params = {**TINY, "cache_dir": str(cache)}
     config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
@@ -316,12 +316,12 @@ def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
     (sampled π(y) < 1e-3) kept, and the answer digit (where the reward is decided) a fork; printed beside Qwen3-8B's
     published numbers and SmolLM2-135M's measured profile."""
     from offpolicylab.diagnostics.profile import load_profile
-    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, read_cached
-    from offpolicylab.worlds.synthetic_lm_calibration import (
+    from offpolicylab.synthetic_lm_calibration import (
         policy_seed_scale_statistics,
         profile_seed_scale_statistics,
         seed_scale_table,
     )
+    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, read_cached
 
     shipped = PACKAGED_DIR / f"{Recipe().digest()[:32]}.pt"
     assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold the default recipe's π₀"
@@ -347,8 +347,8 @@ def test_smollm2_preset_matches_the_committed_smollm2_profile(tmp_path, capsys):
     """The ``smollm2`` preset's π₀ (shipped with the package) has each headline share of the committed
     SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
     from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
+    from offpolicylab.synthetic_lm_calibration import policy_token_profile
     from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, PRESETS, read_cached
-    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
 
     recipe = PRESETS["smollm2"]
     assert (recipe.alpha, recipe.delta, recipe.pi0_temperature) == (7.0, 0.125, 1.0)
@@ -378,7 +378,7 @@ def test_a_preset_is_overridden_by_the_parameters_given(cache):
 def test_choose_lr_by_the_clip_fraction_windows():
     """The rule fixed before any stale run, on hand-made clip fractions (targets √(0.07 %·0.05 %) = 0.0592 % and
     √(0.66 %·1.22 %) = 0.897 %, worked out by hand)."""
-    from offpolicylab.worlds.synthetic_lm_calibration import S0_TARGET, STALE_TARGET, choose_lr
+    from offpolicylab.synthetic_lm_calibration import S0_TARGET, STALE_TARGET, choose_lr
 
     assert S0_TARGET == pytest.approx(5.916e-4, rel=1e-3) and STALE_TARGET == pytest.approx(8.973e-3, rel=1e-3)
     # both windows met by 2e-4 (distances 0.169, 0.003) and 4e-4 (0.707, 0.80): the smaller larger-distance wins
@@ -394,8 +394,8 @@ def test_choose_lr_by_the_clip_fraction_windows():
 
 
 def test_drift_grid_is_eps_clipped_grpo_at_the_papers_two_staleness_settings():
-    from offpolicylab.sweep import expand_grid
-    from offpolicylab.worlds.synthetic_lm_calibration import drift_grid
+    from offpolicylab.grid import expand_grid
+    from offpolicylab.synthetic_lm_calibration import drift_grid
 
     cells = expand_grid(drift_grid([1e-4, 3e-4], updates=300), "/nowhere")
     assert [(c.config["lr"], c.config["schedule"]) for c in cells] == [

@@ -1,9 +1,8 @@
 """Calibration measurements of the synthetic-LM world (the numbers ``docs/synthetic_lm.md`` records).
 
-    python -m offpolicylab.worlds.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
+    python -m offpolicylab.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
                                             [--lrs 1e-4,3e-4,1e-3] [--kl-updates 30] [--success-samples 32]
-    python -m offpolicylab.worlds.synthetic_lm_calibration --drift-lrs 3e-5,1e-4,3e-4 --out runs/drift
-                                            [--drift-updates 300] [--workers 2]
+    python experiments/synthetic_lm_drift.py --lrs 3e-5,1e-4,3e-4 --out runs/drift [--updates 300] [--workers 2]
 
 prints (1) π₀'s token profile on temperature-1 samples (one per training prompt) side by side with a reference
 profile (``offpolicylab.diagnostics.profile``, the same statistics code as ``offpolicylab calibrate``), (2) π₀'s
@@ -15,14 +14,15 @@ policies of short on-policy GRPO runs with the world's training defaults:
 
 (exact over the vocabulary at each sampled position, the batch the update was computed on).
 
-With ``--drift-lrs`` it instead measures drift the way the M2PO paper reports it (Zheng et al. 2025, "Prosperity
+The drift measurement (``experiments/synthetic_lm_drift.py`` runs its sweep; this module holds its grid and rule)
+measures drift the way the M2PO paper reports it (Zheng et al. 2025, "Prosperity
 before Collapse", arXiv:2510.01161, Fig. 6d): the share of tokens whose ε = 0.2 GRPO clip is active,
 
     clip_frac = mean over updates u < U of  (1/N_u) Σ_t 1[(A_t > 0 ∧ r_t > 1 + ε) ∨ (A_t < 0 ∧ r_t < 1 − ε)]
 
 for each learning rate in two short runs of U updates from π₀: the papers' s = 0 (``stages:4`` — one rollout batch
 of 4 × 8 prompts split into 4 minibatches, one optimizer update each, staleness 0–3, as the paper's 256 prompts in
-minibatches of 64) and ``stale_k:256``; prints them next to the paper's numbers and chooses the learning rate by
+minibatches of 64) and ``stale_k:256``; :func:`drift_table` prints them next to the paper's numbers, and the rate is chosen by
 :func:`choose_lr`.  Only clip fractions are read from these runs.
 
 The seed-scale token statistics of π₀ (:func:`seed_scale_statistics`) are printed next to Qwen3-8B's chain of thought
@@ -254,24 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lrs", default="", help="comma-separated learning rates for the per-update KL")
     parser.add_argument("--kl-updates", type=int, default=30)
     parser.add_argument("--success-samples", type=int, default=32)
-    parser.add_argument("--drift-lrs", default="", help="comma-separated learning rates for the clip-fraction "
-                                                       "measurement (then only that runs)")
-    parser.add_argument("--drift-updates", type=int, default=300)
-    parser.add_argument("--out", default="runs/drift", help="sweep folder of the clip-fraction measurement")
-    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
     world_params = parse_assignments(args.world_param, "--world-param")
     world = make_world("synthetic_lm", **world_params)
-    if args.drift_lrs:
-        from offpolicylab.sweep import run_sweep
-
-        lrs = [float(x) for x in args.drift_lrs.split(",") if x]
-        run_sweep(drift_grid(lrs, args.drift_updates, world_params), args.out, workers=args.workers)
-        rows = clip_fractions(args.out)
-        print(drift_table(rows, args.drift_updates))
-        lr, why = choose_lr(rows)
-        print(f"chosen lr: {lr:g} ({why})")
-        return
     pi0 = world.pretrained_policy()
     print(seed_scale_table(policy_seed_scale_statistics(world, pi0),
                            profile_seed_scale_statistics(load_profile("smollm2_135m_instruct_gsm8k"))))
