@@ -246,6 +246,12 @@ def test_pi0_profile_shares_against_numpy(world):
     assert profile["share_sampled_prob_below_1e-3"] == pytest.approx(float((sampled < np.log(1e-3)).mean()),
                                                                      abs=1e-9)
     assert profile["median_entropy"] == pytest.approx(float(np.median(entropy)), abs=1e-5)
+    assert profile["share_entropy_below_0.01"] == pytest.approx(float((entropy < 0.01).mean()), abs=1e-9)
+    ordered = np.sort(entropy.ravel())  # the 0.8 quantile by linear interpolation between order statistics
+    rank = 0.8 * (ordered.size - 1)
+    below = int(np.floor(rank))
+    expected = ordered[below] + (rank - below) * (ordered[min(below + 1, ordered.size - 1)] - ordered[below])
+    assert profile["entropy_p80"] == pytest.approx(float(expected), abs=1e-5)
 
 
 def test_pi0_temperature_divides_the_distilled_students_logits(cache, world):
@@ -260,39 +266,6 @@ def test_pi0_temperature_divides_the_distilled_students_logits(cache, world):
                             for w in (plain, sharp))
     assert torch.allclose(z_sharp, 2.0 * z_plain, atol=1e-5)
     assert sharp.threshold > plain.threshold  # θ is π₀'s own 1st percentile: a sharper π₀ scores higher
-
-
-def test_seed_scale_statistics_against_numpy():
-    from offpolicylab.synthetic_lm_calibration import seed_scale_statistics
-
-    gen = np.random.default_rng(5)
-    entropy = gen.exponential(0.3, (7, 9)) * (gen.random((7, 9)) < 0.6)
-    logp = -gen.exponential(3.0, (7, 9))
-    mask = (gen.random((7, 9)) < 0.8).astype(float)
-    got = seed_scale_statistics(torch.tensor(entropy), torch.tensor(logp), torch.tensor(mask))
-    h, lp = entropy[mask > 0], logp[mask > 0]
-    assert got["share_entropy_below_0.01"] == pytest.approx((h < 0.01).sum() / h.size)
-    assert got["entropy_q50"] == pytest.approx(np.sort(h)[(h.size - 1) // 2] if h.size % 2 else
-                                               0.5 * (np.sort(h)[h.size // 2 - 1] + np.sort(h)[h.size // 2]))
-    rank = 0.8 * (h.size - 1)  # linear interpolation between order statistics
-    low = int(np.floor(rank))
-    expected_q80 = np.sort(h)[low] + (rank - low) * (np.sort(h)[min(low + 1, h.size - 1)] - np.sort(h)[low])
-    assert got["entropy_q80"] == pytest.approx(expected_q80)
-    assert got["share_sampled_prob_below_1e-3"] == pytest.approx((lp < np.log(1e-3)).mean())
-
-
-def test_profile_statistics_from_the_histogram():
-    """share below 0.01 nat = the first two bins (0.01 is an edge); q80 interpolated inside its bin by hand."""
-    from offpolicylab.synthetic_lm_calibration import profile_seed_scale_statistics
-
-    edges = [0.0, 0.001, 0.01, 0.03, 0.1, 0.2, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, None]
-    shares = [0.1, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0, 0.0, 0.0]
-    got = profile_seed_scale_statistics({"profile": {
-        "entropy_bin_edges": edges, "entropy_histogram": shares, "median_entropy": 0.02,
-        "share_sampled_prob_below_1e-3": 0.004}})
-    assert got["share_entropy_below_0.01"] == pytest.approx(0.4)
-    assert got["entropy_q80"] == pytest.approx(0.2 + 0.3 * (0.8 - 0.7) / 0.1)  # cumulative 0.7 below 0.2
-    assert got["entropy_q50"] == 0.02 and got["share_sampled_prob_below_1e-3"] == 0.004
 
 
 def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
@@ -317,9 +290,9 @@ def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
     published numbers and SmolLM2-135M's measured profile."""
     from offpolicylab.diagnostics.profile import load_profile
     from offpolicylab.synthetic_lm_calibration import (
-        policy_seed_scale_statistics,
-        profile_seed_scale_statistics,
+        SEED_SCALE_TARGETS,
         seed_scale_table,
+        world_profile_document,
     )
     from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, read_cached
 
@@ -328,14 +301,14 @@ def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
     world = make_world("synthetic_lm", cache_dir=str(tmp_path))  # empty cache: the shipped copy is used
     assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
     pi0 = world.pretrained_policy()
-    stats = policy_seed_scale_statistics(world, pi0)
-    smollm2 = profile_seed_scale_statistics(load_profile("smollm2_135m_instruct_gsm8k"))
-    print(seed_scale_table(stats, smollm2))
+    print(seed_scale_table(world, pi0))
+    stats = world_profile_document(world, pi0)["profile"]
+    assert SEED_SCALE_TARGETS == {"share_entropy_below_0.01": (0.45, 0.60), "entropy_p80": (0.5, 0.85)}
+    qwen = load_profile("qwen3_8b_cot")["profile"]  # the published numbers the ranges are drawn around
+    assert (qwen["share_entropy_below_0.01"], qwen["entropy_p80"]) == (0.5064, 0.672)
     assert 0.45 <= stats["share_entropy_below_0.01"] <= 0.60
-    assert 0.5 <= stats["entropy_q80"] <= 0.85
+    assert 0.5 <= stats["entropy_p80"] <= 0.85
     assert stats["share_sampled_prob_below_1e-3"] >= 1e-3
-    # SmolLM2 is nowhere near: 0.8 % of its tokens below 0.01 nat, median 2.65 nat
-    assert smollm2["share_entropy_below_0.01"] < 0.05 and smollm2["entropy_q50"] > 2.0
     rollout = pi0.sample(world.eval_prompts(), 16, 1.0, torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, entropy = pi0.score(rollout)
