@@ -60,7 +60,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     from offpolicylab.policies import make_policy
     from offpolicylab.worlds import make_world
 
-    world = make_world("synthetic_lm")
+    world = make_world("synthetic_lm", preset=args.preset)
     results = {}
     for precision in PRECISIONS[1:]:
         policy = make_policy("transformer", world, sampler_precision=precision)
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--prompts", type=int, default=32)
     m.add_argument("--group", type=int, default=8)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--preset", default="smollm2", help="the synthetic_lm recipe (smollm2: the one RESULTS §5 ran)")
     m.add_argument("--out", default=None, help="write the statistics as JSON here")
     s = sub.add_parser("smollm2")
     s.add_argument("--model", required=True)
