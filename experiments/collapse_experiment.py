@@ -45,8 +45,9 @@ if str(ROOT) not in sys.path:  # run as `python experiments/collapse_experiment.
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab import plots  # noqa: E402
+from offpolicylab.grid import Cell, expand_grid, load_grid  # noqa: E402
 from offpolicylab.runs import read_grid, write_grid, write_sweep_results  # noqa: E402
-from offpolicylab.sweep import Cell, expand_grid, get_engine, load_grid, result_row  # noqa: E402
+from offpolicylab.sweep import get_engine, result_row  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"
 ON_POLICY_LABELS = (CLIPPED, f"{CLIPPED}_on_policy")  # the on-policy reference; a grid whose base schedule is stale

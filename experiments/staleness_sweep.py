@@ -24,8 +24,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.grid import load_grid
 from offpolicylab.runs import is_run_dir, load_run, read_sweep_results
-from offpolicylab.sweep import load_grid, run_sweep
+from offpolicylab.sweep import run_sweep
 
 
 def main(argv: list[str] | None = None) -> int:

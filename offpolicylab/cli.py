@@ -164,11 +164,11 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from offpolicylab.batched import parse_seeds, seed_dir, train_seeds
     from offpolicylab.policies.hf_loading import allow_remote_code
     from offpolicylab.runs import RunDir
-    from offpolicylab.seeds import parse_seeds
     from offpolicylab.sweep import output_folder
-    from offpolicylab.trainer import TrainingFailed, seed_dir, train, train_seeds
+    from offpolicylab.trainer import TrainingFailed, train
 
     output_folder(args.out)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
@@ -249,7 +249,8 @@ def absolute_paths(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from offpolicylab.sweep import load_grid, run_sweep
+    from offpolicylab.grid import load_grid
+    from offpolicylab.sweep import run_sweep
 
     if args.ray_address:
         os.environ["RAY_ADDRESS"] = args.ray_address

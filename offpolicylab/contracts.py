@@ -6,7 +6,8 @@ asks the policy to *score* the same token ids (``logp``, ``entropy`` with grad) 
 
 Optional abilities are runtime-checkable protocols of their own (``isinstance(world, ExactWorld)``):
 :class:`ExactWorld`, :class:`InitialLogitsWorld`, :class:`PretrainedWorld`, :class:`GreedyPolicy`,
-:class:`ClonablePolicy`, :class:`PrefixTreePolicy`.
+:class:`ClonablePolicy`, :class:`PrefixTreePolicy`, :class:`MemoryPlanningPolicy`.  A policy kind whose runs can be
+stacked (batched seeds) says so in its registry entry (``stack=``, see :mod:`offpolicylab.policies`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ class Prompts:
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
+
+    @staticmethod
+    def concat(parts: list[Prompts]) -> Prompts:
+        """Prompts of several sources row-wise (equal widths); world metadata cannot be joined."""
+        if any(part.meta for part in parts):
+            raise ValueError("prompts with metadata cannot be joined; run the seeds separately (--seed)")
+        return Prompts(ids=torch.cat([p.ids for p in parts]), mask=torch.cat([p.mask for p in parts]),
+                       index=torch.cat([p.index for p in parts]))
 
 
 @dataclass
@@ -62,41 +71,100 @@ class Rollout:
 
     def select(self, rows: Tensor) -> Rollout:
         """The rows ``rows`` (a LongTensor of indices) of every [B, ...] field."""
-        changes = {}
-        for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp", "group_ids",
-                     "prompt_index", "sampler_logp", "rewards", "version"):
-            value = getattr(self, name)
-            changes[name] = None if value is None else value[rows]
-        return replace(self, **changes)
+        return replace(self, **{name: None if (value := getattr(self, name)) is None else value[rows]
+                                for name in ROW_FIELDS})
+
+    def split(self, count: int) -> list[Rollout]:
+        """The ``count`` equal consecutive row blocks (block s: rows s·B/count … (s+1)·B/count − 1), each with its
+        group ids counted from 0; the inverse of :meth:`concat` of equal-sized rollouts."""
+        rows = len(self) // count
+        if rows * count != len(self):
+            raise ValueError(f"a rollout of {len(self)} rows does not split into {count} equal blocks")
+        blocks = []
+        for index in range(count):
+            part = slice(index * rows, (index + 1) * rows)
+            block = replace(self, **{name: None if (value := getattr(self, name)) is None else value[part]
+                                     for name in ROW_FIELDS})
+            blocks.append(block.with_(group_ids=block.group_ids - block.group_ids.min()))
+        return blocks
 
     @staticmethod
     def concat(parts: list[Rollout]) -> Rollout:
-        """Stack rollouts row-wise (responses right-padded to the longest); group ids are kept distinct."""
+        """Stack rollouts row-wise (prompts left-padded and responses right-padded to the longest); group ids are
+        kept distinct (each part's counted on from the previous part's largest)."""
         width = max(p.response_ids.shape[1] for p in parts)
         pwidth = max(p.prompt_ids.shape[1] for p in parts)
-        offset = 0
-        fields_: dict[str, list[Tensor]] = {}
-        for part in parts:
-            values = {
-                "prompt_ids": _left_pad(part.prompt_ids, pwidth, 0),
-                "prompt_mask": _left_pad(part.prompt_mask, pwidth, 0),
-                "response_ids": _right_pad(part.response_ids, width, 0),
-                "response_mask": _right_pad(part.response_mask, width, 0),
-                "behavior_logp": _right_pad(part.behavior_logp, width, 0),
-                "group_ids": part.group_ids + offset,
-                "prompt_index": part.prompt_index,
-            }
-            for name in ("sampler_logp",):
-                if getattr(part, name) is not None:
-                    values[name] = _right_pad(getattr(part, name), width, 0)
-            for name in ("rewards", "version"):
-                if getattr(part, name) is not None:
-                    values[name] = getattr(part, name)
-            offset += int(part.group_ids.max()) + 1 if len(part) else 0
-            for key, value in values.items():
-                fields_.setdefault(key, []).append(value)
-        stacked = {key: torch.cat(values) for key, values in fields_.items() if len(values) == len(parts)}
+        offsets = [0]
+        for part in parts[:-1]:
+            offsets.append(offsets[-1] + (int(part.group_ids.max()) + 1 if len(part) else 0))
+        stacked: dict[str, Tensor] = {}
+        for name in ROW_FIELDS:
+            values = [getattr(part, name) for part in parts]
+            if any(value is None for value in values):
+                continue
+            if name == "group_ids":
+                values = [value + offset for value, offset in zip(values, offsets, strict=True)]
+            stacked[name] = torch.cat([_padded(name, value, pwidth, width) for value in values])
         return Rollout(temperature=parts[0].temperature, **stacked)
+
+    @staticmethod
+    def pack(rollouts: dict[int, Rollout]) -> dict[str, Tensor]:
+        """Keyed rollouts (a schedule's buffer) as one tensor per field (``torch.save`` pays a fixed cost per
+        tensor); :meth:`unpack` inverts it exactly."""
+        if not rollouts:
+            return {}
+        parts = list(rollouts.values())
+        packed = {
+            "keys": torch.tensor(list(rollouts), dtype=torch.long),
+            "rows": torch.tensor([len(r) for r in parts], dtype=torch.long),
+            "prompt_width": torch.tensor([r.prompt_ids.shape[1] for r in parts], dtype=torch.long),
+            "response_width": torch.tensor([r.response_ids.shape[1] for r in parts], dtype=torch.long),
+            "temperature": torch.tensor([r.temperature for r in parts], dtype=torch.float64),
+        }
+        pwidth = max(r.prompt_ids.shape[1] for r in parts)
+        width = max(r.response_ids.shape[1] for r in parts)
+        for name in ROW_FIELDS:
+            values = [getattr(r, name) for r in parts]
+            if all(value is not None for value in values):
+                packed[name] = torch.cat([_padded(name, value, pwidth, width) for value in values])
+        return packed
+
+    @staticmethod
+    def unpack(packed: dict[str, Tensor], device: torch.device | str = "cpu") -> dict[int, Rollout]:
+        """The keyed rollouts :meth:`pack` packed, each field copied to ``device``."""
+        rollouts: dict[int, Rollout] = {}
+        start = 0
+        for index, key in enumerate(packed["keys"].tolist() if packed else []):
+            stop = start + int(packed["rows"][index])
+            pwidth, width = int(packed["prompt_width"][index]), int(packed["response_width"][index])
+            fields_: dict[str, Any] = {}
+            for name in ROW_FIELDS:
+                if name in packed:
+                    value = packed[name][start:stop]
+                    if name in PROMPT_FIELDS:
+                        value = value[:, value.shape[1] - pwidth:]
+                    elif name in RESPONSE_FIELDS:
+                        value = value[:, :width]
+                    fields_[name] = value.to(device, copy=True)
+            rollouts[int(key)] = Rollout(temperature=float(packed["temperature"][index]), **fields_)
+            start = stop
+        return rollouts
+
+
+PROMPT_FIELDS = ("prompt_ids", "prompt_mask")  # [B, P], left-padded
+RESPONSE_FIELDS = ("response_ids", "response_mask", "behavior_logp", "sampler_logp")  # [B, T], right-padded
+ROW_FIELDS = (*PROMPT_FIELDS, *RESPONSE_FIELDS, "group_ids", "prompt_index", "rewards", "version")
+"""Every [B, ...] field of a :class:`Rollout`, the one list that selecting, splitting, joining and packing read."""
+
+
+def _padded(name: str, value: Tensor, prompt_width: int, response_width: int) -> Tensor:
+    """``value`` of field ``name`` padded with zeros to the joined width (prompts on the left, responses on the
+    right); row fields unchanged."""
+    if name in PROMPT_FIELDS:
+        return _left_pad(value, prompt_width, 0)
+    if name in RESPONSE_FIELDS:
+        return _right_pad(value, response_width, 0)
+    return value
 
 
 def _right_pad(x: Tensor, width: int, value: float) -> Tensor:
@@ -209,3 +277,12 @@ class PretrainedWorld(Protocol):
     """A world that ships its own pretrained policy π₀ (the synthetic LM's distilled transformer)."""
 
     def pretrained_policy(self) -> Any: ...
+
+
+@runtime_checkable
+class MemoryPlanningPolicy(Protocol):
+    """A policy that plans its own scoring memory: ``plan_scoring(rows, prompt_tokens)`` → a plan whose
+    ``params()`` are the policy options it fills in (recorded in config.json so a resume scores the same way) and
+    whose ``describe()`` is printed at the start; it raises ``ValueError`` for a batch that cannot fit."""
+
+    def plan_scoring(self, rows: int, prompt_tokens: int) -> Any: ...

@@ -1,6 +1,6 @@
 """Where a run's time goes: the trainer's sections and a function-level profile (``offpolicylab run --profile``).
 
-The loop's wall clock T is split by the trainer's :class:`~offpolicylab.trainer.Stopwatch` into sections
+The loop's wall clock T is split by a :class:`Stopwatch` into sections
 
     policy = policy_forward (sample + score) + policy_backward (backward, clipping, optimizer step)
     outside share (evaluation excluded) = (T − policy − eval) / (T − eval)
@@ -18,7 +18,11 @@ import cProfile
 import io
 import marshal
 import pstats
+import time
 from dataclasses import dataclass
+from typing import Any
+
+import torch
 
 SECTIONS = ("policy_forward", "policy_backward", "objective", "other", "eval", "checkpoint")
 TOP_FUNCTIONS = 30  # rows of each function table in profile.txt
@@ -98,3 +102,38 @@ class LoopProfile:
         as do viewers such as snakeviz)."""
         self.profiler.create_stats()
         return marshal.dumps(self.profiler.stats)  # type: ignore[attr-defined]
+
+
+class Stopwatch:
+    """Wall-clock seconds per named section: ``with watch("policy_forward"): ...`` (sections do not nest).
+
+    ``synchronize`` is called when a section starts and ends (default: ``torch.cuda.synchronize`` when CUDA is
+    available, else nothing), so that GPU work queued in a section is charged to it rather than to the next one."""
+
+    def __init__(self, synchronize: Any = "auto") -> None:
+        self.seconds: dict[str, float] = {}
+        if synchronize == "auto":
+            synchronize = torch.cuda.synchronize if torch.cuda.is_available() else None
+        self.synchronize = synchronize
+
+    def __call__(self, name: str) -> _Section:
+        return _Section(self.seconds, name, self.synchronize)
+
+
+class _Section:
+    """One timed ``with`` block of a :class:`Stopwatch`."""
+
+    __slots__ = ("name", "seconds", "start", "synchronize")
+
+    def __init__(self, seconds: dict[str, float], name: str, synchronize: Any = None) -> None:
+        self.seconds, self.name, self.start, self.synchronize = seconds, name, 0.0, synchronize
+
+    def __enter__(self) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
+        self.seconds[self.name] = self.seconds.get(self.name, 0.0) + (time.perf_counter() - self.start)

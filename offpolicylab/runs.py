@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from offpolicylab.grid import expand_grid, load_grid
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -133,6 +135,25 @@ class RunDir:
         finally:
             del _HELD_LOCKS[key]
             os.close(fd)  # releases the lock
+
+    def check_free(self) -> None:
+        """Refuse, without creating anything, a path that is a file or a directory another process holds locked
+        (what :meth:`locked` would refuse), so that a command over several directories can check all first."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunError(f"{self.path} is a file, not a run directory; valid: a directory path")
+        lock = self.path / LOCK_NAME
+        if self.path.resolve() in _HELD_LOCKS or not lock.is_file():
+            return
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise RunLocked(f"run directory {self.path} is in use by another process"
+                            f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
+                            "then try again") from None
+        finally:
+            os.close(fd)  # releases the trial lock
 
     def remove_orphans(self) -> list[Path]:
         """Delete temp files (``.NAME.tmp-PID``) that a process killed mid-write left behind; call with the lock."""
@@ -433,16 +454,12 @@ def load_runs(paths: Iterable[str | Path]) -> list[Run]:
 
 def read_grid(sweep_dir: str | Path) -> dict[str, Any] | None:
     """The grid file a sweep in ``sweep_dir`` ran (validated as ``offpolicylab sweep`` does), or None without one."""
-    from offpolicylab.sweep import load_grid
-
     grid_path = Path(sweep_dir) / GRID_FILE
     return load_grid(grid_path) if grid_path.is_file() else None
 
 
 def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
     """{cell directory name: its axis labels} of the sweep whose grid file is in ``sweep_dir`` ({} without one)."""
-    from offpolicylab.sweep import expand_grid
-
     grid = read_grid(sweep_dir)
     return {} if grid is None else {cell.name: cell.labels for cell in expand_grid(grid, sweep_dir)}
 

@@ -1,23 +1,6 @@
 """Grids of runs: a JSON grid file → cells → one run directory per cell, on a local process pool (or another engine).
 
-Grid file::
-
-    {
-      "base": {"world": "token_mdp", "world_params": {"family": "target"}, "updates": 150},
-      "axes": {
-        "objective": [
-          {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
-          {"label": "grpo_no_tr", "objective": "grpo", "objective_params": {"eps_low": "inf", "eps_high": "inf"}},
-          "m2po"
-        ],
-        "schedule": ["on_policy", "stale_k:16"],
-        "seed": [0, 1, 2]
-      }
-    }
-
-Every axis value is either a scalar (it sets the config field named like the axis) or a mapping of config
-overrides with an optional ``label`` (mapping-valued fields such as ``world_params`` are merged into the base).
-The cell directory is named from the labels: ``objective=grpo__schedule=stale_k-16__seed=0``.  Cells run in
+The grid file and its cells: :mod:`offpolicylab.grid`.  Cells run in
 worker processes, the cells of a tabular or GRU configuration that differ only in seed and objective together as
 one batched task (:func:`seed_groups`; each writes the run directory it writes alone); a failing cell is recorded
 (``summary.json`` status ``failed`` with the error) and the others finish.  ``sweep_results.csv`` gets one row per cell: its axis labels, status, peak and final reward / exact
@@ -44,124 +27,30 @@ context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked
 from __future__ import annotations
 
 import concurrent.futures as futures
-import hashlib
 import importlib
-import itertools
 import json
 import multiprocessing
 import os
-import re
 import signal
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.batched import MEMBER_FIELDS, train_together
 from offpolicylab.config import TrainConfig
+from offpolicylab.grid import Cell, expand_grid
+from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
-from offpolicylab.runs import write_grid, write_sweep_results
+from offpolicylab.runs import RunDir, RunError, RunLocked, write_grid, write_sweep_results
+from offpolicylab.trainer import resolve_config, train
 
 RESULT_KEYS = ("status", "updates_done", "peak_reward_mean", "final_reward_mean", "peak_exact_return",
                "final_exact_return", "optimal_return", "collapse_update", "error")
 _DONE = ("completed", "collapsed")
-MAX_CELL_NAME = 200  # characters; file systems allow 255 bytes per name
 EXIT_ORPHANED = 3  # exit status of a worker whose sweep process is gone
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One grid cell: its name (directory), axis labels, full config mapping and run directory."""
-
-    name: str
-    labels: dict[str, str]
-    config: dict[str, Any]
-    out_dir: str
-
-
-# ============================================================================================ grid → cells
-def load_grid(path: str | Path) -> dict[str, Any]:
-    if Path(path).is_dir():
-        raise ValueError(f"grid file {path} is a directory; valid: a JSON file with keys base and axes")
-    try:
-        grid = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"grid file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"grid file {path} cannot be read ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"grid file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(grid, dict) or set(grid) - {"base", "axes"}:
-        raise ValueError(f"grid file {path} must be an object with keys base and axes")
-    return grid
-
-
-def expand_grid(grid: dict[str, Any], out_dir: str | Path) -> list[Cell]:
-    """The Cartesian product of the axes.  Field names and scalar ranges are checked here (bad → ValueError);
-    names of objectives / worlds / schedules are checked when the cell runs, so a bad one fails only its cells."""
-    base = dict(grid.get("base", {}))
-    axes = grid.get("axes", {})
-    if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
-        raise ValueError("grid axes must map an axis name to a non-empty list of values")
-    options = [[_axis_value(name, value) for value in values] for name, values in axes.items()]
-    cells = []
-    for combo in itertools.product(*options) if options else [()]:
-        config = json.loads(json.dumps(base))
-        labels = {}
-        for name, (label, overrides) in zip(axes, combo, strict=True):
-            labels[name] = label
-            _merge(config, overrides)
-        TrainConfig.from_dict(config)  # validates field names and scalar ranges
-        cell_name = _cell_name(labels)
-        cells.append(Cell(cell_name, labels, config, str(_inside(Path(out_dir), cell_name))))
-    names = [c.name for c in cells]
-    if len(set(names)) != len(names):
-        raise ValueError("grid cells have duplicate names; give distinct 'label's to axis values")
-    return cells
-
-
-def _axis_value(axis: str, value: Any) -> tuple[str, dict[str, Any]]:
-    if isinstance(value, dict):
-        overrides = {k: v for k, v in value.items() if k != "label"}
-        label = value.get("label") or "_".join(_short(v) for v in overrides.values())
-        return _safe(str(label)), overrides
-    return _safe(_short(value)), {axis: value}
-
-
-def _merge(config: dict[str, Any], overrides: dict[str, Any]) -> None:
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            config[key] = {**config[key], **value}
-        else:
-            config[key] = value
-
-
-def _cell_name(labels: dict[str, str]) -> str:
-    """``axis=label__axis=label``, each part made safe; cut to MAX_CELL_NAME characters (ending in a hash)."""
-    name = "__".join(f"{_safe(axis)}={label}" for axis, label in labels.items()) or "cell"
-    if len(name) > MAX_CELL_NAME:
-        name = name[:MAX_CELL_NAME - 17] + "-" + hashlib.sha256(name.encode()).hexdigest()[:16]
-    return name
-
-
-def _inside(out: Path, name: str) -> Path:
-    """``out / name``, which must be a direct child of ``out`` (never a path elsewhere)."""
-    path = out / name
-    if name in ("", ".", "..") or path.parent != out or os.sep in name:
-        raise ValueError(f"grid cell name {name!r} is not a plain folder name")
-    return path
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, dict):
-        return "_".join(f"{k}{_short(v)}" for k, v in value.items())
-    return str(value)
-
-
-def _safe(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._=+-]", "-", text).strip("-") or "x"
 
 
 # ============================================================================================ one cell
@@ -170,8 +59,6 @@ def run_cell(cell_config: dict[str, Any], out_dir: str) -> dict[str, Any]:
     A cell that another process is writing is left alone (returned ``failed`` with the reason)."""
     import torch
 
-    from offpolicylab.runs import RunDir, RunLocked
-    from offpolicylab.trainer import train
 
     torch.set_num_threads(1)
     run = RunDir(out_dir)
@@ -205,8 +92,6 @@ def _run_locked(run: Any, cell_config: dict[str, Any], train: Callable[..., dict
 def changed_cells(cells: list[Cell]) -> dict[str, str]:
     """{cell name: what differs} for cells whose directory holds a run (not a failed one) of another config than
     the cell's resolved config."""
-    from offpolicylab.runs import RunDir, RunError
-    from offpolicylab.trainer import resolve_config
 
     changed = {}
     for cell in cells:
@@ -232,15 +117,12 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
 
 def seed_groups(cells: list[Cell]) -> list[list[int]]:
     """Indices of the cells that train together: cells of a policy that batches runs
-    (:data:`~offpolicylab.seeds.SWEEP_BATCHED_POLICIES`) share a group with the cells of their configuration that differ
-    only in :data:`~offpolicylab.trainer.MEMBER_FIELDS` (seed, objective and its parameters); every other cell is a
+    (registry metadata ``stack_in_sweeps``) share a group with the cells of their configuration that differ only in
+    :data:`~offpolicylab.batched.MEMBER_FIELDS` (seed, objective and its parameters); every other cell is a
     group of its own.  Groups keep the cells' order."""
-    from offpolicylab.seeds import SWEEP_BATCHED_POLICIES
-    from offpolicylab.trainer import MEMBER_FIELDS
-
     groups: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
-        stackable = TrainConfig.from_dict(cell.config).policy in SWEEP_BATCHED_POLICIES
+        stackable = policy_ability(TrainConfig.from_dict(cell.config).policy, "stack_in_sweeps", False)
         rest = {key: value for key, value in cell.config.items() if key not in MEMBER_FIELDS}
         key = json.dumps(rest, sort_keys=True, default=str) if stackable else f"cell {index}"
         groups.setdefault(key, []).append(index)
@@ -249,13 +131,11 @@ def seed_groups(cells: list[Cell]) -> list[list[int]]:
 
 def run_seed_group(cells: list[Cell]) -> list[dict[str, Any]]:
     """The cells of one :func:`seed_groups` group: cells already done are skipped; when every other cell is new,
-    they train together (:func:`offpolicylab.trainer.train_together`: each writes the run directory it writes
+    they train together (:func:`offpolicylab.batched.train_together`: each writes the run directory it writes
     alone); otherwise (a cell to resume or to start again, or configurations that cannot be built) each runs on its
     own (:func:`run_cell`).  Never raises."""
     import torch
 
-    from offpolicylab.runs import RunDir
-    from offpolicylab.trainer import train_together
 
     results: list[dict[str, Any] | None] = [None] * len(cells)
     todo = []
@@ -398,8 +278,6 @@ def run_sweep(grid: dict[str, Any], out_dir: str | Path, *, workers: int = 1, en
 
     Cells whose stored config differs from the grid's raise ``ValueError`` before anything runs, unless
     ``rerun_changed`` (they are then cleared and run again)."""
-    from offpolicylab.runs import RunDir
-
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r} is invalid; valid: an integer >= 1")
     run_engine = get_engine(engine)

@@ -36,7 +36,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from offpolicylab.sweep import Cell, exit_with, register_engine, run_cell
+from offpolicylab.grid import Cell
+from offpolicylab.sweep import exit_with, register_engine, run_cell
 
 CELL_RETRIES = 1
 LOCAL_START_ATTEMPTS = 2

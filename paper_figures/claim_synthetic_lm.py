@@ -28,8 +28,8 @@ import common
 
 from offpolicylab import plots
 from offpolicylab.config import TrainConfig
+from offpolicylab.grid import expand_grid, load_grid
 from offpolicylab.runs import RunDir
-from offpolicylab.sweep import expand_grid, load_grid
 from offpolicylab.trainer import resolve_config
 
 EXPERIMENTS = common.ROOT.parent / "experiments"

@@ -6,9 +6,8 @@ Notation: r = exp(Δ), Δ = log r = logp − behavior_logp.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -17,56 +16,13 @@ from torch import Tensor
 EXP_CLAMP = 80.0
 
 
-_blocks = 1  # the row blocks :func:`total` sums separately (see :func:`blockwise`)
-
-
-@contextlib.contextmanager
-def blockwise(count: int) -> Iterator[None]:
-    """Inside, :func:`total` and the reductions built on it (:func:`masked_mean`, :func:`fraction`, the loss
-    aggregation) reduce each of ``count`` equal consecutive row blocks of their input on its own and return
-    ``[count]`` values: several runs' batches joined row-wise (batched seeds) go through one objective call."""
-    global _blocks
-    if count < 1:
-        raise ValueError(f"count={count} is invalid; valid: an integer >= 1")
-    previous, _blocks = _blocks, count
-    try:
-        yield
-    finally:
-        _blocks = previous
-
-
-def total(values: Tensor) -> Tensor:
-    """Σ of every entry of ``values``; inside :func:`blockwise` (``count`` blocks) the sums of its ``count`` equal
-    consecutive row blocks, ``[count]`` — each bit for bit the sum of the block alone when the block holds at most
-    :data:`ROW_LIMIT` values (a contiguous row reduces as the block does on its own)."""
-    return values.sum() if _blocks == 1 else values.reshape(_blocks, -1).sum(1)
-
-
-EXACT_COUNT = 2**24
-"""Up to this many entries a float32 sum of 0/1 values is an exact integer (every partial sum is one)."""
-
-
-def complement_total(values: Tensor) -> Tensor:
-    """Σ (1 − v) of 0/1 floats ``values`` as n − Σ v, n the entries (per row block inside :func:`blockwise`): the same
-    number, bit for bit, when n < :data:`EXACT_COUNT` (both are exact integers), without writing 1 − v; else summed."""
-    entries = values.numel() // _blocks
-    if entries >= EXACT_COUNT:
-        return total(1.0 - values)
-    return entries - total(values)
-
-
-def average(values: Tensor) -> Tensor:
-    """Mean of every entry of ``values``; inside :func:`blockwise`, of each row block (``[count]``)."""
-    return values.mean() if _blocks == 1 else values.reshape(_blocks, -1).mean(1)
-
-
 def _masked(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Σ m·x / max(Σ m, 1) (per row block inside :func:`blockwise`)."""
-    return total(_masked(values, mask)) / total(mask).clamp_min(1.0)
+    """Σ m·x / max(Σ m, 1)."""
+    return _masked(values, mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
@@ -113,20 +69,23 @@ def trust_region_mask(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Te
 def effective_sample_size(log_ratio: Tensor, mask: Tensor) -> Tensor:
     """ESS = (Σ w)² / (n · Σ w²), w = r over the n valid tokens; 1 for uniform ratios, → 1/n when one dominates.
 
-    Computed with weights rescaled by max(w) (ESS is scale-free), so log-ratios of ±50 stay finite.
+    Computed with weights rescaled by max(w) (ESS is scale-free), so log-ratios of ±50 stay finite: the weights are
+    e^((Δ − max Δ)·m)·m, max Δ over the valid tokens, exactly 0 on padding.  (The padding never reaches ``exp`` as
+    a huge negative number: CPU ``exp`` takes a slow path for arguments far below its range; benchmarks/README.md.)
     Source: Kong (1992); P3O "Trust the Batch" (FeynRL).
     """
-    log_ratio = log_ratio.detach()
     if log_ratio.numel() == 0:
         return log_ratio.new_ones(())
-    neg_inf = torch.full((), float("-inf"), dtype=log_ratio.dtype, device=log_ratio.device)
-    shifted = torch.where(mask > 0, log_ratio, neg_inf)
-    top = shifted.max()
-    top = torch.where(torch.isfinite(top), top, log_ratio.new_zeros(()))
-    weights = torch.exp(shifted - top)
-    n = mask.sum().clamp_min(1.0)
-    ess = weights.sum() ** 2 / (n * (weights**2).sum()).clamp_min(torch.finfo(weights.dtype).tiny)
-    return torch.where(mask.sum() > 0, ess, log_ratio.new_ones(()))
+    mask = mask.to(log_ratio.dtype)
+    delta = _masked(log_ratio.detach(), mask)
+    tokens = mask.sum()
+    floor = torch.finfo(delta.dtype).max
+    top = ((mask - 1.0) * floor + delta).max()  # Δ on valid tokens, −finfo.max on padding: the valid max
+    top = torch.where(top > -floor, top, delta.new_zeros(()))  # no valid token: weights 0
+    weights = ((delta - top) * mask).exp() * mask
+    ess = weights.sum() ** 2 / (tokens.clamp_min(1.0) * (weights * weights).sum()).clamp_min(
+        torch.finfo(delta.dtype).tiny)
+    return torch.where(tokens > 0, ess, delta.new_ones(()))
 
 
 def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
@@ -150,7 +109,7 @@ def fused_ratio_summary(
     """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
     :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``; ``ratio`` = e^Δ may be
     passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))), and so may ``ess``
-    (:func:`fused_effective_sample_size` of the same arguments).
+    (:func:`effective_sample_size` of the same arguments).
 
     Fused: an exp for r (none when ``ratio`` is given), one for the ESS weights (none when ``ess`` is given) and an
     expm1 for k3; one reduction per statistic; the padding removed by multiplying with the 0/1 mask (no
@@ -175,7 +134,7 @@ def fused_ratio_summary(
     metrics = {"ratio_mean": work.sum() / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
     metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum() / count
     metrics["m2"] = torch.mul(delta, delta, out=work).sum() / count
-    metrics["ess"] = fused_effective_sample_size(delta, mask, work) if ess is None else ess
+    metrics["ess"] = effective_sample_size(delta, mask) if ess is None else ess
     metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work)
     return metrics
 
@@ -190,16 +149,12 @@ def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return _kl_terms(delta, mask.to(delta.dtype).sum().clamp_min(1.0), torch.empty_like(delta))
 
 
-def _kl_terms(delta: Tensor, count: Tensor, work: Tensor, dim: int | None = None) -> tuple[Tensor, Tensor]:
-    """(Σ(−Δ), Σ(e^min(Δ, 80) − 1 − Δ)) / count of a ``delta`` that is 0 on padding, summed over ``dim`` (all
-    entries when None); ``work``: a scratch buffer like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ: the same number,
-    and +0 (not −0) when ΣΔ = 0, as that sum gives."""
-    def total(values: Tensor) -> Tensor:
-        return values.sum() if dim is None else values.sum(dim=dim)
-
-    k1 = (0.0 - total(delta)) / count
+def _kl_terms(delta: Tensor, count: Tensor, work: Tensor) -> tuple[Tensor, Tensor]:
+    """(Σ(−Δ), Σ(e^min(Δ, 80) − 1 − Δ)) / count of a ``delta`` that is 0 on padding; ``work``: a scratch buffer
+    like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ: the same number, and +0 (not −0) when ΣΔ = 0."""
+    k1 = (0.0 - delta.sum()) / count
     torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
-    return k1, total(work.sub_(delta)) / count
+    return k1, work.sub_(delta).sum() / count
 
 
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")
@@ -224,45 +179,6 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     return top[0], torch.where(count > 0, value, values.new_zeros(()))
 
 
-ROW_LIMIT = 32768
-"""Longest row :func:`fused_ratio_summary_rows` takes: PyTorch's CPU reductions split an input over threads only
-above this many elements (its grain size), so up to it a row's reduction and the same values reduced on their own
-add in the same order, bit for bit, at any thread count."""
-
-
-def fused_ratio_summary_rows(delta: Tensor, mask: Tensor, ratio: Tensor) -> dict[str, Tensor]:
-    """:func:`fused_ratio_summary` of every row of ``delta`` [S, N] (N ≤ :data:`ROW_LIMIT`) at once, the ESS
-    included: each statistic an [S] tensor whose entry s equals, bit for bit, the statistic of row s alone (the same
-    elementwise steps, each reduction along the row; batched seeds, one row per member)."""
-    if delta.shape[1] > ROW_LIMIT:
-        raise ValueError(f"rows of {delta.shape[1]} values exceed ROW_LIMIT={ROW_LIMIT}")
-    mask = mask.to(delta.dtype)
-    tokens = mask.sum(dim=1)
-    count = tokens.clamp_min(1.0)
-    work = torch.clamp(ratio, max=math.exp(EXP_CLAMP)).mul_(mask)
-    flat_k = min(delta.shape[1], math.ceil((1.0 - RATIO_TAIL_QUANTILE) * (delta.shape[1] - 1)) + 2)
-    top = work.topk(flat_k, dim=1).values  # exact k largest per row (what largest() returns for one row)
-    positions = RATIO_TAIL_QUANTILE * (tokens.to(torch.int64) - 1).clamp_min(0).to(torch.float64)
-    below = positions.floor()
-    low = (tokens.to(torch.int64) - 1 - below.long()).clamp(0, flat_k - 1)
-    pair = top.gather(1, torch.stack([low, (low - 1).clamp_min(0)], dim=1))
-    tail = pair[:, 0] + (positions - below).to(delta.dtype) * (pair[:, 1] - pair[:, 0])
-    tail = torch.where(positions > below, tail, pair[:, 0])
-    metrics = {"ratio_mean": work.sum(dim=1) / count, "ratio_max": top[:, 0],
-               "ratio_p999": torch.where(tokens.to(torch.int64) > 0, tail, delta.new_zeros(()))}
-    metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum(dim=1) / count
-    metrics["m2"] = torch.mul(delta, delta, out=work).sum(dim=1) / count
-    floor = torch.finfo(delta.dtype).max
-    torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta)
-    peak = work.max(dim=1).values
-    peak = torch.where(peak > -floor, peak, delta.new_zeros(()))
-    total = torch.sub(delta, peak[:, None], out=work).mul_(mask).exp_().mul_(mask).sum(dim=1)  # as the ESS alone
-    ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum(dim=1)).clamp_min(torch.finfo(delta.dtype).tiny)
-    metrics["ess"] = torch.where(tokens > 0, ess, delta.new_ones(()))
-    metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work, dim=1)
-    return metrics
-
-
 TOPK_BLOCK = 64
 """Block length of :func:`largest`."""
 
@@ -281,28 +197,6 @@ def largest(flat: Tensor, k: int) -> Tensor:
     return grid.index_select(0, chosen).reshape(-1).topk(k).values
 
 
-def fused_effective_sample_size(delta: Tensor, mask: Tensor, work: Tensor | None = None) -> Tensor:
-    """:func:`effective_sample_size` of a detached log-ratio ``delta`` that is already 0 on padded tokens, with a
-    binary float ``mask`` of its dtype (``work``: an optional scratch buffer like ``delta``): the max-rescaled
-    weights e^(Δ − max Δ), max Δ over the valid tokens (the padding pushed to −finfo.max for the max), and 0 on
-    padding, no ``torch.where`` over tokens — bit-identical to the masked form.
-
-    The exp reads (Δ − max Δ)·m, 0 on padding, and its result is multiplied by m again (exactly the masked weights):
-    CPU ``exp`` takes a slow path for arguments far below its range (−finfo.max: ≈ 6× the time of in-range values,
-    measured on 262,144 floats), so the padding must not reach it as −finfo.max."""
-    work = torch.empty_like(delta) if work is None else work
-    mask = mask.to(delta.dtype)
-    tokens = mask.sum()
-    # Δ on valid tokens (Δ + 0 exactly), −finfo.max on padding: its max is the valid max
-    floor = torch.finfo(delta.dtype).max
-    torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta)
-    top = work.max()
-    top = torch.where(top > -floor, top, delta.new_zeros(()))  # no finite valid Δ: 0, as the masked form (weights 0)
-    total = torch.sub(delta, top, out=work).mul_(mask).exp_().mul_(mask).sum()
-    ess = total**2 / (tokens.clamp_min(1.0) * work.mul_(work).sum()).clamp_min(torch.finfo(delta.dtype).tiny)
-    return torch.where(tokens > 0, ess, delta.new_ones(()))
-
-
 def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
     """Standard error of the mean of ``values`` [N] when each group (e.g. the responses to one fixed prompt) is a
     stratum: SE = √(Σ_g n_g s_g²) / N, with s_g² the unbiased variance inside group g (n_g ≥ 2 everywhere).  With
@@ -311,6 +205,7 @@ def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
     counts the spread between groups, so it is larger).  0 for N < 2.  (For evaluation: unlike the per-update
     statistics above, it reads the group sizes on the host.)"""
     values = values.detach().to(torch.float64).reshape(-1)
+    group_ids = group_ids.to(values.device)  # rewards come back on the host, a GPU policy's group ids do not
     total = values.numel()
     if total < 2:
         return values.new_zeros(())
@@ -327,12 +222,11 @@ def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
 
 
 def fraction(selected: Tensor, mask: Tensor) -> Tensor:
-    """Share of valid tokens where ``selected`` holds: Σ m·s / max(Σ m, 1) (``selected``: bool, or 0/1 floats; per
-    row block inside :func:`blockwise`).
+    """Share of valid tokens where ``selected`` holds: Σ m·s / max(Σ m, 1) (``selected``: bool, or 0/1 floats).
 
     Multiplies by the 0/1 mask instead of masking with ``torch.where`` (exact for 0/1 values, and much faster on CPU).
     """
-    return total(selected.to(mask.dtype) * mask) / total(mask).clamp_min(1.0)
+    return (selected.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1.0)
 
 
 def indicator(test: Callable[..., Tensor], left: Tensor, right: Tensor | float) -> Tensor:

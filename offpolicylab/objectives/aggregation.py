@@ -18,24 +18,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from offpolicylab.diagnostics.stats import average, total
-
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str = "token-mean", *, finite_padding: bool = False) -> Tensor:
-    """Reduce a ``[B, T]`` per-token loss to a scalar with one of :data:`AGG_MODES` (``finite_padding``: see above);
-    inside :func:`~offpolicylab.diagnostics.stats.blockwise`, each row block to its own scalar (``[count]``)."""
+    """Reduce a ``[B, T]`` per-token loss to a scalar with one of :data:`AGG_MODES` (``finite_padding``: see above)."""
     if finite_padding:
         masked = per_token_loss * mask.to(per_token_loss.dtype)
     else:
         masked = torch.where(mask > 0, per_token_loss, torch.zeros((), dtype=per_token_loss.dtype))
     if mode == "token-mean":
-        return total(masked) / total(mask).clamp_min(1.0)
+        return masked.sum() / mask.sum().clamp_min(1.0)
     if mode == "seq-mean-token-mean":
         tokens = mask.sum(dim=-1)
         seq_mean = masked.sum(dim=-1) / tokens.clamp_min(1.0)
-        return total(seq_mean) / total(tokens > 0).clamp_min(1)
+        return seq_mean.sum() / (tokens > 0).sum().clamp_min(1)
     if mode == "seq-mean-token-sum":
-        return average(masked.sum(dim=-1))
+        return masked.sum(dim=-1).mean()
     raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.registry import Param, Registry, resolve
@@ -45,13 +44,6 @@ class Objective:
     params: ClassVar[dict[str, Param]] = {}
     stateful: ClassVar[bool] = False
     advantage: ClassVar[str] = "std"
-    #: ℓ and the token mask of a row depend on that row alone, and every sum over the batch (the objective's own
-    #: metrics included) goes through :func:`~offpolicylab.diagnostics.stats.total` or the reductions built on it:
-    #: a stateless objective that sets this scores several runs' batches joined row-wise in one call
-    #: (:meth:`call_blocks`).
-    rowwise: ClassVar[bool] = False
-    #: Extra metrics that are constants of the objective (0-dim, the same for every block of :meth:`call_blocks`).
-    constant_metrics: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, **kwargs: Any) -> None:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)
@@ -88,40 +80,6 @@ class Objective:
         values.update({key: value.detach() for key, value in extra.items()})
         return LossOutput(loss=loss, metrics=values, token_mask=token_mask)
 
-    def call_blocks(self, batch: TokenBatch, count: int, summaries: list[dict[str, Tensor]] | None = None, *,
-                    metrics: bool = True) -> list[LossOutput]:
-        """``self(block)`` for each of the ``count`` equal consecutive row blocks of ``batch`` (several runs'
-        batches joined row-wise: batched seeds), from one pass over ``batch``: every sum runs per block
-        (:func:`~offpolicylab.diagnostics.stats.blockwise`), so each output equals the block's own call bit for bit
-        when a block holds at most ``stats.ROW_LIMIT`` tokens.  ``summaries``: each block's
-        :meth:`TokenBatch.ratio_summary` (needed for the metrics).  Only for :attr:`rowwise`, stateless objectives."""
-        if not self.rowwise or self.stateful:
-            raise ValueError(f"objective {self.name!r} cannot score joined batches: it is not row-wise or keeps state")
-        if metrics and (summaries is None or len(summaries) != count):
-            raise ValueError(f"call_blocks with metrics needs {count} ratio summaries, one per block")
-        with stats.blockwise(count):
-            per_token, token_mask, extra = self.token_loss(batch)
-            token_mask = token_mask * batch.mask
-            if self.tis_cap is not None and batch.sampler_logp is not None:
-                per_token = per_token * tis_weight(batch, self.tis_cap)
-            loss = aggregate(per_token, batch.mask, self.agg, finite_padding=True)
-            if metrics:  # standard_metrics' sums, per block
-                tokens = stats.total(batch.mask).clamp_min(1.0)
-                mask_frac = 1.0 - stats.total(token_mask.detach()) / tokens
-                entropy = None if batch.entropy is None else stats.total(batch.entropy) / tokens
-        masks = token_mask.split(batch.batch_size // count)
-        outs = []
-        for index in range(count):
-            values: dict[str, Tensor] = {}
-            if metrics:
-                values.update(summaries[index])  # type: ignore[index]
-                values["mask_frac"] = mask_frac[index]
-                if entropy is not None:
-                    values["entropy"] = entropy[index]
-                values.update({key: _block_value(self, key, value, index) for key, value in extra.items()})
-            outs.append(LossOutput(loss=loss[index], metrics=values, token_mask=masks[index]))
-        return outs
-
     # ------------------------------------------------------------------------------------------------ state
     def update(self, batch: TokenBatch) -> None:
         """Advance internal state once per optimizer update (no-op for stateless objectives)."""
@@ -136,17 +94,6 @@ class Objective:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
         return f"{type(self).__name__}({args})"
-
-
-def _block_value(objective: Objective, key: str, value: Tensor, index: int) -> Tensor:
-    """Block ``index``'s value of an extra metric computed by :meth:`Objective.call_blocks` ([count]; a declared
-    constant is 0-dim).  A 0-dim value that is not declared constant is a sum that bypassed ``stats.total``."""
-    if value.dim() == 0:
-        if key not in objective.constant_metrics:
-            raise ValueError(f"objective {objective.name!r} returned metric {key!r} as one value for all blocks; "
-                             "a row-wise objective sums with stats.total or declares it in constant_metrics")
-        return value.detach()
-    return value[index].detach()
 
 
 def tis_weight(batch: TokenBatch, cap: float) -> Tensor:

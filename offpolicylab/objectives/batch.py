@@ -118,12 +118,12 @@ class TokenBatch:
         """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
         detached; computed once per batch and shared by the objective (P3O) and its metrics."""
         if self._ess is None:
-            self._ess = stats.fused_effective_sample_size(self.delta(), self.mask)
+            self._ess = stats.effective_sample_size(self.delta(), self.mask)
         return self._ess
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
-        :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch (or handed in by :meth:`split_rows`)."""
+        :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch."""
         if self._summary is None:
             self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess())
         return self._summary
@@ -153,42 +153,6 @@ class TokenBatch:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
         out._delta = out._ratio = out._ess = out._summary = None
         return out
-
-    def split_rows(self, count: int, group_ids: list[Tensor | None], summarize: bool = False) -> list[TokenBatch]:
-        """The ``count`` equal consecutive row blocks as batches (batched seeds: one per member), block s with the
-        group ids ``group_ids[s]``.  Not validated again: every field is a slice of a validated field, and
-        validation and padding removal work token by token, so block s equals the batch validated on its own.
-        ``summarize``: also hand each block its :meth:`ratio_summary`, computed for all blocks in one pass
-        (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary_rows`, bit for bit the block's own) when a block
-        holds at most ``stats.ROW_LIMIT`` tokens."""
-        rows = self.batch_size // count
-        summaries: list[dict[str, Tensor] | None] = [None] * count
-        if summarize and rows * self.logp.shape[1] <= stats.ROW_LIMIT:
-            flat = [value.reshape(count, -1) for value in (self.delta(), self.mask, self.ratio())]
-            together = stats.fused_ratio_summary_rows(*flat)
-            summaries = [{key: value[index] for key, value in together.items()} for index in range(count)]
-        blocks = []
-        for index, (ids, summary) in enumerate(zip(group_ids, summaries, strict=True)):
-            block = self.rows(slice(index * rows, (index + 1) * rows), ids)
-            block._ess = None if summary is None else summary["ess"]
-            block._summary = summary
-            blocks.append(block)
-        return blocks
-
-    def rows(self, part: slice, group_ids: Tensor | None) -> TokenBatch:
-        """The rows ``part`` as a batch with the group ids ``group_ids``, not validated again (every field is a
-        slice of a validated field; validation works token by token).  The log-ratio and ratio are sliced too
-        (elementwise: the rows' own); the batch-level ESS and ratio summary are left to be computed."""
-        block = copy.copy(self)
-        for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                setattr(block, name, value[part])
-        block.group_ids = group_ids
-        block._delta = None if self._delta is None else self._delta[part]
-        block._ratio = None if self._ratio is None else self._ratio[part]
-        block._ess = block._summary = None
-        return block
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""

@@ -29,7 +29,6 @@ class CISPO(Objective):
     valid tokens whose weight was clipped.
     """
 
-    rowwise = True
 
     params = {
         "eps_low": Param(1.0, float, low=0.0, doc="IS-weight floor 1 − eps_low (≥ 1 means no floor)"),
@@ -62,7 +61,6 @@ class TOPR(Objective):
     in A < 0 samples whose weight was truncated (ratio > 1).
     """
 
-    rowwise = True
 
     advantage = "mean"  # the paper: reward minus a baseline, no std normalisation
 

@@ -49,7 +49,7 @@ def mispo_loss(
     has_tokens = (batch.mask.sum(dim=-1) > 0).to(batch.mask.dtype)
     metrics = {
         "tok_accept_rate": stats.fraction(tok_ok, batch.mask),
-        "accept_rate": stats.total(traj_ok.to(has_tokens.dtype) * has_tokens) / stats.total(has_tokens).clamp_min(1.0),
+        "accept_rate": (traj_ok.to(has_tokens.dtype) * has_tokens).sum() / has_tokens.sum().clamp_min(1.0),
     }
     return per_token, keep, metrics
 
@@ -64,8 +64,6 @@ class MISPO(Objective):
     inside traj_bounds), ``traj_bound`` = log(max traj bound), ``traj_bound_low`` = log(min traj bound).
     """
 
-    rowwise = True
-    constant_metrics = ("traj_bound", "traj_bound_low")
 
     params = {
         "tok_bounds": Param((0.5, 2.0), list, length=2, doc="token ratio accept range 'min,max'"),

@@ -80,7 +80,6 @@ class MuGRPO(Objective):
     ``nav_response_frac`` (share of responses with a veto).
     """
 
-    rowwise = True
 
     params = {
         "eps_low": Param(1.0, float, low=0.0, doc="lower clip ε_low (ratio ≥ 1 − ε_low); 1 = no lower clip"),
@@ -97,11 +96,11 @@ class MuGRPO(Objective):
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
         token_mask = kept * allowed
         tokens = batch.mask.sum(dim=-1)
-        count = stats.total(tokens).clamp_min(1.0)
+        count = tokens.sum().clamp_min(1.0)
         vetoed_responses = vetoed.amax(dim=-1)  # 0/1 per response; 0 for empty ones (padding is never vetoed)
         metrics = {  # the clipped tokens are allowed − kept·allowed; vetoed and clipped tokens are never padding
-            "clip_frac": (stats.complement_total(vetoed) - stats.total(token_mask)) / count,  # Σ allowed − Σ kept
-            "nav_frac": stats.total(vetoed) / count,
-            "nav_response_frac": stats.total(vetoed_responses) / stats.total(tokens > 0).clamp_min(1),
+            "clip_frac": ((1.0 - vetoed).sum() - token_mask.sum()) / count,  # Σ allowed − Σ kept
+            "nav_frac": vetoed.sum() / count,
+            "nav_response_frac": vetoed_responses.sum() / (tokens > 0).sum().clamp_min(1),
         }
         return allowed * loss, token_mask, metrics

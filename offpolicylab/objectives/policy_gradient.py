@@ -21,7 +21,6 @@ class Reinforce(Objective):
     """ℓ = −A · log π_θ(a|s)  (Williams 1992).  No importance weight: on stale data this is the biased
     "NoIS" gradient whose fixed point is the 3-arm pitfall of REC (Yao et al. 2025, arXiv:2509.24203)."""
 
-    rowwise = True
 
     advantage = "mean"  # group-mean baseline, no std (the REC paper's REINFORCE)
 
@@ -99,7 +98,6 @@ class GRPO(Objective):
     no-trust-region baseline ℓ = −A·r of "Prosperity before Collapse" (M2PO).  When ``prox_logp`` is given the
     clip acts on π_θ/π_prox and the token is weighted by π_prox/π_behavior (decoupled PPO, AReaL)."""
 
-    rowwise = True
 
     params = {
         "eps_low": Param(0.2, float, low=0.0, doc="lower clip ε_low (ratio ≥ 1 − ε_low); inf = no trust region"),

@@ -81,7 +81,6 @@ class REC(Objective):
     Reports ``clip_frac``: share of valid tokens the mask removed.
     """
 
-    rowwise = True
 
     advantage = "mean"  # the paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 

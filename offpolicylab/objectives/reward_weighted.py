@@ -47,7 +47,6 @@ class OPMD(Objective):
     regulariser's per-token value β/2·Δᵢ²/|yᵢ| (sequence) or β/2·Δᵢₜ² (token) averaged over valid tokens.
     """
 
-    rowwise = True
 
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
@@ -81,7 +80,6 @@ class AsymRE(Objective):
     (Trinity-RFT ``regularizer="forward-kl"``, coefficient 0.1, which adds −β·log π).
     """
 
-    rowwise = True
 
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 
@@ -169,7 +167,6 @@ class REDWeight(Objective):
     T = inf gives plain REINFORCE.  Reports ``weight_mean`` over valid tokens.
     """
 
-    rowwise = True
 
     advantage = "mean"  # the REC paper: A = r − r̄, no std (Trinity-RFT std_normalize: false)
 

@@ -45,7 +45,6 @@ class GSPO(Objective):
     10 before exp; we do not (finite for |log s| < 88 in float32).  Reports ``clip_frac``.
     """
 
-    rowwise = True
 
     params = {
         "eps_low": Param(GSPO_EPS_LOW, float, low=0.0, doc="sequence-ratio clip: s ≥ 1 − eps_low"),

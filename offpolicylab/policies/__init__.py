@@ -13,13 +13,18 @@ from typing import Any
 
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
-from offpolicylab.policies.hf import hf_policy_params, make_hf_policy
-from offpolicylab.policies.sequence_model import SequenceModelPolicy
-from offpolicylab.policies.tabular import CONTEXTS, TabularSoftmaxPolicy
+from offpolicylab.policies.hf import PLANNED_PARAMS, hf_policy_params, make_hf_policy
+from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
+from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
 from offpolicylab.policies.transformer import TransformerPolicy
+from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 from offpolicylab.registry import Param, Registry
 
 POLICIES: Registry[Policy] = Registry("policy")
+"""Policy kinds.  An entry's metadata declares optional abilities: ``stack`` (a class whose constructor takes the
+members' policies and answers row block s of a batch with member s: batched seeds), ``stack_in_sweeps`` (stacking
+saves time, so a sweep trains such cells together), ``planned_params`` (the options the policy's memory plan fills
+in), ``frozen_copy`` (whether evaluation keeps a frozen copy of π_0 by default: not for a large model)."""
 
 _SAMPLER_NOISE = Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)")
 
@@ -76,7 +81,7 @@ POLICIES.register("tabular", build_tabular, {
     "init": Param("world", str, choices=("world", "uniform"),
                   doc="world = the world's suggested initial policy (e.g. π_b of the pitfall) when it has one"),
     "sampler_noise_std": _SAMPLER_NOISE,
-}, doc="a softmax logits table per prompt and context")
+}, doc="a softmax logits table per prompt and context", stack=StackedTabularPolicy, stack_in_sweeps=True)
 POLICIES.register("sequence_model", build_sequence_model, {
     "embed_dim": Param(32, int, low=1, doc="token embedding width"),
     "hidden_size": Param(64, int, low=1, doc="GRU hidden width"),
@@ -86,7 +91,7 @@ POLICIES.register("sequence_model", build_sequence_model, {
                          doc="logits = logit_scale/√features · head(features); smaller explores longer"),
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
     "sampler_noise_std": _SAMPLER_NOISE,
-}, doc="a small GRU sequence model")
+}, doc="a small GRU sequence model", stack=StackedSequenceModelPolicy, stack_in_sweeps=True)
 POLICIES.register("transformer", build_transformer, {
     "init": Param("pretrained", str, choices=("pretrained", "random"),
                   doc="pretrained = the world's π₀ (synthetic_lm) when it has one; random = fresh weights"),
@@ -96,9 +101,16 @@ POLICIES.register("transformer", build_transformer, {
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt (random init; π₀ keeps its own)"),
     "seed": Param(0, int, doc="initial-weight seed (random init)"),
     "sampler_noise_std": _SAMPLER_NOISE,
-}, doc="a small causal transformer (the synthetic_lm world's π₀ by default)")
+}, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,
+    stack_in_sweeps=False)  # its stacked work grows with the rows: ≈ separate runs' cost (benchmarks/README.md)
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),
-                  doc="a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)")
+                  doc="a Hugging Face causal LM + peft LoRA adapter (worlds that name a model: gsm8k)",
+                  planned_params=PLANNED_PARAMS, frozen_copy=False)
+
+
+def policy_ability(kind: str, name: str, default: Any = None) -> Any:
+    """The registry metadata ``name`` of policy ``kind`` (``default`` when it does not declare it)."""
+    return POLICIES.get(kind).meta.get(name, default) if kind in POLICIES else default
 
 
 def list_policies() -> list[str]:
@@ -123,5 +135,6 @@ __all__ = [
     "TabularSoftmaxPolicy",
     "TransformerPolicy",
     "list_policies",
+    "policy_ability",
     "make_policy",
 ]

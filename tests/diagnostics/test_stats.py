@@ -145,14 +145,3 @@ def test_ratio_p999_is_the_tail_of_the_token_ratios() -> None:
     expected = np.percentile(np.exp(delta.astype(np.float32))[mask > 0].astype(np.float64), 99.9)
     assert float(summary["ratio_p999"]) == pytest.approx(expected, rel=1e-5)
     assert float(summary["ratio_p999"]) <= float(summary["ratio_max"])
-
-
-@pytest.mark.parametrize("blocks", [1, 4])
-def test_complement_total_equals_the_sum_of_one_minus_values(blocks: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    values = (torch.rand(8, 33, generator=torch.Generator().manual_seed(blocks)) < 0.3).float()
-    with stats.blockwise(blocks):
-        got, expected = stats.complement_total(values), stats.total(1.0 - values)
-        monkeypatch.setattr(stats, "EXACT_COUNT", 10)  # too many entries for exact integers: summed instead
-        summed = stats.complement_total(values)
-    assert got.shape == expected.shape and torch.equal(got, expected) and torch.equal(summed, expected)
-    assert float(stats.complement_total(torch.zeros(3, 5))) == 15.0

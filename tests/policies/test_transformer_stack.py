@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import torch
 
-from offpolicylab import sweep, trainer
+from offpolicylab import batched, sweep, trainer
+from offpolicylab import grid as grid_module
+from offpolicylab.batched.stack import stack_policies
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts
 from offpolicylab.policies.transformer import TransformerPolicy
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy, stack_modules
-from offpolicylab.seeds import stack_policies
 from tests.trainer.golden_runs import normalized_metrics
 from tests.trainer.test_seeds import assert_same_run, interrupted
 
@@ -88,7 +89,7 @@ def test_stacked_kv_cached_sampling_draws_what_each_member_draws_alone_and_agree
 
 def test_members_are_views_of_their_slices_and_the_stack_refuses_what_it_cannot_do() -> None:
     members = [_policy(seed) for seed in SEEDS]
-    stacked = stack_policies(members)
+    stacked = stack_policies("transformer", members)
     assert isinstance(stacked, StackedTransformerPolicy)
     with torch.no_grad():
         stacked.model.head.weight[1] += 1.0  # what an optimizer step does to the stack ...
@@ -122,7 +123,7 @@ def _config(world_params: dict[str, Any], **changes: Any) -> TrainConfig:
 def test_batched_seeds_write_the_separate_runs_bit_for_bit(world_params: dict[str, Any], changes: dict[str, Any],
                                                            tmp_path: Path) -> None:
     config = _config(world_params, **changes)
-    summaries = trainer.train_seeds(config, SEEDS, tmp_path / "batched")
+    summaries = batched.train_seeds(config, SEEDS, tmp_path / "batched")
     assert [s["status"] for s in summaries] == ["completed"] * 3
     for seed in SEEDS:
         alone = tmp_path / f"alone{seed}"
@@ -138,7 +139,7 @@ def test_batched_seeds_of_a_small_random_transformer_on_an_enumerable_world(tmp_
                                                               "num_layers": 1},
                          objective="grpo", schedule="mixture:0.5", updates=5, prompts_per_update=2, group_size=4,
                          eval_every=2, sample_every=2, checkpoint_every=2)
-    trainer.train_seeds(config, SEEDS, tmp_path / "batched")
+    batched.train_seeds(config, SEEDS, tmp_path / "batched")
     for seed in SEEDS:
         alone = tmp_path / f"alone{seed}"
         trainer.train(dataclasses.replace(config, seed=seed), alone)
@@ -154,7 +155,7 @@ def test_batched_transformer_run_resumes_per_seed(world_params: dict[str, Any], 
     interrupted(config, tmp_path / "batched", monkeypatch, at=8)
     cut = tmp_path / "cut"
     interrupted(config, cut, monkeypatch, at=8)
-    trainer.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
+    batched.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
     trainer.train(dataclasses.replace(config, seed=7), cut / "seed=7", resume=True)
     for seed in SEEDS:
         alone = tmp_path / f"alone{seed}"
@@ -169,7 +170,7 @@ def test_a_sweep_keeps_transformer_cells_as_separate_tasks(world_params: dict[st
     base = {"world": "synthetic_lm", "world_params": world_params, "updates": 3, "prompts_per_update": 2,
             "group_size": 4, "eval_every": 2, "sample_every": 0}
     grid = {"base": base, "axes": {"schedule": ["on_policy", "stale_k:2"], "seed": [0, 1, 2]}}
-    cells = sweep.expand_grid(grid, tmp_path / "sweep")
+    cells = grid_module.expand_grid(grid, tmp_path / "sweep")
     assert sweep.seed_groups(cells) == [[index] for index in range(len(cells))]
     rows = sweep.run_sweep(grid, tmp_path / "sweep")
     assert {row["status"] for row in rows} == {"completed"}

@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from offpolicylab import cli
+from offpolicylab.grid import expand_grid
 from offpolicylab.runs import RunDir, RunError
-from offpolicylab.sweep import expand_grid, run_sweep
+from offpolicylab.sweep import run_sweep
 from offpolicylab.trainer import train
 from tests.cli.test_cli import run_cli
 from tests.small_runs import mdp_config, read_rows

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from offpolicylab.grid import expand_grid
 from offpolicylab.runs import (
     RunDir,
     load_run,
@@ -17,7 +18,6 @@ from offpolicylab.runs import (
     write_grid,
     write_sweep_results,
 )
-from offpolicylab.sweep import expand_grid
 
 GRID = {"base": {"world": "three_arm_pitfall", "updates": 2},
         "axes": {"objective": [{"label": "no_tr", "objective": "grpo", "objective_params": {"eps_low": "inf"}},

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from offpolicylab import cli
-from offpolicylab.sweep import expand_grid, get_engine, run_sweep
+from offpolicylab.grid import expand_grid
+from offpolicylab.sweep import get_engine, run_sweep
 
 GRID = {
     "base": {"world": "three_arm_pitfall", "updates": 4, "prompts_per_update": 2, "group_size": 4,

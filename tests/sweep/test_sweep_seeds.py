@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from offpolicylab import sweep, trainer
+from offpolicylab import batched, sweep, trainer
+from offpolicylab import grid as grid_module
 from offpolicylab.config import TrainConfig
 from tests.trainer.golden_runs import normalized_metrics
 
@@ -19,7 +20,7 @@ BASE: dict[str, Any] = {"world": "token_mdp", "world_params": {"vocab_size": 3, 
 def test_seed_groups_gather_the_seeds_and_objectives_of_stackable_configurations(tmp_path: Path) -> None:
     grid = {"base": BASE, "axes": {"policy": ["tabular", "sequence_model"], "lr": [0.1, 0.2],
                                    "objective": ["grpo", "m2po"], "seed": [0, 1, 2]}}
-    cells = sweep.expand_grid(grid, tmp_path)
+    cells = grid_module.expand_grid(grid, tmp_path)
     groups = sweep.seed_groups(cells)
     assert len(groups) == 4 and all(len(g) == 6 for g in groups)  # one per policy and lr
     for group in groups:
@@ -31,24 +32,24 @@ def test_seed_groups_gather_the_seeds_and_objectives_of_stackable_configurations
 def test_sweep_cells_trained_together_equal_their_separate_runs(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """grpo (std advantages) and rec (mean advantages) in one group: each cell as its separate run, bit for bit."""
-    batched: list[list[tuple[str, int]]] = []
-    real = trainer.train_together
+    calls: list[list[tuple[str, int]]] = []
+    real = batched.train_together
 
     def spy(configs: list[TrainConfig], run_dirs: Any, **kw: Any) -> Any:
-        batched.append([(c.objective, c.seed) for c in configs])
+        calls.append([(c.objective, c.seed) for c in configs])
         return real(configs, run_dirs, **kw)
 
-    monkeypatch.setattr(trainer, "train_together", spy)
+    monkeypatch.setattr(sweep, "train_together", spy)
     grid = {"base": BASE, "axes": {"objective": ["grpo", "rec"], "seed": [0, 1, 2]}}
     rows = sweep.run_sweep(grid, tmp_path / "sweep")
-    assert batched == [[(o, s) for o in ("grpo", "rec") for s in (0, 1, 2)]]
+    assert calls == [[(o, s) for o in ("grpo", "rec") for s in (0, 1, 2)]]
     assert {row["status"] for row in rows} == {"completed"}
-    for cell in sweep.expand_grid(grid, tmp_path / "sweep"):
+    for cell in grid_module.expand_grid(grid, tmp_path / "sweep"):
         alone = tmp_path / "alone" / cell.name
         trainer.train(TrainConfig.from_dict(cell.config), alone)
         assert normalized_metrics(cell.out_dir) == normalized_metrics(alone)
     again = sweep.run_sweep(grid, tmp_path / "sweep")  # done cells are reused, not run again
-    assert len(batched) == 1 and [row["status"] for row in again] == [row["status"] for row in rows]
+    assert len(calls) == 1 and [row["status"] for row in again] == [row["status"] for row in rows]
 
 
 def test_a_cell_whose_objective_cannot_be_built_fails_alone(tmp_path: Path) -> None:

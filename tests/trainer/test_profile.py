@@ -26,9 +26,9 @@ def test_profile_writes_its_files_and_prints_the_sections(tmp_path: Path,
     report = run.profile_path.read_text()
     for name in (*SECTIONS, "unsectioned"):
         assert f"\n{name} " in report
-    assert "run_group" in report  # the loop itself is among the functions by cumulative time
+    assert "run_updates" in report  # the loop itself is among the functions by cumulative time
     stats = pstats.Stats(str(tmp_path / "p" / "profile.pstats"))
-    assert any(func[2] == "run_group" for func in stats.stats)  # type: ignore[attr-defined]
+    assert any(func[2] == "run_updates" for func in stats.stats)  # type: ignore[attr-defined]
     assert not list((tmp_path / "p").glob(".*.tmp-*"))  # atomic writes leave no temp file
     run.clear()  # the profile files are files a run writes: clearing the run deletes them
     assert not run.profile_path.exists()

@@ -12,14 +12,15 @@ from typing import Any
 import pytest
 import torch
 
-from offpolicylab import cli, trainer
+from offpolicylab import batched, cli, trainer
+from offpolicylab.batched import parse_seeds
+from offpolicylab.batched.stack import Stack, member_state, stacked_state
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts, Rollout
-from offpolicylab.objectives.batch import LossOutput, TokenBatch
+from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.runs import RunDir, RunError
-from offpolicylab.seeds import SeedGroup, member_state, parse_seeds, stacked_state
 from tests.small_runs import bandit_config, mdp_config, read_rows
 from tests.trainer.golden_runs import normalized_metrics
 
@@ -77,7 +78,7 @@ def assert_equal_state(a: Any, b: Any, where: str = "checkpoint") -> None:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_batched_seeds_write_the_separate_runs_bit_for_bit(name: str, tmp_path: Path) -> None:
     config = CONFIGS[name]
-    summaries = trainer.train_seeds(config, SEEDS, tmp_path / "batched")
+    summaries = batched.train_seeds(config, SEEDS, tmp_path / "batched")
     assert [s["status"] for s in summaries] == ["completed"] * len(SEEDS)
     for seed in SEEDS:
         assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"))
@@ -105,7 +106,7 @@ def assert_close_run(batched: Path, alone: Path) -> None:
 
 
 def test_batched_gru_seeds_stay_within_float_tolerance_of_the_separate_runs(tmp_path: Path) -> None:
-    summaries = trainer.train_seeds(GRU, SEEDS, tmp_path / "batched")
+    summaries = batched.train_seeds(GRU, SEEDS, tmp_path / "batched")
     assert [s["status"] for s in summaries] == ["completed"] * len(SEEDS)
     for seed in SEEDS:
         alone = separate(GRU, seed, tmp_path / f"alone{seed}")
@@ -115,7 +116,7 @@ def test_batched_gru_seeds_stay_within_float_tolerance_of_the_separate_runs(tmp_
 
 def test_seeds_really_differ(tmp_path: Path) -> None:
     """The equality above is not vacuous: different seeds draw different batches."""
-    trainer.train_seeds(CONFIGS["mdp_grpo"], [0, 1], tmp_path)
+    batched.train_seeds(CONFIGS["mdp_grpo"], [0, 1], tmp_path)
     assert normalized_metrics(tmp_path / "seed=0") != normalized_metrics(tmp_path / "seed=1")
 
 
@@ -152,16 +153,17 @@ def test_a_seed_that_stops_leaves_the_others_unchanged(policy: str, tmp_path: Pa
 
     real_build = trainer.build
 
-    def build(config: TrainConfig) -> trainer.Parts:
+    def build(config: TrainConfig) -> trainer.Run:
         parts = real_build(config)
         parts.objective.seed = config.seed
         return parts
 
     monkeypatch.setattr(trainer, "get_objective", objective_for)
     monkeypatch.setattr(trainer, "build", build)
+    monkeypatch.setattr(batched, "build", build)
     config = mdp_config(updates=6, checkpoint_every=1) if policy == "tabular" else \
         dataclasses.replace(GRU, updates=6, checkpoint_every=1)
-    statuses = [s["status"] for s in trainer.train_seeds(config, SEEDS, tmp_path / "batched")]
+    statuses = [s["status"] for s in batched.train_seeds(config, SEEDS, tmp_path / "batched")]
     assert statuses == ["completed", "collapsed", "completed"]
     assert len(read_rows(tmp_path / "batched" / "seed=7")) == 3
     for seed in SEEDS:
@@ -181,7 +183,7 @@ def interrupted(config: TrainConfig, out: Path, monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(RunDir, "save_checkpoint", dies)
     with pytest.raises(KeyboardInterrupt):
-        trainer.train_seeds(config, SEEDS, out)
+        batched.train_seeds(config, SEEDS, out)
     monkeypatch.setattr(RunDir, "save_checkpoint", save)
 
 
@@ -190,7 +192,7 @@ def test_batched_resume_ends_identical_to_separate_runs(tmp_path: Path, monkeypa
     interrupted(config, tmp_path / "batched", monkeypatch, at=6)
     # the first seed wrote row 5 and died saving checkpoint 6; the others stopped after row 4 (checkpoint 3)
     assert [len(read_rows(tmp_path / "batched" / f"seed={s}")) for s in SEEDS] == [6, 5, 5]
-    trainer.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
+    batched.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
     for seed in SEEDS:
         assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"),
                         resumed_at=3)
@@ -201,7 +203,7 @@ def test_batched_gru_resume_stays_within_tolerance_of_separate_runs(tmp_path: Pa
     """Resuming restacks the members' restored weights and optimizer states (the stack's parameter order is the
     module's)."""
     interrupted(GRU, tmp_path / "batched", monkeypatch, at=4)
-    trainer.train_seeds(GRU, SEEDS, tmp_path / "batched", resume=True)
+    batched.train_seeds(GRU, SEEDS, tmp_path / "batched", resume=True)
     for seed in SEEDS:
         assert_close_run(tmp_path / "batched" / f"seed={seed}", separate(GRU, seed, tmp_path / f"alone{seed}"))
 
@@ -221,7 +223,7 @@ def test_resume_refuses_seeds_at_different_updates(tmp_path: Path, monkeypatch: 
     (tmp_path / "batched" / "seed=7" / "summary.json").unlink()  # seed 7 at update 6, the others at 4
     before = {p: p.read_bytes() for p in (tmp_path / "batched").rglob("*") if p.is_file()}
     with pytest.raises(RunError, match=r"different updates \(seed=3 at update 4, seed=7 at update 6"):
-        trainer.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
+        batched.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
     assert {p: p.read_bytes() for p in (tmp_path / "batched").rglob("*") if p.is_file()} == before
 
 
@@ -229,7 +231,7 @@ def test_fresh_batched_run_refuses_an_existing_seed_directory_before_writing(tmp
     config = mdp_config(updates=2)
     trainer.train(dataclasses.replace(config, seed=7), tmp_path / "seed=7")
     with pytest.raises(RunError, match="seed=7 already holds a run"):
-        trainer.train_seeds(config, SEEDS, tmp_path)
+        batched.train_seeds(config, SEEDS, tmp_path)
     assert not (tmp_path / "seed=3").exists() and not (tmp_path / "seed=11").exists()
 
 
@@ -338,26 +340,6 @@ def test_cli_seeds_write_the_runs_of_seed(policy: str, tmp_path: Path, capsys: p
     assert exit_.value.code == 2 and "already finished" in capsys.readouterr().err
 
 
-def test_token_batch_blocks_equal_the_batches_validated_alone() -> None:
-    """The group validates one joined batch and hands each member its block: every field equals the member's batch
-    built on its own (padding holding garbage, advantages per sequence), group ids the member's own."""
-    gen = torch.Generator().manual_seed(0)
-    rows, width = 4, 3
-    mask = (torch.rand(3 * rows, width, generator=gen) > 0.3).float()
-    logp = torch.where(mask > 0, -torch.rand(3 * rows, width, generator=gen), torch.tensor(float("nan")))
-    fields = dict(logp=logp.requires_grad_(), behavior_logp=-torch.rand(3 * rows, width, generator=gen) / mask,
-                  advantages=torch.randn(3 * rows, generator=gen), mask=mask,
-                  rewards=torch.rand(3 * rows, generator=gen), entropy=torch.rand(3 * rows, width, generator=gen),
-                  staleness=torch.arange(3 * rows, dtype=torch.float32), group_ids=torch.arange(3 * rows) // 2)
-    own_ids = [torch.arange(rows) // 2 for _ in range(3)]
-    blocks = trainer.TokenBatch(**fields).split_rows(3, own_ids)
-    for s, block in enumerate(blocks):
-        alone = trainer.TokenBatch(**{k: v[s * rows:(s + 1) * rows] for k, v in fields.items()})
-        for name in ("logp", "behavior_logp", "advantages", "mask", "rewards", "entropy", "staleness"):
-            assert torch.equal(getattr(block, name), getattr(alone, name)), name
-        assert torch.equal(block.group_ids, own_ids[s]) and torch.equal(block.ratio(), alone.ratio())
-
-
 def test_runs_of_different_objectives_train_together_bit_for_bit(tmp_path: Path) -> None:
     """grpo (std advantages), rec (mean advantages) and m2po (its own metrics) in one group, stale data: each
     member writes its separate run's directory."""
@@ -365,7 +347,7 @@ def test_runs_of_different_objectives_train_together_bit_for_bit(tmp_path: Path)
     configs = [dataclasses.replace(base, objective="grpo", seed=3), dataclasses.replace(base, objective="rec", seed=3),
                dataclasses.replace(base, objective="m2po", seed=7)]
     dirs = [tmp_path / "together" / str(i) for i in range(3)]
-    assert [s["status"] for s in trainer.train_together(configs, dirs)] == ["completed"] * 3
+    assert [s["status"] for s in batched.train_together(configs, dirs)] == ["completed"] * 3
     for i, config in enumerate(configs):
         alone = tmp_path / f"alone{i}"
         trainer.train(config, alone)
@@ -375,11 +357,11 @@ def test_runs_of_different_objectives_train_together_bit_for_bit(tmp_path: Path)
 def test_runs_that_differ_in_more_than_seed_and_objective_are_refused_before_writing(tmp_path: Path) -> None:
     base = mdp_config(updates=2)
     with pytest.raises(ValueError, match="every field but seed, objective, objective_params; lr differ"):
-        trainer.train_together([base, dataclasses.replace(base, lr=0.5, seed=1)], [tmp_path / "a", tmp_path / "b"])
+        batched.train_together([base, dataclasses.replace(base, lr=0.5, seed=1)], [tmp_path / "a", tmp_path / "b"])
     assert not (tmp_path / "a").exists()
 
 
-@pytest.mark.parametrize("num_prompts", [2, 400])  # 200 and 40,000 table entries per member (above ROW_LIMIT)
+@pytest.mark.parametrize("num_prompts", [2, 400])  # 200 and 40,000 table entries per member
 def test_clipping_all_members_at_once_clips_each_as_its_separate_run(num_prompts: int) -> None:
     gen = torch.Generator().manual_seed(1)
     members = [TabularSoftmaxPolicy(num_prompts=num_prompts, vocab_size=4, response_len=5) for _ in range(3)]
@@ -390,50 +372,29 @@ def test_clipping_all_members_at_once_clips_each_as_its_separate_run(num_prompts
         expected.append((torch.nn.utils.clip_grad_norm_([member.logits], 1.0), member.logits.grad.clone()))
     stacked = StackedTabularPolicy(members)
     stacked.logits.grad = torch.stack(grads)
-    group = SeedGroup([None] * 3, [None] * 3, stacked, None, None)  # type: ignore[arg-type]
-    norms = group.clip_gradients(1.0)
+    stack = Stack([None] * 3, [None] * 3, stacked, None, None, [])  # type: ignore[arg-type]
+    norms = stack.clip_gradients(1.0)
     for index, (norm, grad) in enumerate(expected):
         assert torch.equal(norms[index], norm) and torch.equal(stacked.logits.grad[index], grad)
     assert norms[0] < 1.0 < norms[1]  # one member left unclipped, the others scaled
 
 
-def test_join_rollouts_gives_back_the_rollout_its_blocks_were_split_from(tmp_path: Path) -> None:
-    """The members' blocks of one sampled rollout join back to that rollout (no copy), equal field by field to
-    :meth:`Rollout.concat` of them; other rollouts are concatenated; the note goes with the blocks."""
-    members = trainer.build_seeds(mdp_config(), [0, 1, 2])
-    group = SeedGroup.stack(members, [RunDir(tmp_path / str(i)) for i in range(3)])
-    prompts = group.join_prompts([m.world.sample_prompts(4, m.generator) for m in members])
-    whole = group.policy.sample(prompts, 8, 1.0, group.generators)
+def test_a_rollout_split_into_blocks_joins_back_field_by_field(tmp_path: Path) -> None:
+    """Rollout.split gives each member its rows with group ids from 0; Rollout.concat of the blocks gives back
+    every field of the rollout (the batched loop relies on both)."""
+    policies = [TabularSoftmaxPolicy(num_prompts=4, vocab_size=3, response_len=4, eos_id=2) for _ in range(3)]
+    stacked = StackedTabularPolicy(policies)
+    prompts = Prompts.concat([Prompts(ids=torch.arange(4)[:, None], mask=torch.ones(4, 1),
+                                      index=torch.arange(4)) for _ in range(3)])
+    generators = [torch.Generator().manual_seed(s) for s in range(3)]
+    whole = stacked.sample(prompts, 5, 1.0, generators)
     whole = whole.with_(rewards=torch.rand(len(whole)), version=torch.zeros(len(whole), dtype=torch.long))
-    blocks = group.split_rollout(whole)
-    assert group.join_rollouts(blocks) is whole
-    concatenated = Rollout.concat(blocks)
+    blocks = whole.split(3)
+    assert [len(block) for block in blocks] == [20, 20, 20]
+    assert all(int(block.group_ids.min()) == 0 and int(block.group_ids.max()) == 3 for block in blocks)
+    joined = Rollout.concat(blocks)
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp", "group_ids",
                  "prompt_index", "rewards", "version"):
-        assert torch.equal(getattr(concatenated, name), getattr(whole, name)), name
-    copies = [dataclasses.replace(block) for block in blocks]
-    assert group.join_rollouts(copies) is not whole  # not the split blocks themselves: concatenated
-    assert group.join_rollouts([blocks[1], blocks[0], blocks[2]]) is not whole
-    del blocks, copies
-    assert not group._split  # the note went with the blocks
-
-
-@pytest.mark.parametrize("rewards", ["equal", "random"])
-def test_members_batch_numbers_at_once_equal_each_members_own(rewards: str) -> None:
-    """``scalars_of`` with the joined batch (reward mean, staleness mean / max and length per row block, the reward
-    std block by block) gives every member the numbers it computes alone, bit for bit — equal rewards included,
-    where a row-wise ``std`` rounds to 0 and the member's own to 3e-8 (checked below)."""
-    gen = torch.Generator().manual_seed(0)
-    count, rows, width = 3, 8, 5
-    mask = (torch.rand(count * rows, width, generator=gen) < 0.8).float()
-    values = (torch.full((count * rows,), 1 / 3) if rewards == "equal"
-              else torch.rand(count * rows, generator=gen))
-    whole = TokenBatch(logp=torch.zeros(count * rows, width), behavior_logp=torch.zeros(count * rows, width),
-                       advantages=torch.randn(count * rows, generator=gen), mask=mask, rewards=values,
-                       staleness=torch.randint(0, 9, (count * rows,), generator=gen).float())
-    blocks = whole.split_rows(count, [None] * count)
-    steps = [(torch.tensor(0.5), torch.tensor(1.0), block, {}) for block in blocks]
-    joined = trainer.scalars_of(steps, whole)
-    assert joined == [trainer.scalars_of([step])[0] for step in steps]
-    if rewards == "equal":  # the case a row-wise std gets wrong: the test would see it
-        assert values.reshape(count, rows).std(1, unbiased=False)[0] != blocks[0].rewards.std(unbiased=False)
+        assert torch.equal(getattr(joined, name), getattr(whole, name)), name
+    with pytest.raises(ValueError, match="equal blocks"):
+        whole.split(7)

@@ -260,7 +260,7 @@ def test_buffer_packing_round_trips_ragged_rollouts() -> None:
 
     for noisy in (False, True):
         buffer = {4: rollout(6, 2, 5, noisy), 9: rollout(3, 4, 2, noisy)}
-        back = trainer.unpack_buffer(trainer.pack_buffer(buffer))
+        back = trainer.Rollout.unpack(trainer.Rollout.pack(buffer))
         assert list(back) == [4, 9]
         for key, original in buffer.items():
             for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp",
@@ -268,7 +268,7 @@ def test_buffer_packing_round_trips_ragged_rollouts() -> None:
                 a, b = getattr(original, name), getattr(back[key], name)
                 assert (a is None and b is None) or torch.equal(a, b), name
             assert back[key].temperature == 0.7
-    assert trainer.unpack_buffer(trainer.pack_buffer({})) == {}
+    assert trainer.Rollout.unpack(trainer.Rollout.pack({})) == {}
 
 
 def test_exact_diagnostics_match_the_world_enumeration(tmp_path: Path) -> None:
@@ -278,5 +278,5 @@ def test_exact_diagnostics_match_the_world_enumeration(tmp_path: Path) -> None:
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     got = trainer.exact_diagnostics(parts)
     assert got["exact_return"] == pytest.approx(parts.world.exact_return(parts.policy), rel=1e-9)
-    assert got["exact_kl_init"] == pytest.approx(parts.world.exact_kl(parts.policy, parts.frozen_initial), rel=1e-9)
+    assert got["exact_kl_init"] == pytest.approx(parts.world.exact_kl(parts.policy, parts.reference), rel=1e-9)
     assert got["exact_kl_init"] > 0

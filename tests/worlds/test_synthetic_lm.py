@@ -227,7 +227,7 @@ def test_cli_run_trains_with_the_world_defaults(cache, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------ calibration measurements
 def test_pi0_profile_shares_against_numpy(world):
-    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
+    from offpolicylab.synthetic_lm_calibration import policy_token_profile
 
     policy = world.pretrained_policy()
     profile = policy_token_profile(world, policy, samples_per_prompt=2, seed=3)
@@ -249,7 +249,7 @@ def test_pi0_profile_shares_against_numpy(world):
 
 def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     from offpolicylab.config import TrainConfig
-    from offpolicylab.worlds.synthetic_lm_calibration import update_kls
+    from offpolicylab.synthetic_lm_calibration import update_kls
 
     params = {**TINY, "cache_dir": str(cache)}
     config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
@@ -265,8 +265,8 @@ def test_default_world_matches_the_committed_smollm2_profile(tmp_path, capsys):
     """The default recipe's π₀ (the copy shipped with the package, built by this module's recipe) has each headline
     share of the committed SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
     from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
+    from offpolicylab.synthetic_lm_calibration import policy_token_profile
     from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, Recipe, read_cached
-    from offpolicylab.worlds.synthetic_lm_calibration import policy_token_profile
 
     shipped = PACKAGED_DIR / f"{Recipe().digest()[:32]}.pt"
     assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold the default recipe's π₀"

@@ -1,6 +1,6 @@
 """Calibration measurements of the synthetic-LM world (the numbers ``docs/synthetic_lm.md`` records).
 
-    python -m offpolicylab.worlds.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
+    python -m offpolicylab.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
                                             [--lrs 1e-4,3e-4,1e-3] [--kl-updates 30] [--success-samples 32]
 
 prints (1) π₀'s token profile on temperature-1 samples (one per training prompt) side by side with a reference
