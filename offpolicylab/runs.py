@@ -249,15 +249,28 @@ class RunDir:
     def truncate_metrics(self, next_update: int, checkpoint: dict[str, Any] | None = None) -> None:
         """Keep the header and rows ``0 … next_update − 1`` (rows written after the checkpoint are redone, a torn
         last line is dropped).  Raises :class:`RunError` (naming the file and line) unless the kept rows are
-        exactly those updates and, when ``checkpoint`` recorded them, carry its header and SHA-256."""
+        exactly those updates and, when ``checkpoint`` recorded them, carry its header and SHA-256
+        (:meth:`check_metrics`)."""
         self.close()
+        kept = self.check_metrics(next_update, checkpoint)
+        if kept is None:
+            self._columns, self._digest = None, hashlib.sha256()
+            return
+        text, columns, digest = kept
+        write_text_atomically(self.metrics_path, text)
+        self._columns, self._digest = columns, digest
+
+    def check_metrics(self, next_update: int, checkpoint: dict[str, Any] | None = None
+                      ) -> tuple[str, list[str], Any] | None:
+        """What :meth:`truncate_metrics` keeps — (text, header, SHA-256 object of the text), or None for a missing
+        or empty file at update 0 — checked as it checks, without writing anything (a batched resume checks every
+        seed before it touches any)."""
         lines = self._complete_lines()
         if not lines:
             if next_update > 0:
                 raise RunError(f"{self.metrics_path} is missing or empty but the checkpoint is at update "
                                f"{next_update}; the run cannot be resumed consistently (start it again)")
-            self._columns, self._digest = None, hashlib.sha256()
-            return
+            return None
         kept = [lines[0]]
         for number, line in enumerate(lines[1:next_update + 1], 2):
             first = line.split(",", 1)[0]
@@ -280,8 +293,7 @@ class RunDir:
             raise RunError(f"{self.metrics_path}: rows 0..{next_update - 1} differ from what the checkpoint "
                            "recorded (edited, or the checkpoint's update counter was changed); the run cannot be "
                            "resumed consistently")
-        write_text_atomically(self.metrics_path, text)
-        self._columns, self._digest = columns, digest
+        return text, columns, digest
 
     def _complete_lines(self) -> list[str]:
         """The lines of metrics.csv that end in a newline (a torn last line is not a row)."""
