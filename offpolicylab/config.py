@@ -18,6 +18,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
 KL_INIT_MODES = ("auto", "on", "off")
 MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
+MIN_TEMPERATURE = 1e-6  # logits / T stay finite in float32 for |logits| up to about 1e32
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
 # Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
@@ -53,8 +54,9 @@ class TrainConfig:
     prompts_per_update: int = _f(Param(8, int, low=1, doc="prompts per generated batch"))
     group_size: int = _f(Param(8, int, low=2, doc="responses per prompt (GRPO group size G; a group of one response "
                                                   "has advantage 0, so G >= 2)"))
-    temperature: float = _f(Param(1.0, float, **_POSITIVE,
-                                  doc="sampling temperature (behavior_logp is recorded at this temperature)"))
+    temperature: float = _f(Param(1.0, float, low=MIN_TEMPERATURE, high=math.inf, high_open=True,
+                                  doc="sampling temperature (behavior_logp is recorded at this temperature; below "
+                                      "1e-6 logits / T overflow float32)"))
     advantage: str = _f(Param("auto", str, choices=ADVANTAGE_CHOICES,
                               doc="group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "

@@ -76,18 +76,39 @@ class Schedule:
 
     def generate_at(self, u: int, total_updates: int) -> list[int]:
         """Keys of the batches the policy of version ``u`` must generate now (only batches consumed before
-        ``total_updates``), in order of first use."""
+        ``total_updates``), in order of first use: ``key(c)`` of every update c < ``total_updates`` with
+        version(c) = u.  For u > 0 such c satisfy c − (c mod period) − (c mod reuse) = u + lag, so they lie in
+        ``u + lag … u + lag + period + reuse − 2`` (a single block of period · reuse updates when one of the two
+        is 1, as in every parsed form); the work does not grow with the lag (``stale_k:K`` with K beyond the run's
+        length).  For u = 0 they are the updates up to ``lag + period + reuse + dataset``."""
+        if u > 0 and self.dataset:
+            return []
+        if u == 0:
+            candidates = range(0, min(self.horizon + 1, total_updates))
+        elif self.period > 1 and self.reuse > 1:  # no parsed form combines them: scan the window
+            candidates = range(u + self.lag, min(u + self.lag + self.period + self.reuse, total_updates))
+        else:
+            first, block = u + self.lag, self.period * self.reuse
+            candidates = range(first, min(first + block, total_updates)) if first % block == 0 else range(0)
         keys: list[int] = []
-        for c in range(u, min(u + self.horizon + 1, total_updates)):
-            if self.version(c) == u and self.key(c) not in keys:
-                keys.append(self.key(c))
+        seen: set[int] = set()
+        for c in candidates:
+            key = self.key(c)
+            if key not in seen and self.version(c) == u:
+                seen.add(key)
+                keys.append(key)
         return keys
 
     def release_after(self, u: int, total_updates: int) -> list[int]:
-        """Keys no update after ``u`` consumes (the trainer may drop them from its buffer)."""
+        """Keys no update after ``u`` consumes (the trainer may drop them from its buffer): ``key(u)`` unless an
+        update before ``total_updates`` uses it again — the next update of its ``epochs`` block, or the update D
+        later of an ``offline:D`` dataset."""
         key = self.key(u)
-        later = range(u + 1, min(u + self.horizon + 1, total_updates))
-        return [] if any(self.key(c) == key for c in later) else [key]
+        if self.dataset:
+            again = u + self.dataset < total_updates
+        else:
+            again = u + 1 < total_updates and self.key(u + 1) == key
+        return [] if again else [key]
 
     def __str__(self) -> str:
         return self.spec
