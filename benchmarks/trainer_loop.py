@@ -24,13 +24,14 @@ and prints, per policy, medians over the repeats of updates/second, the shares a
 each round runs one repeat of each tree in its own process (``PYTHONPATH`` = that tree, its own copy of this
 script), the order alternating between rounds, and prints per tree the medians and the median over rounds of the
 paired ratio this / DIR of ms per update.  ``--seeds N`` times one seed and N seeds batched together
-(:mod:`offpolicylab.seeds`) in alternating order in this process and prints the paired ratio of their times per
+(:mod:`offpolicylab.batched`) in alternating order in this process and prints the paired ratio of their times per
 update (the cost of N seeds in units of one).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -44,10 +45,12 @@ from typing import Any
 import torch
 
 from offpolicylab import trainer
+from offpolicylab.batched import build_runs
+from offpolicylab.batched.loop import run_stack
+from offpolicylab.batched.stack import Stack
 from offpolicylab.config import TrainConfig, parse_assignments
 from offpolicylab.profiling import breakdown
 from offpolicylab.runs import RunDir
-from offpolicylab.seeds import SeedGroup
 
 
 class TwoClockStopwatch(trainer.Stopwatch):
@@ -78,12 +81,12 @@ class _TwoClockSection:
 def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
     """Time one fresh run of ``config``; returns updates/s, shares and ms/update per section, by wall clock and (keys
     prefixed ``cpu_``) by this thread's CPU time."""
-    parts = trainer.build(config)
+    built = trainer.build(config)
     run = RunDir(root / f"run{index}", fsync=config.fsync)
-    trainer.open_run(run, parts, resume=False)
+    trainer.open_run(run, built, resume=False)
     watch = TwoClockStopwatch()
     start, start_cpu = time.perf_counter(), time.thread_time()
-    trainer.run_updates(parts, run, 0, watch, progress=False)
+    trainer.run_updates(built, run, 0, watch, progress=False)
     total, total_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
     if hasattr(run, "close"):
         run.close()
@@ -92,16 +95,16 @@ def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
 
 
 def seeds_run(config: TrainConfig, root: Path, index: int, seeds: int) -> dict[str, float]:
-    """Time one fresh run of ``seeds`` seeds of ``config`` batched together (:mod:`offpolicylab.seeds`); the
-    numbers of :func:`one_run`, per update of the whole group."""
-    members = trainer.build_seeds(config, list(range(seeds)))
+    """Time one fresh run of ``seeds`` seeds of ``config`` batched together (:mod:`offpolicylab.batched`); the
+    numbers of :func:`one_run`, per update of the whole stack."""
+    members, rng_states = build_runs([dataclasses.replace(config, seed=seed) for seed in range(seeds)])
     runs = [RunDir(root / f"seeds{index}-{seed}", fsync=config.fsync) for seed in range(seeds)]
-    for run, parts in zip(runs, members, strict=True):
-        trainer.open_run(run, parts, resume=False)
-    group = SeedGroup.stack(members, runs)
+    for run, member in zip(runs, members, strict=True):
+        trainer.open_run(run, member, resume=False)
+    stack = Stack.of(members, runs, [member.optimizer.state_dict() for member in members], rng_states)
     watch = TwoClockStopwatch()
     start, start_cpu = time.perf_counter(), time.thread_time()
-    trainer.run_group(group, 0, watch, progress=False)
+    run_stack(stack, 0, watch, progress=False)
     total, total_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
     for run in runs:
         run.close()

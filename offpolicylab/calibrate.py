@@ -21,10 +21,16 @@ from typing import Any
 
 import torch
 
-from offpolicylab.diagnostics.profile import token_profile
+from offpolicylab.diagnostics.profile import (
+    PROFILE_VERSION,
+    list_profiles,
+    load_profile,
+    side_by_side,
+    token_profile,
+    validate_profile,
+)
 from offpolicylab.locations import output_file
 
-PROFILE_VERSION = 1
 _LIBRARIES = ("torch", "transformers", "peft", "numpy", "gguf", "tokenizers")
 
 
@@ -66,8 +72,9 @@ def calibrate(
     lengths = mask.sum(1)
     ended = (torch.isin(rollout.response_ids, policy.eos_ids.to(mask.device)) & (mask > 0)).any(1)
     texts = world.decode(rollout.response_ids, rollout.response_mask)
-    return {
+    return validate_profile({
         "profile_version": PROFILE_VERSION,
+        "source": "measured",
         "model": model,
         "data": {"split": "test", "prompts": f"first {n_prompts} problems of the test split",
                  "prompt_indices": list(range(n_prompts)), "chat_template": world.use_chat_template},
@@ -90,7 +97,7 @@ def calibrate(
         "command": command,
         "environment": {**_versions(), "python": platform.python_version(), "torch_threads": torch.get_num_threads()},
         "wall_seconds": round(time.perf_counter() - started, 1),
-    }
+    }, model)
 
 
 def write_profile(profile: dict[str, Any], out: str | Path) -> Path:
@@ -214,8 +221,52 @@ def run_command(args: Any) -> int:
     stats, responses = profile["profile"], profile["responses"]
     print(f"{stats['n_tokens']} tokens in {responses['n_responses']} responses (mean length "
           f"{responses['mean_length']:.1f}, {responses['share_hitting_length_limit']:.1%} hit the limit)")
-    print(f"entropy < 0.1 nat: {stats['share_entropy_below_0.1']:.3f}  entropy >= 1 nat: "
-          f"{stats['share_entropy_at_least_1']:.3f}  median entropy: {stats['median_entropy']:.4f} nat  "
+    print(f"entropy < 0.01 nat: {stats['share_entropy_below_0.01']:.3f}  < 0.1 nat: "
+          f"{stats['share_entropy_below_0.1']:.3f}  >= 1 nat: {stats['share_entropy_at_least_1']:.3f}  "
+          f"quantiles 0.5 / 0.8: {stats['median_entropy']:.4f} / {stats['entropy_p80']:.4f} nat  "
           f"pi(y) < 1e-3: {stats['share_sampled_prob_below_1e-3']:.4f}")
     print(f"profile: {out}")
     return 0
+
+
+MAX_SHOWN = 4
+"""``offpolicylab profiles show`` prints at most this many profiles side by side."""
+
+
+def add_profiles_arguments(parser: Any) -> None:
+    """The ``offpolicylab profiles`` sub-commands: ``list`` and ``show NAME [NAME ...]``."""
+    sub = parser.add_subparsers(dest="profiles_command", required=True, parser_class=type(parser),
+                                metavar="list|show")
+    sub.add_parser("list", help="the packaged profiles: name, source, model, citation")
+    show = sub.add_parser("show", help=f"up to {MAX_SHOWN} profiles side by side (a Markdown table)")
+    show.add_argument("names", nargs="+", metavar="NAME_OR_FILE",
+                      help="a packaged profile (its name or a prefix naming one, e.g. smollm2, qwen3_8b_cot) or a "
+                           "profile JSON file")
+
+
+def run_profiles_command(args: Any) -> int:
+    """``offpolicylab profiles list | show``: every profile is validated first (a malformed one: one line, exit 2)."""
+    if args.profiles_command == "list":
+        for name in list_profiles():
+            doc = load_profile(name)
+            cited = doc.get("citation") or {}
+            origin = f"arXiv:{cited['arxiv']}" if cited.get("arxiv") else cited.get("url") or "offpolicylab calibrate"
+            print(f"{name}  [{doc['source']}]  {Path(doc['model']).name}  {origin}")
+        return 0
+    if len(args.names) > MAX_SHOWN:
+        raise ValueError(f"profiles show got {len(args.names)} profiles; valid: 1 to {MAX_SHOWN} names or files")
+    docs: dict[str, dict[str, Any]] = {}
+    for name in args.names:
+        doc = load_profile(name)
+        label = Path(name).stem if Path(name).suffix == ".json" else _packaged_name(name)
+        while label in docs:
+            label += "'"
+        docs[label] = doc
+    print(side_by_side(docs))
+    return 0
+
+
+def _packaged_name(prefix: str) -> str:
+    """The packaged profile that ``prefix`` names (:func:`load_profile` has refused any other)."""
+    names = list_profiles()
+    return prefix if prefix in names else next(n for n in names if n.startswith(prefix))

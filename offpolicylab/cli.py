@@ -9,6 +9,9 @@
     offpolicylab plot DIR [DIR ...] --out FIG_DIR
     offpolicylab convert-gguf IN.gguf OUT_DIR [--dtype float32]
     offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
+    offpolicylab profiles list | show NAME_OR_FILE [NAME_OR_FILE ...]
+    offpolicylab analyze LOG --out DIR            (a verl / TRL / TensorBoard log or a run directory)
+    offpolicylab replay SAMPLES [--objectives m2po,grpo,...] [--param OBJ.K=V] [--updates A:B] --out DIR
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated (docs/bad_input.md lists every case and its message).  A run that fails
@@ -20,7 +23,6 @@ command and its worker processes with exit code 130 (runs stay resumable).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -28,8 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from offpolicylab import analyze as analyze_command
 from offpolicylab import calibrate as calibrate_command
-from offpolicylab.config import TrainConfig, config_params, parse_assignments
+from offpolicylab import replay as replay_command
+from offpolicylab.config import DEFAULTS, TrainConfig, config_params, parse_assignments, read_mapping
 from offpolicylab.registry import Registry
 
 EXIT_BAD_INPUT = 2
@@ -54,8 +58,11 @@ def _fail(message: str) -> NoReturn:
 # ============================================================================================ parser
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="offpolicylab", description="Off-policy / stale-data RL objectives on toy worlds.")
+    parser.add_argument("--version", action="version", version=f"offpolicylab {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
+    listing = sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
+    listing.add_argument("--verbose", "-v", action="store_true", help="each parameter on its own line with its "
+                                                                      "documentation and valid values")
 
     demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
     demo.add_argument("--world", default="synthetic_lm", choices=DEMO_WORLDS,
@@ -73,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
             run.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
         else:
             run.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                             metavar=param.kind.__name__.upper(), help=f"{param.doc} (default: {param.default})")
+                             metavar=param.kind.__name__.upper(), help=f"{param.doc} ({_default_help(name, param)})")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     run.add_argument("--seeds", default=None, metavar="S,S,...",
@@ -83,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile", action="store_true",
                      help="profile the updates: time per section and top functions on stderr, the full profile in "
                           "--out/profile.txt (and profile.pstats for pstats / snakeviz)")
-    run.add_argument("--config", default=None, help="JSON file with a TrainConfig; flags override it")
+    run.add_argument("--config", default=None, metavar="FILE",
+                     help="a YAML (.yaml, .yml) or JSON file of config fields (docs/configs.md); flags override it")
     run.add_argument("--model", default=None, metavar="PATH",
                      help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
                           "model=PATH; selects --policy hf unless another policy is given)")
@@ -91,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="let transformers run the Python code a model folder ships (off unless given; never "
                           "stored in config.json, so give it again with --resume)")
 
-    sweep = sub.add_parser("sweep", help="run a JSON grid of runs, one run directory per cell")
-    sweep.add_argument("grid", help="grid file (JSON: base config + axes)")
+    sweep = sub.add_parser("sweep", help="run a grid of runs, one run directory per cell")
+    sweep.add_argument("grid", help="grid file, YAML (.yaml, .yml) or JSON: base config + axes (docs/configs.md)")
     sweep.add_argument("--out", required=True, help="output folder (one sub-folder per cell)")
     sweep.add_argument("--workers", type=int, default=1, help="parallel processes")
     sweep.add_argument("--engine", default="local", help="sweep engine: local (or ray when installed)")
@@ -100,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --engine ray: the cluster to join (default: $RAY_ADDRESS, else a local Ray)")
     sweep.add_argument("--rerun-changed", action="store_true",
                        help="run again the cells in --out that were run with another config (else refused)")
+    sweep.add_argument("--report-to", dest="report_to", default=None, metavar="STR",
+                       help="experiment trackers for every cell (overrides the grid's report_to): tensorboard, "
+                            "wandb, mlflow, trackio or none, comma-separated")
 
     convert = sub.add_parser("convert-gguf", help="write a GGUF model file as a plain model directory (weights "
                                                   "dequantized, tokenizer and chat template included)")
@@ -109,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="weight dtype of the directory (default float32)")
     calibrate = sub.add_parser("calibrate", help="token-statistics profile of a real LM sampling GSM8k answers")
     calibrate_command.add_arguments(calibrate)
+    profiles = sub.add_parser("profiles", help="token profiles: list the packaged ones, show some side by side")
+    calibrate_command.add_profiles_arguments(profiles)
+
+    analyze = sub.add_parser("analyze", help="collapse status and figures of a verl / TRL / TensorBoard log or run")
+    analyze_command.add_arguments(analyze)
+    replay = sub.add_parser("replay", help="what each objective clips, masks and weights on a run's recorded batches")
+    replay_command.add_arguments(replay)
 
     plot = sub.add_parser("plot", help="figures from run directories (DIR [DIR ...] --out FIG_DIR)", add_help=False)
     plot.add_argument("plot_args", nargs=argparse.REMAINDER)
@@ -124,7 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
                 "convert-gguf": cmd_convert_gguf,
-                "calibrate": calibrate_command.run_command}[args.command](args)
+                "calibrate": calibrate_command.run_command,
+                "profiles": calibrate_command.run_profiles_command,
+                "analyze": analyze_command.run_command, "replay": replay_command.run_command}[args.command](args)
     except ValueError as exc:  # bad input (including RunError): nothing claims success
         _fail(str(exc))
     except OSError as exc:  # a full disk, a file-size limit, a read-only folder ...
@@ -149,18 +169,39 @@ def cmd_list(args: argparse.Namespace) -> int:
     from offpolicylab.staleness import SCHEDULE_FORMS
     from offpolicylab.worlds import WORLDS
 
-    _print_registry("worlds", WORLDS)
-    _print_registry("objectives", OBJECTIVES, lambda name: f" (advantage {OBJECTIVES.get(name).builder.advantage})")
+    verbose = getattr(args, "verbose", False)
+    _print_registry("worlds", WORLDS, verbose=verbose)
+    _print_registry("objectives", OBJECTIVES, lambda name: f" (advantage {OBJECTIVES.get(name).builder.advantage})",
+                    verbose=verbose)
     print("schedules:\n  " + ", ".join(SCHEDULE_FORMS))
-    _print_registry("policies", POLICIES)
+    _print_registry("policies", POLICIES, verbose=verbose)
     return 0
 
 
-def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name: "") -> None:
+def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name: "", *,
+                    verbose: bool = False) -> None:
+    """Each part with its parameters' defaults on one line; ``verbose``: its description, then one line per
+    parameter with its default, its documentation and what is valid."""
+    from offpolicylab.objectives.base import COMMON_PARAMS
+    from offpolicylab.progress import readable
+
     print(f"{title}:")
     for name in registry.names():
-        print(f"  {name}{note(name)}: "
-              + ", ".join(f"{k}={_show(p.default)}" for k, p in registry.params(name).items()))
+        params = registry.params(name)
+        if not verbose:
+            print(f"  {name}{note(name)}: " + ", ".join(f"{k}={readable(p.default)}" for k, p in params.items()))
+            continue
+        doc = registry.get(name).doc
+        print(f"  {name}{note(name)}" + (f": {doc}" if doc else ""))
+        own = {k: p for k, p in params.items() if not (title == "objectives" and k in COMMON_PARAMS)}
+        for key, param in own.items():
+            print(f"      {key}={readable(param.default)}  {param.doc} [{param.valid_text()}]")
+        if len(own) < len(params):
+            print(f"      (and the common parameters: {', '.join(k for k in params if k not in own)})")
+    if verbose and title == "objectives":
+        print("  common parameters of every objective:")
+        for key, param in COMMON_PARAMS.items():
+            print(f"      {key}={readable(param.default)}  {param.doc} [{param.valid_text()}]")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -206,13 +247,7 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
     if args.resume and stored.config_path.exists():
         data = stored.read_config()
     elif args.config:
-        try:
-            data = json.loads(Path(args.config).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read --config {args.config} ({exc})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"--config {args.config} holds a JSON {type(data).__name__}; valid: a JSON object of "
-                             "config fields")
+        data = read_mapping(args.config, f"--config {args.config}", "config fields")
     elif args.world is None or args.objective is None:
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
     for name in config_params():
@@ -254,9 +289,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.ray_address:
         os.environ["RAY_ADDRESS"] = args.ray_address
+    grid = load_grid(args.grid)
+    if args.report_to is not None:  # a view of the cells' metrics, not part of their config (resume.py)
+        grid = {**grid, "base": {**grid.get("base", {}), "report_to": args.report_to}}
     try:
-        rows = run_sweep(load_grid(args.grid), args.out, workers=args.workers, engine=args.engine,
-                         progress=sys.stderr.isatty(), rerun_changed=args.rerun_changed)
+        rows = run_sweep(grid, args.out, workers=args.workers, engine=args.engine,
+                         progress="bar" if sys.stderr.isatty() else "lines", rerun_changed=args.rerun_changed)
     except RuntimeError as exc:  # e.g. a Ray cluster that cannot be started or reached
         print(f"offpolicylab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -274,7 +312,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     grid = demo_grid(args.updates, args.world)
     TrainConfig.from_dict(grid["base"])  # bad options are refused before π₀ is built
     make_world(grid["base"]["world"], **grid["base"]["world_params"])  # a cached π₀ is built once, not per worker
-    rows = run_sweep(grid, args.out, workers=args.workers, progress=sys.stderr.isatty(),
+    rows = run_sweep(grid, args.out, workers=args.workers, progress="bar" if sys.stderr.isatty() else "lines",
                      rerun_changed=args.rerun_changed)
     figure = demo_figure(args.out, Path(args.out) / "demo.png")
     _print_table([{**row, **_demo_returns(RunDir(Path(args.out) / row["cell"]).read_summary() or {})} for row in rows])
@@ -385,8 +423,26 @@ def _demo_returns(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 # ============================================================================================ helpers
-def _show(value: Any) -> str:
-    return "none" if value is None else str(value)
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("offpolicylab")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _default_help(name: str, param: Any) -> str:
+    """The default a ``run`` flag's help names: only defaults that apply (world and objective have none)."""
+    from offpolicylab.progress import readable
+
+    if name in ("world", "objective"):
+        return "required unless --config or --resume gives it"
+    if name == "policy":
+        return f"default: the world's choice, else {readable(DEFAULTS[name])}"
+    if name in DEFAULTS:
+        return f"default: the world's or policy's choice, else {readable(DEFAULTS[name])}"
+    return f"default: {readable(param.default)}"
 
 
 def _summary_line(name: str, summary: dict[str, Any]) -> str:

@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from offpolicylab.registry import Param
@@ -21,8 +23,12 @@ MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 
 MIN_TEMPERATURE = 1e-6  # logits / T stay finite in float32 for |logits| up to about 1e32
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
-# Fields whose default depends on the policy: None in a TrainConfig means "the policy's default".
-DEFAULTS: dict[str, Any] = {"lr": 0.05, "eval_samples": 4}
+# Fields a world or a policy may choose.  None in a TrainConfig means "not set": construction fills it with the
+# world's suggestion (offpolicylab.worlds.world_train_defaults), else the policy's (POLICY_DEFAULTS), else DEFAULTS —
+# the one place where these defaults are applied, whether a config is built in Python, from a file or from flags.
+DEFAULTS: dict[str, Any] = {"policy": "tabular", "prompts_per_update": 8, "group_size": 8, "temperature": 1.0,
+                            "advantage": "auto", "optimizer": "adam", "lr": 0.05, "grad_clip": 1.0,
+                            "eval_samples": 4}
 # LoRA on a pretrained LM: lr 1e-4, the order LoRA fine-tuning uses (Hu et al. 2021, arXiv:2106.09685: 2e-4 for
 # GPT-2; Dettmers et al. 2023, QLoRA, arXiv:2305.14314: 2e-4 up to 13B, 1e-4 above) and the low end of that range
 # because an RL step on stale data must keep the ratio π/π_b near 1; the toy worlds' 0.05 made ratio_max 53 in one
@@ -46,18 +52,19 @@ class TrainConfig:
     world_params: dict[str, Any] = _f(Param({}, dict, doc="world options (--world-param k=v)"))
     objective: str = _f(Param("grpo", str, doc="objective name, see `offpolicylab list`"))
     objective_params: dict[str, Any] = _f(Param({}, dict, doc="objective parameters (--param k=v)"))
-    policy: str = _f(Param("tabular", str, doc="policy kind (tabular, sequence_model, transformer, hf; `offpolicylab list`)"))
+    policy: str = _f(Param(None, str, optional=True, doc="policy kind (tabular, sequence_model, transformer, hf; "
+                                                          "`offpolicylab list`)"))
     policy_params: dict[str, Any] = _f(Param({}, dict, doc="policy options (--policy-param k=v)"))
     schedule: str = _f(Param("on_policy", str, doc="staleness schedule: on_policy, stale_k:K, sync:M,N, stages:MU, "
                                                    "epochs:E, offline, offline:D, mixture:P"))
     updates: int = _f(Param(200, int, low=1, doc="number of optimizer updates"))
-    prompts_per_update: int = _f(Param(8, int, low=1, doc="prompts per generated batch"))
-    group_size: int = _f(Param(8, int, low=2, doc="responses per prompt (GRPO group size G; a group of one response "
+    prompts_per_update: int = _f(Param(None, int, low=1, optional=True, doc="prompts per generated batch"))
+    group_size: int = _f(Param(None, int, low=2, optional=True, doc="responses per prompt (GRPO group size G; a group of one response "
                                                   "has advantage 0, so G >= 2)"))
-    temperature: float = _f(Param(1.0, float, low=MIN_TEMPERATURE, high=math.inf, high_open=True,
+    temperature: float = _f(Param(None, float, low=MIN_TEMPERATURE, high=math.inf, high_open=True, optional=True,
                                   doc="sampling temperature (behavior_logp is recorded at this temperature; below "
                                       "1e-6 logits / T overflow float32)"))
-    advantage: str = _f(Param("auto", str, choices=ADVANTAGE_CHOICES,
+    advantage: str = _f(Param(None, str, choices=ADVANTAGE_CHOICES, optional=True,
                               doc="group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
@@ -67,11 +74,10 @@ class TrainConfig:
                                                               "recompute of old_log_prob); the sampler's numbers are "
                                                               "kept as sampler_logp, so log_ratio measures staleness "
                                                               "alone and sampler_log_ratio the numeric mismatch"))
-    optimizer: str = _f(Param("adam", str, choices=OPTIMIZERS, doc="optimizer"))
-    lr: float | None = _f(Param(None, float, **_POSITIVE, optional=True,
-                                doc="learning rate (none: the policy's default, POLICY_DEFAULTS: 0.05 for the toy "
-                                    "policies, 1e-4 for the LoRA policy hf)"))
-    grad_clip: float = _f(Param(1.0, float, low=0.0, low_open=True,
+    optimizer: str = _f(Param(None, str, choices=OPTIMIZERS, optional=True, doc="optimizer"))
+    lr: float = _f(Param(None, float, **_POSITIVE, optional=True,
+                         doc="learning rate (0.05 for the toy policies, 1e-4 for the LoRA policy hf)"))
+    grad_clip: float = _f(Param(None, float, low=0.0, low_open=True, optional=True,
                                 doc="max global gradient norm (inf = no clipping)"))
     seed: int = _f(Param(0, int, low=0, high=MAX_SEED, doc="random seed (policy init, prompts, sampling, rewards)"))
     eval_every: int = _f(Param(10, int, low=1, doc="evaluate greedy / sampled reward (and exact return where "
@@ -79,9 +85,8 @@ class TrainConfig:
     metrics_every: int = _f(Param(1, int, low=1, doc="compute the objective's metrics (ratio statistics, KL, ESS, "
                                                      "clip fractions) every N updates and at the last; the loss "
                                                      "and gradient are the same either way"))
-    eval_samples: int | None = _f(Param(None, int, low=1, optional=True,
-                                        doc="sampled responses per evaluation prompt (none: the policy's default, 4 "
-                                            "for the toy policies, 1 for hf)"))
+    eval_samples: int = _f(Param(None, int, low=1, optional=True,
+                                 doc="sampled responses per evaluation prompt (4 for the toy policies, 1 for hf)"))
     eval_kl_init: str = _f(Param("auto", str, choices=KL_INIT_MODES,
                                  doc="sampled KL(π‖π_0) on the evaluation samples (k1, k3 per token; keeps a frozen "
                                      "copy of π_0): auto = on except for the hf policy, on, off"))
@@ -108,18 +113,40 @@ class TrainConfig:
                                                    "collapse test keeps seeing its reward"))
     stop_on_collapse: bool = _f(Param(False, bool, doc="stop the run at the first detected collapse (a non-finite "
                                                        "loss always stops)"))
+    report_to: str = _f(Param("none", str, doc="experiment trackers that also get every metrics row and the "
+                                               "histogram samples, comma-separated: tensorboard, wandb, mlflow, "
+                                               "trackio, or none (metrics.csv is written either way; a resume may "
+                                               "change it)"))
+
+    def __post_init__(self) -> None:
+        """Fill the fields left unset (None) that a world or policy may choose (:func:`chosen_defaults`)."""
+        for name, (value, _) in chosen_defaults(self.world, self.policy).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     def with_defaults(self) -> tuple[TrainConfig, dict[str, Any]]:
-        """(a copy with every unset field filled from :data:`POLICY_DEFAULTS` for ``policy``, the filled values)."""
-        defaults = {**DEFAULTS, **POLICY_DEFAULTS.get(self.policy, {})}
-        filled = {name: value for name, value in defaults.items() if getattr(self, name) is None}
+        """(a copy with the unset fields filled, those values); construction already fills them, so a config built
+        by :class:`TrainConfig` is returned as it is, with nothing filled."""
+        filled = {name: value for name, (value, _) in chosen_defaults(self.world, self.policy).items()
+                  if getattr(self, name) is None}
         return replace(self, **filled), filled
+
+    def sources(self) -> dict[str, str]:
+        """{field: who chose its value} for the fields a world or policy may choose whose value is that choice:
+        ``"world W"``, ``"policy P"`` or ``"default"`` (a field given the same value explicitly counts as chosen)."""
+        return {name: source for name, (value, source) in chosen_defaults(self.world, self.policy).items()
+                if getattr(self, name) == value}
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Every field goes through its :class:`Param` when it is set (at construction and after): strings are
         parsed, ranges checked, ``ValueError`` names the field and what is valid."""
         param = _PARAMS.get(name)
-        super().__setattr__(name, value if param is None else param.validate(name, value))
+        value = value if param is None else param.validate(name, value)
+        if name == "report_to":  # a comma-separated list of tracker names, checked and normalized
+            from offpolicylab.tracking import parse_report_to
+
+            value = ",".join(parse_report_to(value)) or "none"
+        super().__setattr__(name, value)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,19 +154,35 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
-        Fields the mapping leaves out take the world's suggested values
-        (:func:`offpolicylab.worlds.world_train_defaults`), then the dataclass defaults."""
+        Fields the mapping leaves out take their defaults as in the constructor (:func:`chosen_defaults`)."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
-        # imported here: the worlds package (torch, gymnasium) is heavy and this module is imported by every tool
-        from offpolicylab.worlds import world_train_defaults
-
-        return cls(**{**world_train_defaults(str(data.get("world", cls.world))), **data})
+        return cls(**data)
 
 
 _PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(TrainConfig)}
+
+
+def chosen_defaults(world: str, policy: str | None) -> dict[str, tuple[Any, str]]:
+    """{field: (value, who chose it)} for the fields in :data:`DEFAULTS`: the world's suggestion
+    (:func:`offpolicylab.worlds.world_train_defaults`, ``"world W"``), else the policy's (:data:`POLICY_DEFAULTS`,
+    ``"policy P"``; the policy itself may be the world's choice), else :data:`DEFAULTS` (``"default"``)."""
+    # imported here: the worlds package (torch, gymnasium) is heavy and this module is imported by every tool
+    from offpolicylab.worlds import world_train_defaults
+
+    suggested = world_train_defaults(str(world))
+    policy = policy or suggested.get("policy") or DEFAULTS["policy"]
+    out: dict[str, tuple[Any, str]] = {}
+    for name, value in DEFAULTS.items():
+        if name in suggested:
+            out[name] = (_PARAMS[name].validate(name, suggested[name]), f"world {world}")
+        elif name in POLICY_DEFAULTS.get(policy, {}):
+            out[name] = (POLICY_DEFAULTS[policy][name], f"policy {policy}")
+        else:
+            out[name] = (value, "default")
+    return out
 
 
 def config_params() -> dict[str, Param]:
@@ -157,3 +200,52 @@ def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
             raise ValueError(f"{what} {item!r} is malformed; valid: name=value")
         out[key.strip()] = value
     return out
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def read_mapping(path: str | Path, what: str, valid: str) -> dict[str, Any]:
+    """The mapping a config or grid file holds: YAML for ``.yaml`` / ``.yml`` (``yaml.safe_load``: plain data, no
+    Python objects), JSON otherwise.  ``what`` names the file in errors (``--config c.yaml``), ``valid`` says what it
+    must hold; an unreadable file, a syntax error or another kind of value raises ``ValueError`` in one line."""
+    path = Path(path)
+    kind = "YAML" if path.suffix.lower() in YAML_SUFFIXES else "JSON"
+    if path.is_dir():
+        raise ValueError(f"{what} is a directory; valid: a {kind} file with {valid}")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{what} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} cannot be read ({exc})") from None
+    if kind == "YAML":
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"{what} is not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+        except RecursionError:
+            raise ValueError(f"{what} is not valid YAML (nested too deeply)") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            hint = "; valid: JSON, or YAML in a file named .yaml / .yml" if path.suffix.lower() != ".json" else ""
+            raise ValueError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}){hint}") from None
+        except RecursionError:
+            raise ValueError(f"{what} is not valid JSON (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} holds a {kind} {_kind_name(data, kind)}; valid: a {kind} "
+                         f"{'object' if kind == 'JSON' else 'mapping'} of {valid}")
+    return data
+
+
+def _kind_name(data: Any, kind: str) -> str:
+    if kind == "JSON":
+        return {list: "list", str: "string", int: "number", float: "number", bool: "boolean",
+                type(None): "null"}.get(type(data), type(data).__name__)
+    return {list: "list", str: "string", type(None): "empty document"}.get(type(data), type(data).__name__)

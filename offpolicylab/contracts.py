@@ -91,7 +91,9 @@ class Rollout:
     @staticmethod
     def concat(parts: list[Rollout]) -> Rollout:
         """Stack rollouts row-wise (prompts left-padded and responses right-padded to the longest); group ids are
-        kept distinct (each part's counted on from the previous part's largest)."""
+        kept distinct (each part's counted on from the previous part's largest).  One part is returned as it is."""
+        if len(parts) == 1:
+            return parts[0]
         width = max(p.response_ids.shape[1] for p in parts)
         pwidth = max(p.prompt_ids.shape[1] for p in parts)
         offsets = [0]

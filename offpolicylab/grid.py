@@ -1,4 +1,4 @@
-"""Grid files: a grid of runs → its cells, each a full run config with a directory name (docs/grids.md).
+"""Grid files: a grid of runs → its cells, each a full run config with a directory name (docs/configs.md).
 
 Grid file::
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from offpolicylab.config import TrainConfig
+from offpolicylab.config import TrainConfig, read_mapping
 
 MAX_CELL_NAME = 200  # characters; file systems allow 255 bytes per name
 MAX_CELLS = 100_000  # cells of one grid: each is a run directory (and a process task)
@@ -53,19 +53,10 @@ class Cell:
 
 # ============================================================================================ grid → cells
 def load_grid(path: str | Path) -> dict[str, Any]:
-    if Path(path).is_dir():
-        raise ValueError(f"grid file {path} is a directory; valid: a JSON file with keys base and axes")
-    try:
-        grid = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"grid file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"grid file {path} cannot be read ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"grid file {path} is not valid JSON (nested too deeply)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"grid file {path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(grid, dict) or set(grid) - {"base", "axes"}:
+    """The grid a YAML (``.yaml`` / ``.yml``) or JSON file holds (docs/configs.md): a mapping with keys ``base``
+    and ``axes``."""
+    grid = read_mapping(path, f"grid file {path}", "keys base and axes")
+    if set(grid) - {"base", "axes"}:
         raise ValueError(f"grid file {path} must be an object with keys base and axes")
     return grid
 

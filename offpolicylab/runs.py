@@ -54,6 +54,8 @@ from offpolicylab.grid import expand_grid, load_grid
 if TYPE_CHECKING:
     import pandas as pd
 
+    from offpolicylab.tracking import Tracker
+
 STATUSES = ("completed", "collapsed", "failed")
 MAX_SAMPLE_TOKENS = 4096
 SUMMARY_KEYS = ("reward_mean", "exact_return", "eval_reward_greedy", "eval_reward_sampled")
@@ -64,7 +66,8 @@ TEMP_MARK = ".tmp-"
 # every name a run directory may hold: what :meth:`RunDir.clear` may delete
 PROFILE_FILES = ("profile.txt", "profile.pstats")
 RUN_ENTRIES = frozenset({"config.json", "metrics.csv", "events.jsonl", "summary.json", "checkpoint", "samples",
-                         "error.txt", LOCK_NAME, *PROFILE_FILES})
+                         "error.txt", "tracking", LOCK_NAME, *PROFILE_FILES})
+ENVIRONMENT_KEY = "environment"  # config.json: package versions and git commit (not part of the configuration)
 _HELD_LOCKS: dict[Path, list[int]] = {}  # resolved run path -> [lock file descriptor, nesting depth]
 
 
@@ -87,6 +90,7 @@ class RunDir:
         self._line = io.StringIO()
         self._line_writer = csv.writer(self._line)  # csv's default dialect, the one csv.DictReader reads
         self._digest = hashlib.sha256()  # of the bytes of metrics.csv written so far (header included)
+        self.tracker: Tracker | None = None  # experiment trackers fed with every row, samples file and the summary
 
     # ---------------------------------------------------------------------------------------- paths
     config_path = property(lambda self: self.path / "config.json")
@@ -188,23 +192,36 @@ class RunDir:
 
     # ---------------------------------------------------------------------------------------- lifecycle
     def create(self, config: dict[str, Any]) -> None:
-        """Start a fresh run; refuses a directory that already holds one."""
+        """Start a fresh run; refuses a directory that already holds one.  config.json holds ``config`` and, under
+        ``"environment"``, the package versions and git commit of this process (:func:`environment`)."""
         if self.holds_run():
             raise RunError(f"run directory {self.path} already holds a run; pass --resume to continue it "
                            "or choose another --out")
         self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(self.config_path, json.dumps(config, indent=2) + "\n")
+        self.write_config(config, environment())
+
+    def write_config(self, config: dict[str, Any], environment: dict[str, Any]) -> None:
+        """Replace config.json (atomically) by ``config`` with ``environment`` under ``"environment"``."""
+        write_text_atomically(self.config_path, json.dumps({**config, ENVIRONMENT_KEY: environment}, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
-        """config.json as a dict; a missing, unreadable or damaged file (not a JSON object) raises
-        :class:`RunError` naming it."""
+        """The run's configuration as config.json holds it, without the environment record."""
+        config = self._read_config_file()
+        config.pop(ENVIRONMENT_KEY, None)
+        return config
+
+    def read_environment(self) -> dict[str, Any]:
+        """config.json's environment record (package versions, git commit); empty for runs written before it."""
+        return dict(self._read_config_file().get(ENVIRONMENT_KEY, {}))
+
+    def _read_config_file(self) -> dict[str, Any]:
         if not self.config_path.exists():
             raise RunError(f"{self.path} holds no run to resume (no config.json)")
-        config = _read_json(self.config_path, "config.json")
-        if not isinstance(config, dict):
-            raise RunError(f"{self.config_path} holds a JSON {type(config).__name__}; the config file is damaged "
+        data = _read_json(self.config_path, "config.json")
+        if not isinstance(data, dict):
+            raise RunError(f"{self.config_path} holds a JSON {type(data).__name__}; the config file is damaged "
                            "(valid: the JSON object a run writes)")
-        return config
+        return data
 
     def read_summary(self) -> dict[str, Any] | None:
         """summary.json, or None while the run has none — and when it is damaged (unreadable, not a JSON object):
@@ -223,6 +240,8 @@ class RunDir:
             self._open_metrics(row)
         assert self._metrics_file is not None and self._columns is not None
         self._write_metrics(self._csv_line([_format(row.get(key)) for key in self._columns]))
+        if self.tracker is not None:
+            self.tracker.row(row)
 
     def close(self) -> None:
         """Close the metrics file kept open by :meth:`append_metrics` (it reopens on the next row)."""
@@ -351,6 +370,8 @@ class RunDir:
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue(), self.fsync)
+        if self.tracker is not None:
+            self.tracker.samples(arrays, update, path)
         return path
 
     def write_profile(self, report: str, stats: bytes) -> None:
@@ -403,6 +424,9 @@ class RunDir:
                 summary[f"peak_{key}_update"] = peak_update
         summary.update(extra)
         write_text_atomically(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
+        if self.tracker is not None:  # the summary ends the run: the trackers get it and are closed
+            tracker, self.tracker = self.tracker, None
+            tracker.close(summary)
         return summary
 
 
@@ -681,3 +705,42 @@ def _atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
 def write_text_atomically(path: Path, text: str) -> None:
     """Replace ``path`` by ``text`` atomically (temp file, fsync, rename): readers see the old or the new text."""
     _atomic_write_bytes(path, text.encode())
+
+
+# -------------------------------------------------------------------------------------------- environment record
+#: Packages whose versions config.json records (those installed).
+ENVIRONMENT_PACKAGES = ("offpolicylab", "torch", "numpy", "scipy", "gymnasium", "transformers", "peft",
+                        "bitsandbytes", "tensorboard", "wandb", "mlflow-skinny", "mlflow", "trackio")
+
+
+def environment() -> dict[str, Any]:
+    """The Python version, the installed versions of :data:`ENVIRONMENT_PACKAGES` and — when the package runs from
+    a git checkout — the commit and whether the checkout has uncommitted changes (``git`` on this machine only)."""
+    import platform
+    from importlib import metadata
+
+    record: dict[str, Any] = {"python": platform.python_version()}
+    for name in ENVIRONMENT_PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            record[name] = metadata.version(name)
+    record.update(git_commit(Path(__file__).resolve().parent))
+    return record
+
+
+def git_commit(folder: Path) -> dict[str, Any]:
+    """``{"git_commit": sha, "git_dirty": bool}`` of the git checkout holding ``folder``, or ``{}``."""
+    import subprocess
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10,
+                                  check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"git_commit": commit, **({} if status is None else {"git_dirty": bool(status)})}

@@ -28,13 +28,9 @@ Forms (``parse_schedule``):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-SCHEDULE_FORMS = (
-    "on_policy", "stale_k:K", "sync:M,N", "stages:MU", "epochs:E", "offline", "offline:D", "mixture:P",
-)
-_VALID_TEXT = "valid: " + ", ".join(SCHEDULE_FORMS) + " (K, N >= 0 and M, MU, E, D >= 1 integers; 0 <= P <= 1)"
+from offpolicylab.registry import Param, Registry
 
 
 @dataclass(frozen=True)
@@ -114,50 +110,50 @@ class Schedule:
         return self.spec
 
 
+SCHEDULES: Registry[Schedule] = Registry("schedule")
+"""Schedule forms, declared like every other part: ``name`` or ``name:a,b`` gives the entry's parameters in order
+(each validated by its :class:`~offpolicylab.registry.Param`); the builder takes the spec text first."""
+
+SCHEDULES.register("on_policy", lambda spec: Schedule(spec, "on_policy"), {}, doc="version(u) = u", form="on_policy")
+SCHEDULES.register("stale_k", lambda spec, K: Schedule(spec, "stale_k", lag=K), {
+    "K": Param(None, int, low=0, doc="staleness: the batch consumed at u was generated at u − K"),
+}, doc="M2PO's queue", form="stale_k:K")
+SCHEDULES.register("sync", lambda spec, M, N: Schedule(spec, "sync", period=M, lag=N), {
+    "M": Param(None, int, low=1, doc="sync interval"), "N": Param(None, int, low=0, doc="sync offset"),
+}, doc="Trinity-RFT's sync interval M and offset N: lag (u mod M) + N", form="sync:M,N")
+SCHEDULES.register("stages", lambda spec, MU: Schedule(spec, "stages", period=MU), {
+    "MU": Param(None, int, low=1, doc="batches per generation stage"),
+}, doc="Mu-GRPO: one generation stage of MU batches, then MU updates", form="stages:MU")
+SCHEDULES.register("epochs", lambda spec, E: Schedule(spec, "epochs", reuse=E), {
+    "E": Param(None, int, low=1, doc="updates that consume each batch"),
+}, doc="PPO-style epochs: one batch, E consecutive updates", form="epochs:E")
+SCHEDULES.register("offline", lambda spec, D=None: Schedule(spec, "offline", other_share=1.0) if D is None else
+                   Schedule(spec, "offline", dataset=D), {
+    "D": Param(None, int, low=1, optional=True, doc="a fixed dataset of D batches (none: every batch afresh)"),
+}, doc="data from the frozen initial policy π_0", form="offline, offline:D")
+SCHEDULES.register("mixture", lambda spec, P: Schedule(spec, "mixture", other_share=P), {
+    "P": Param(None, float, low=0.0, high=1.0, doc="share of each batch's prompts answered by π_0"),
+}, doc="on-policy but a share P of the prompts answered by π_0", form="mixture:P")
+
+SCHEDULE_FORMS = tuple(form for name in SCHEDULES.names() for form in SCHEDULES.get(name).meta["form"].split(", "))
+_VALID_TEXT = "valid: " + ", ".join(SCHEDULE_FORMS) + " (K, N >= 0 and M, MU, E, D >= 1 integers; 0 <= P <= 1)"
+
+
 def parse_schedule(spec: str) -> Schedule:
-    """Parse ``spec`` (one of :data:`SCHEDULE_FORMS`); a bad string raises ``ValueError`` naming the valid forms."""
+    """Parse ``spec`` (one of :data:`SCHEDULE_FORMS`) through :data:`SCHEDULES`; a bad string raises ``ValueError``
+    naming the valid forms."""
     if not isinstance(spec, str):
         raise ValueError(f"schedule must be a string, got {type(spec).__name__}; {_VALID_TEXT}")
     text = spec.strip().replace(" ", "")
-    name, _, arg = text.partition(":")
-    if name == "on_policy" and not arg:
-        return Schedule(text, "on_policy")
-    if name == "offline":
-        if not arg:
-            return Schedule(text, "offline", other_share=1.0)
-        return Schedule(text, "offline", dataset=_int(spec, arg, "D", 1))
-    if name == "stale_k" and arg:
-        return Schedule(text, "stale_k", lag=_int(spec, arg, "K", 0))
-    if name == "sync" and arg:
-        parts = arg.split(",")
-        if len(parts) != 2:
-            raise ValueError(f"schedule {spec!r} needs two integers M,N; {_VALID_TEXT}")
-        return Schedule(text, "sync", period=_int(spec, parts[0], "M", 1), lag=_int(spec, parts[1], "N", 0))
-    if name == "stages" and arg:
-        return Schedule(text, "stages", period=_int(spec, arg, "MU", 1))
-    if name == "epochs" and arg:
-        return Schedule(text, "epochs", reuse=_int(spec, arg, "E", 1))
-    if name == "mixture" and arg:
-        return Schedule(text, "mixture", other_share=_share(spec, arg))
-    raise ValueError(f"unknown schedule {spec!r}; {_VALID_TEXT}")
-
-
-def _int(spec: str, text: str, name: str, minimum: int) -> int:
+    name, sep, arg = text.partition(":")
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {spec!r}; {_VALID_TEXT}")
+    params = SCHEDULES.params(name)
+    values = arg.split(",") if sep else []
+    required = [key for key, param in params.items() if not param.optional]
+    if not len(required) <= len(values) <= len(params) or (sep and not arg):
+        raise ValueError(f"schedule {spec!r} needs the form {SCHEDULES.get(name).meta['form']}; {_VALID_TEXT}")
     try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"schedule {spec!r}: {name}={text!r} is not an integer; {_VALID_TEXT}") from None
-    if value < minimum:
-        what = "negative staleness" if minimum == 0 else f"{name} must be >= {minimum}"
-        raise ValueError(f"schedule {spec!r}: {what} ({name}={value}); {_VALID_TEXT}")
-    return value
-
-
-def _share(spec: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"schedule {spec!r}: P={text!r} is not a number; {_VALID_TEXT}") from None
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-        raise ValueError(f"schedule {spec!r}: P={value} is outside [0, 1]; {_VALID_TEXT}")
-    return value
+        return SCHEDULES.build(name, text, **dict(zip(params, values, strict=False)))
+    except ValueError as exc:
+        raise ValueError(f"schedule {spec!r}: {exc}; schedules: {', '.join(SCHEDULE_FORMS)}") from None

@@ -1,4 +1,4 @@
-"""Grids of runs: a JSON grid file → cells → one run directory per cell, on a local process pool (or another engine).
+"""Grids of runs: a grid file (YAML or JSON, docs/configs.md) → cells → one run directory per cell, on a local process pool (or another engine).
 
 The grid file and its cells: :mod:`offpolicylab.grid`.  Cells run in
 worker processes, the cells of a tabular or GRU configuration that differ only in seed and objective together as
@@ -23,7 +23,9 @@ sweep into the same folder is refused before it writes anything.
 
 Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
 context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
-``fn(cells: list[Cell], workers: int, progress: bool) -> list[dict]`` that calls :func:`run_cell` on each cell.
+``fn(cells: list[Cell], workers: int, progress) -> list[dict]`` that calls :func:`run_cell` on each cell; ``progress``
+is ``"bar"`` (a terminal), ``"lines"`` (``sweep: 3/12 cells done, 2 running, 1 failed`` at most every few seconds)
+or False (:class:`~offpolicylab.progress.SweepProgress`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from offpolicylab.grid import Cell, expand_grid
 from offpolicylab.locations import output_folder
 from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
+from offpolicylab.resume import config_changes
 from offpolicylab.runs import RunDir, RunError, RunLocked, write_grid, write_sweep_results
 from offpolicylab.trainer import resolve_config, train
 
@@ -97,7 +100,6 @@ def _run_locked(run: Any, cell_config: dict[str, Any], train: Callable[..., dict
 def changed_cells(cells: list[Cell]) -> dict[str, str]:
     """{cell name: what differs} for cells whose directory holds a run (not a failed one) of another config than
     the cell's resolved config."""
-
     changed = {}
     for cell in cells:
         run = RunDir(cell.out_dir)
@@ -114,7 +116,7 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
         except ValueError:  # a bad objective fails the cell when it runs
             changed[cell.name] = "the config is invalid now"
             continue
-        keys = sorted(k for k in set(stored) | set(resolved) if stored.get(k) != resolved.get(k))
+        keys = config_changes(stored, resolved)  # a changed report_to is no other config
         if keys:
             changed[cell.name] = ", ".join(keys) + " differ"
     return changed
@@ -199,18 +201,21 @@ def get_engine(name: str) -> Engine:
     return ENGINES.get(name).builder
 
 
-def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[str, Any]]:
+def local_engine(cells: list[Cell], workers: int, progress: bool | str) -> list[dict[str, Any]]:
     """Cells on a ``ProcessPoolExecutor`` (spawn context, one torch thread per worker); results in cell order.
     The cells that differ only in seed and objective form one task (:func:`seed_groups`, :func:`run_seed_group`).
     An interrupt (SIGINT, or SIGTERM turned into one by the CLI) terminates the workers before it propagates."""
+    from offpolicylab.progress import SweepProgress
+
     results: list[dict[str, Any] | None] = [None] * len(cells)
-    bar = _bar(len(cells), progress)
+    bar = SweepProgress(len(cells), progress)
     groups = seed_groups(cells)
     if workers <= 1:
-        for group in groups:
+        for index, group in enumerate(groups):
             for i, result in zip(group, run_seed_group([cells[i] for i in group]), strict=True):
                 results[i] = result
-            bar.update(len(group))
+            bar.finished([results[i] for i in group], running=len(groups[index + 1]) if index + 1 < len(groups)
+                         else 0)
     else:
         context = multiprocessing.get_context("spawn")
         pool = futures.ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
@@ -225,7 +230,8 @@ def local_engine(cells: list[Cell], workers: int, progress: bool) -> list[dict[s
                 except Exception as exc:  # noqa: BLE001 - a crashed worker process
                     for i in group:
                         results[i] = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
-                bar.update(len(group))
+                running = sum(len(pending[f]) for f in pending if f.running() and not f.done())
+                bar.finished([results[i] for i in group], running=running)
         except BaseException:
             stop_pool(pool)
             raise
@@ -292,7 +298,7 @@ register_engine("local", local_engine)
 
 # ============================================================================================ the sweep
 def run_sweep(grid: dict[str, Any], out_dir: str | Path, *, workers: int = 1, engine: str = "local",
-              progress: bool = False, rerun_changed: bool = False) -> list[dict[str, Any]]:
+              progress: bool | str = False, rerun_changed: bool = False) -> list[dict[str, Any]]:
     """Expand ``grid``, run every cell with ``engine``, write ``out_dir/sweep_results.csv``; returns its rows.
 
     Cells whose stored config differs from the grid's raise ``ValueError`` before anything runs, unless
@@ -366,9 +372,3 @@ def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     if row["collapse_update"] == -1:
         row["collapse_update"] = ""
     return row
-
-
-def _bar(total: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, disable=not enabled, unit="cell", dynamic_ncols=True)

@@ -171,22 +171,22 @@ def start_ray(ray: Any, options: dict[str, Any], init_kwargs: dict[str, Any]) ->
 
 
 # ============================================================================================ the engine
-def run_cells_on_ray(ray: Any, cells: list[Cell], progress: bool) -> list[dict[str, Any]]:
+def run_cells_on_ray(ray: Any, cells: list[Cell], progress: bool | str) -> list[dict[str, Any]]:
     """Submit every cell as one task (1 CPU, one retry) and collect the summaries in cell order."""
-    from tqdm.auto import tqdm
+    from offpolicylab.progress import SweepProgress
 
     task = ray.remote(num_cpus=1, max_retries=CELL_RETRIES, retry_exceptions=False)(attempt_cell)
     driver = (socket.gethostname(), os.getpid())
     pending = {task.remote(cell.config, cell.out_dir, driver): i for i, cell in enumerate(cells)}
     results: list[dict[str, Any]] = [{} for _ in cells]
-    bar = tqdm(total=len(cells), disable=not progress, unit="cell", dynamic_ncols=True)
+    bar = SweepProgress(len(cells), progress)
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 i = pending.pop(ref)
                 results[i] = collect(ray, ref, cells[i])
-                bar.update(1)
+                bar.finished([results[i]], running=len(pending))  # submitted, not finished (queued included)
     except BaseException:  # an interrupt: stop every task of this sweep before leaving
         for ref in pending:
             ray.cancel(ref, force=True)

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -61,8 +60,14 @@ from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
 from offpolicylab.profiling import LoopProfile, Stopwatch
-from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
+from offpolicylab.progress import Progress, describe_run, update_warnings
+from offpolicylab.proximal import proximal_logp
+from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_reference
+from offpolicylab.resume import check_extension, config_changes, tail_key, watches_tail
+from offpolicylab.runs import RunDir, RunError
+from offpolicylab.samples import sample_arrays
 from offpolicylab.staleness import Schedule, parse_schedule
+from offpolicylab.tracking import check_installed, open_tracker, parse_report_to
 from offpolicylab.worlds import WORLDS, make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
@@ -113,8 +118,8 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
     uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
-    ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` one line per update on stderr (for logs), False nothing;
-    either prints the policy-dependent defaults it filled in first.  ``profile=True`` profiles the updates
+    ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` lines on stderr at most every few seconds (for logs;
+    :mod:`offpolicylab.progress`), False nothing; either prints the run's settings first.  ``profile=True`` profiles the updates
     (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory and prints
     the section table and the top functions on stderr."""
     directory = RunDir(run_dir, fsync=config.fsync)
@@ -124,7 +129,7 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     with directory.locked():  # one writer per run directory
         start = open_run(directory, run, resume)
         if progress:
-            log(describe_defaults(config, run.memory_plan))
+            log(describe_run(run.config, run.memory_plan))
         watch = stopwatch or Stopwatch()
         statuses = guarded([directory], profile, lambda: [run_updates(run, directory, start, watch, progress)],
                            watch, start)
@@ -136,7 +141,8 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
     ``collapsed`` when the collapse detector fired or a step was not finite)."""
     cfg = run.config
     clock = time.perf_counter()
-    for update in progress_range(start, cfg.updates, progress):
+    view = Progress(progress, cfg.updates, start)  # the console (progress.py)
+    for update in range(start, cfg.updates):
         tick = time.perf_counter()
         fresh = collect(run, update, watch)                                   # 1. schedule → rollouts
         rollout = take(run, update)
@@ -150,33 +156,36 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
             run.optimizer.zero_grad(set_to_none=True)
             grad_norm = backward(output.loss, run.policy.trainable_parameters(), cfg.grad_clip)
         step = Step(batch, output, grad_norm, fresh)
-        row = update_row(run, update, step)
+        row = update_rows([run], update, [step])[0]
         finite = is_finite(row)
         if finite:
             with watch("policy_backward"):
                 run.optimizer.step()
-        if progress == "lines":  # before the evaluation, which can take as long as an update on an LLM
-            log(progress_line(row, cfg.updates, time.perf_counter() - tick))
         evaluated = finite and is_due(update, cfg.eval_every, cfg.updates)    # 5. evaluation
         with watch("eval"):
             row.update(evaluate(run, update) if evaluated else dict.fromkeys(eval_columns(run)))
-        if evaluated and progress == "lines":
-            log(eval_line(row, time.perf_counter() - tick))
-        if record(run, directory, update, row, step, finite, (tick, clock), watch):   # 6. run directory
+        stops = record(run, directory, update, row, step, finite, (tick, clock), watch)   # 6. run directory
+        view.update([row], [""], update_warnings([row], [run.detector.collapsed_at]))
+        if stops:
+            view.close()
             return "collapsed"
         if is_checkpoint_due(cfg, update):
             with watch("checkpoint"):
                 directory.save_checkpoint(checkpoint_state(run, update + 1))
+    view.close()
     return final_status(run)
 
 
 # ================================================================================================ phases
 def collect(run: Run, update: int, watch: Stopwatch) -> list[Rollout]:
     """Generate the batches the schedule asks for at ``update`` into the buffer (and, in a stale queue's drained
-    tail, one batch for the collapse detector alone); the rollouts generated now."""
+    tail, one batch for the collapse detector alone, kept in the buffer under the key a longer run trains it as, so
+    that ``--resume --updates N`` extends the run exactly: :mod:`offpolicylab.resume`); the rollouts generated now."""
     keys, tail = batches_due(run, update)
     fresh = [generate(run, update, watch) for _ in range(len(keys) + tail)]
     run.buffer.update(zip(keys, fresh, strict=False))
+    if tail and (key := tail_key(run.schedule, update)) is not None:  # trained on if the run is extended
+        run.buffer[key] = fresh[-1]
     return fresh
 
 
@@ -206,7 +215,7 @@ def generate(run: Run, version: int, watch: Stopwatch) -> Rollout:
             rollout = sample(policy, prompts, run.config, run.generator)
         pieces.append(stamped(rollout, tag))
     with watch("other"):
-        return with_rewards(run, pieces[0] if len(pieces) == 1 else Rollout.concat(pieces))
+        return with_rewards(run, Rollout.concat(pieces))
 
 
 def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
@@ -253,9 +262,18 @@ def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
 
 def make_batch(run: Run, rollout: Rollout, logp: Tensor, entropy: Tensor, update: int) -> TokenBatch:
     """The objective's input: per-token ``logp`` (with grad) and ``entropy`` of ``rollout``'s tokens, its behaviour
-    log-probs, the run's group-relative advantages and each sequence's staleness at ``update``."""
-    advantages = group_advantages(rollout.rewards, rollout.group_ids, run.advantage == "std")
-    return token_batch(rollout, logp, entropy, advantages, update)
+    log-probs, the run's group-relative advantages (:func:`advantages_of`) and each sequence's staleness at
+    ``update`` (and, when the objective has a KL penalty, π_0's log-probs of the tokens:
+    :func:`~offpolicylab.reference.reference_logp`)."""
+    batch = token_batch(rollout, logp, entropy, advantages_of(run, rollout), update, proximal_of(run, logp, update))
+    reference = reference_logp(run.reference, rollout, [run.objective])  # the KL penalty's π_ref = π_0
+    return batch if reference is None else batch.replace(ref_logp=reference)
+
+
+def advantages_of(run: Run, rollout: Rollout) -> Tensor:
+    """The run's group-relative advantage of each row of ``rollout`` (:func:`group_advantages`, the run's
+    estimator)."""
+    return group_advantages(rollout.rewards, rollout.group_ids, run.advantage == "std")
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:
@@ -271,12 +289,21 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: fl
     return centered / (var.sqrt()[group_ids] + eps)
 
 
-def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int) -> TokenBatch:
-    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies and advantages."""
+def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:
+    """log π_prox of the batch consumed at ``update`` for an objective that reads it (decoupled PPO:
+    :func:`offpolicylab.proximal.proximal_logp`), else None."""
+    if not getattr(run.objective, "needs_prox", False):  # wrappers around an objective may not declare it
+        return None
+    return proximal_logp(run.objective, run.schedule, run.buffer, run.policy, update, run.config.updates, logp)
+
+
+def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int,
+                prox_logp: Tensor | None = None) -> TokenBatch:
+    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies, advantages (and log π_prox)."""
     return TokenBatch(
         logp=logp, behavior_logp=rollout.behavior_logp, advantages=advantages, mask=rollout.response_mask,
         rewards=rollout.rewards, group_ids=rollout.group_ids, sampler_logp=rollout.sampler_logp, entropy=entropy,
-        staleness=(update - rollout.version).to(torch.float32),
+        staleness=(update - rollout.version).to(torch.float32), prox_logp=prox_logp,
     )
 
 
@@ -295,12 +322,13 @@ def backward(loss: Tensor, params: list[torch.nn.Parameter], max_norm: float) ->
     return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def update_row(run: Run, update: int, step: Step) -> dict[str, Any]:
-    """The metrics row of an update before evaluation: the update, the step's numbers (:func:`scalars`) and the
-    current policy's own reward."""
-    numbers = scalars(step.output.loss, step.grad_norm, step.batch, step.output.metrics)
-    return {"update": update, **numbers,
-            "reward_current": current_reward(step.fresh, update, run.schedule.other_share == 0)}
+def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[str, Any]]:
+    """The metrics row of each run's update before evaluation: the update, the step's numbers (:func:`scalars`, one
+    host transfer for all) and the current policy's own reward."""
+    numbers = scalars([(step.output.loss, step.grad_norm, step.batch, step.output.metrics) for step in steps])
+    return [{"update": update, **own,
+             "reward_current": current_reward(step.fresh, update, run.schedule.other_share == 0)}
+            for run, step, own in zip(runs, steps, numbers, strict=True)]
 
 
 def is_finite(row: dict[str, Any]) -> bool:
@@ -324,7 +352,7 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
         if reason is not None:
             directory.event("collapse", update, reason=reason)
         if cfg.sample_every and update % cfg.sample_every == 0:
-            directory.write_samples(update, histogram_samples(step.batch, step.output.token_mask, cfg.seed, update))
+            directory.write_samples(update, sample_arrays(step.batch, step.output.token_mask, cfg.seed, update))
     return not finite or (reason is not None and cfg.stop_on_collapse)
 
 
@@ -390,7 +418,9 @@ def build(config: TrainConfig) -> Run:
     policy = make_policy(config.policy, world, **config.policy_params)
     config, memory_plan = plan_memory(config, world, policy)
     enumerable = is_enumerable(world)
-    keep_reference = schedule.other_share > 0 or enumerable or tracks_kl_init(config)
+    keep_reference = schedule.other_share > 0 or enumerable or tracks_kl_init(config) or uses_reference([objective])
+    check_entropy_gradient(objective, policy)
+    check_installed(parse_report_to(config.report_to))  # a missing tracker library: refused before any file
     return Run(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
         optimizer=make_optimizer(config, policy.trainable_parameters()),
@@ -482,7 +512,9 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
     resolved = resolve_config(run.config, run.objective)
     if not resume:
         directory.create(resolved)
+        directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, 0)  # --report-to
         return 0
+    stored = directory.read_config()
     state = checked_resume(directory, resolved, run.config)
     if state is None:  # killed before the first checkpoint: start over
         start = 0
@@ -491,39 +523,55 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
         start = int(state["next_update"])
         restore_state(run, state)
         directory.truncate_metrics(start, state)
-    if directory.read_summary() is not None:  # a failed run (e.g. a full disk) goes on from its last checkpoint
+    if directory.read_summary() is not None:  # a failed run goes on from its last checkpoint, an extended one too
         directory.summary_path.unlink()
-    directory.event("resume", start, **({} if state else {"note": "no checkpoint yet, restarting"}))
+    extended = stored["updates"] != resolved["updates"]
+    if stored != resolved:  # another --updates (an extension) or --report-to: config.json says what runs now
+        directory.write_config(resolved, directory.read_environment())
+    directory.event("extend" if extended else "resume", start,
+                    **({} if state else {"note": "no checkpoint yet, restarting"}),
+                    **({"updates_before": stored["updates"]} if extended else {}))
+    directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, start)  # --report-to
     return start
 
 
 def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainConfig) -> dict[str, Any] | None:
     """The checkpoint a resume of ``directory`` continues from (None: killed before the first one), after checking
-    everything that can refuse it — the stored configuration, the summary, the update counter — without writing."""
+    everything that can refuse it — the stored configuration (which may differ in ``report_to``, and in ``updates``
+    when the run can be extended: :mod:`offpolicylab.resume`), the summary, the update counter — without writing."""
     stored = directory.read_config()
-    if stored != resolved:
-        changed = sorted(k for k in set(stored) | set(resolved) if stored.get(k) != resolved.get(k))
+    changed = config_changes(stored, resolved)
+    extending = changed == ["updates"]
+    if changed and not extending:
         raise RunError(f"--resume with a different configuration ({', '.join(changed)} differ from "
-                       f"{directory.config_path}); valid: the same options as the original run")
+                       f"{directory.config_path}); valid: the same options as the original run, or another "
+                       "--updates")
     previous = directory.read_summary()
-    if previous is not None and previous.get("status") != "failed":
-        raise RunError(f"run {directory.path} already finished with status {previous.get('status')!r}")
-    if not directory.checkpoint_path.exists():
-        return None
-    state = directory.load_checkpoint()
-    state["next_update"] = checked_next_update(directory, state, config)
+    if previous is not None and previous.get("status") != "failed" and not extending:
+        raise RunError(f"run {directory.path} already finished with status {previous.get('status')!r}; valid: "
+                       f"--updates N (more than {stored['updates']}) to extend it")
+    state = None
+    if directory.checkpoint_path.exists():
+        state = directory.load_checkpoint()
+        state["next_update"] = checked_next_update(directory, state, config, stored["updates"])
+    if extending:
+        buffered = state["buffer"].get("keys", torch.zeros(0)).tolist() if state else []
+        check_extension(parse_schedule(config.schedule), stored["updates"], config.updates,
+                        0 if state is None else state["next_update"], config.collapse_tail, set(buffered))
     return state
 
 
-def checked_next_update(directory: RunDir, state: dict[str, Any], config: TrainConfig) -> int:
+def checked_next_update(directory: RunDir, state: dict[str, Any], config: TrainConfig,
+                        planned: int | None = None) -> int:
     """The checkpoint's update counter, which must be an integer in 1 … updates at a checkpoint boundary
-    (a multiple of ``checkpoint_every``, or ``updates``)."""
+    (a multiple of ``checkpoint_every``, or ``updates``, or the ``planned`` updates of a run being extended)."""
     value = state["next_update"]
     value = int(value) if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-    at_boundary = isinstance(value, int) and (value % config.checkpoint_every == 0 or value == config.updates)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= config.updates or not at_boundary:
+    at_boundary = isinstance(value, int) and (value % config.checkpoint_every == 0 or value in (config.updates, planned))
+    last = max(config.updates, planned or 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= last or not at_boundary:
         raise RunError(f"corrupt checkpoint {directory.checkpoint_path} (update counter {value!r}; valid: a multiple "
-                       f"of checkpoint_every={config.checkpoint_every} in 1..{config.updates})")
+                       f"of checkpoint_every={config.checkpoint_every} in 1..{last})")
     return value
 
 
@@ -584,9 +632,20 @@ def policy_device(policy: Policy) -> torch.device:
 
 
 # ================================================================================================ diagnostics
-def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, float]:
-    """The per-update numbers — loss, pre-clip gradient norm, the batch's reward, staleness and length, the
-    objective's scalar metrics and the sampler/trainer mismatch — as Python floats, with one host transfer."""
+def scalars(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]) -> list[dict[str, float]]:
+    """The per-update numbers of each (loss, pre-clip gradient norm, batch, metrics) — the loss, gradient norm, the
+    batch's reward, staleness and length, the objective's scalar metrics and the sampler/trainer mismatch — as
+    Python floats, with one host transfer for all."""
+    named = [step_numbers(*step) for step in steps]
+    tensors = [value.reshape(()) for one in named for value in one.values()]
+    if len({tensor.dtype for tensor in tensors}) > 1:  # mixed dtypes: widen (float32 → float64 is exact)
+        tensors = [tensor.to(torch.float64) for tensor in tensors]
+    values = iter(torch.stack(tensors).tolist())
+    return [{key: next(values) for key in one} for one in named]
+
+
+def step_numbers(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The numbers :func:`scalars` reports of one update, as tensors."""
     named = {
         "loss": loss.detach(), "grad_norm": grad_norm.detach(),
         "reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
@@ -598,8 +657,7 @@ def scalars(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[st
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
-    values = torch.stack([value.reshape(()).to(torch.float64) for value in named.values()]).tolist()
-    return dict(zip(named, values, strict=True))
+    return named
 
 
 def current_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> float:
@@ -609,17 +667,6 @@ def current_reward(fresh: list[Rollout], update: int, all_current: bool = False)
     rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
     rewards = torch.cat(rewards) if rewards else torch.zeros(0)
     return float(rewards.mean()) if rewards.numel() else math.nan
-
-
-def watches_tail(schedule: Schedule, update: int, total: int) -> bool:
-    """Whether the current policy generates a batch at ``update`` only for the collapse detector: a run without an
-    end would generate here, but every batch it would generate is consumed at or after ``total`` (the drained tail of
-    a stale queue: the last K updates of ``stale_k:K``).  Versions never decrease with the update, so no batch that a
-    later update trains on is generated after this point: drawing the extra batch from the run's own generator leaves
-    every trained batch — and so the whole training — unchanged."""
-    if schedule.other_share >= 1.0 or schedule.generate_at(update, total):
-        return False
-    return bool(schedule.generate_at(update, update + schedule.horizon + 1))
 
 
 def detector_reward(row: dict[str, float], schedule: Schedule) -> float | None:
@@ -717,65 +764,5 @@ def rewards_of(world: World, rollout: Rollout, generator: torch.Generator) -> Te
     return rewards.float().cpu()
 
 
-def histogram_samples(batch: TokenBatch, kept: Tensor | None, seed: int, update: int) -> dict[str, np.ndarray]:
-    """Valid-token samples (≤ MAX_SAMPLE_TOKENS, subsampled without replacement by a generator of its own) of log r,
-    advantage, entropy and kept (1 = the token carried gradient), plus per-sequence log ρ and staleness."""
-    valid = batch.mask > 0
-    log_ratio = batch.log_ratio.detach()
-    columns = {
-        "log_ratio": log_ratio[valid], "advantage": batch.advantages[valid],
-        "entropy": (batch.entropy if batch.entropy is not None else torch.zeros_like(log_ratio))[valid],
-        "kept": (kept if kept is not None else batch.mask)[valid],
-    }
-    arrays = {key: value.detach().cpu().numpy().astype(np.float32) for key, value in columns.items()}
-    count = arrays["log_ratio"].shape[0]
-    if count > MAX_SAMPLE_TOKENS:
-        pick = np.sort(np.random.default_rng([seed, update]).choice(count, MAX_SAMPLE_TOKENS, replace=False))
-        arrays = {key: value[pick] for key, value in arrays.items()}
-    arrays["seq_log_ratio"] = stats.sequence_log_ratio(log_ratio, batch.mask).cpu().numpy().astype(np.float32)
-    arrays["staleness"] = batch.staleness.cpu().numpy().astype(np.float32)
-    return arrays
-
-
-# ================================================================================================ progress
-PROGRESS_COLUMNS = ("reward_mean", "loss", "grad_norm", "response_len")
-
-
-def describe_defaults(config: TrainConfig, memory_plan: str | None = None) -> str:
-    """One line naming the run, the defaults that depend on its policy (those it did not set) and the policy's
-    memory plan."""
-    resolved, filled = config.with_defaults()
-    text = f"offpolicylab: {resolved.world} / {resolved.policy} / {resolved.objective} / {resolved.schedule}"
-    if filled:
-        text += f"; defaults for policy {resolved.policy}: " + ", ".join(f"{k}={v:g}" for k, v in filled.items())
-    if memory_plan:
-        text += f"; scoring: {memory_plan}"
-    return text
-
-
-def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
-    """``update 3/30  reward_mean 0.125  loss …  12.3 s``: the main training numbers of an update."""
-    parts = [f"update {row['update'] + 1}/{total}"]
-    parts += [f"{key} {row[key]:.4g}" for key in PROGRESS_COLUMNS if key in row]
-    return "  ".join([*parts, f"{seconds:.1f} s"])
-
-
-def eval_line(row: dict[str, Any], seconds: float) -> str:
-    """``  eval  eval_reward_sampled 0.1  eval_reward_greedy 0.05  8.0 s``: the evaluation numbers of an update."""
-    parts = [f"{key} {value:.4g}" for key, value in row.items()
-             if key.startswith(("eval_", "exact_")) and value is not None and not math.isnan(value)]
-    return "  ".join(["  eval", *parts, f"{seconds:.1f} s"])
-
-
 def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
-
-
-def progress_range(start: int, total: int, enabled: bool | str) -> Any:
-    """``range(start, total)``, wrapped in a tqdm bar when ``enabled`` is True or ``"bar"``."""
-    updates = range(start, total)
-    if enabled not in (True, "bar"):
-        return updates
-    from tqdm.auto import tqdm
-
-    return tqdm(updates, total=total, initial=start, unit="upd", dynamic_ncols=True, leave=False)

@@ -26,8 +26,9 @@ def test_a_broken_layer_is_caught(tmp_path: Path) -> None:
     """The check is not vacuous: a copy of the contract in which the trainer sits below the run directories'
     module fails, naming the import that breaks it (the trainer imports runs)."""
     config = (ROOT / "pyproject.toml").read_text()
-    swapped = config.replace('  "offpolicylab.trainer",\n  "offpolicylab.runs",\n',
-                             '  "offpolicylab.runs",\n  "offpolicylab.trainer",\n')
+    swapped = (config.replace('  "offpolicylab.trainer",\n', "  TRAINER\n")
+               .replace('  "offpolicylab.runs",\n', '  "offpolicylab.trainer",\n')
+               .replace("  TRAINER\n", '  "offpolicylab.runs",\n'))
     assert swapped != config
     (tmp_path / "pyproject.toml").write_text(swapped)
     command = shutil.which("lint-imports") or pytest.fail("import-linter is not installed (the test extra has it)")

@@ -20,13 +20,13 @@ from offpolicylab.batched.stack import Stack, stackable
 from offpolicylab.config import MAX_SEED, TrainConfig
 from offpolicylab.policies import policy_ability
 from offpolicylab.profiling import Stopwatch
+from offpolicylab.progress import describe_run
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.trainer import (
     Run,
     build,
     check_memory,
     checked_resume,
-    describe_defaults,
     guarded,
     log,
     open_run,
@@ -82,7 +82,7 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
             if resume:  # the global RNG state its checkpoint recorded
                 rng_states[index] = torch.get_rng_state()
         if progress:
-            log(describe_defaults(configs[0], runs[0].memory_plan) +
+            log(describe_run(runs[0].config, runs[0].memory_plan) +
                 f"; seeds {','.join(str(c.seed) for c in configs)} batched")
         stack = Stack.of(runs, directories, [run.optimizer.state_dict() for run in runs], rng_states)
         watch = stopwatch or Stopwatch()

@@ -17,8 +17,12 @@ from torch import Tensor
 from offpolicylab.batched.stack import Stack
 from offpolicylab.contracts import GreedyPolicy, Prompts, Rollout
 from offpolicylab.profiling import Stopwatch
+from offpolicylab.progress import Progress, update_warnings
+from offpolicylab.reference import reference_logp
+from offpolicylab.resume import tail_key
 from offpolicylab.trainer import (
     Step,
+    advantages_of,
     batches_due,
     checkpoint_state,
     compute_loss,
@@ -32,15 +36,13 @@ from offpolicylab.trainer import (
     is_due,
     is_finite,
     kl_from_scores,
-    log,
-    make_batch,
-    progress_line,
-    progress_range,
+    proximal_of,
     record,
     sampled_numbers,
     take,
+    token_batch,
     tracks_kl_init,
-    update_row,
+    update_rows,
 )
 from offpolicylab.worlds.exact import sequence_logprobs
 
@@ -52,16 +54,22 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
     statuses: list[str | None] = [None] * len(stack)
     active = list(range(len(stack)))  # the original index of each member still in the stack
     clock = time.perf_counter()
-    for update in progress_range(start, cfg.updates, progress):
+    view = Progress(progress, cfg.updates, start)  # the console (progress.py)
+    for update in range(start, cfg.updates):
         tick = time.perf_counter()
         fresh = collect(stack, update, watch)                                      # 1. schedule → rollouts
-        joined = Rollout.concat([take(run, update) for run in stack.runs])
-        blocks = joined.split(len(stack))  # each member's rows at the joined width
+        rollouts = [take(run, update) for run in stack.runs]
+        joined = Rollout.concat(rollouts)
         with watch("policy_forward"):                                              # 2. TokenBatch
             logp, entropy = stack.policy.score(joined)
         with watch("other"):
-            batches = [make_batch(run, block, lp, ent, update) for run, block, lp, ent in
-                       zip(stack.runs, blocks, stack.split(logp), stack.split(entropy), strict=True)]
+            advantages = [advantages_of(run, rollout) for run, rollout in zip(stack.runs, rollouts, strict=True)]
+            proximal = [proximal_of(run, own, update) for run, own in zip(stack.runs, stack.split(logp), strict=True)]
+            prox_logp = None if all(p is None for p in proximal) else torch.cat(
+                [own.detach() if p is None else p for p, own in zip(proximal, stack.split(logp), strict=True)])
+            whole = token_batch(joined, logp, entropy, torch.cat(advantages), update, prox_logp)
+            reference = reference_logp(stack.reference, joined, [run.objective for run in stack.runs])  # KL penalty
+            batches = (whole if reference is None else whole.replace(ref_logp=reference)).split(len(stack))
         with watch("objective"):                                                   # 3. loss
             outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
         with watch("policy_backward"):                                             # 4. step
@@ -69,15 +77,12 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
             torch.stack([output.loss for output in outputs]).sum().backward()
             norms = stack.clip_gradients(cfg.grad_clip)
         steps = [Step(*parts) for parts in zip(batches, outputs, norms, fresh, strict=True)]
-        rows = [update_row(run, update, step) for run, step in zip(stack.runs, steps, strict=True)]
+        rows = update_rows(stack.runs, update, steps)
         finite = [is_finite(row) for row in rows]
         if any(finite):  # a member with a non-finite step stops below; its slice of the stack is left behind
             with watch("policy_backward"):
                 stack.optimizer.step()
         labels = [f"[seed {run.config.seed}] " for run in stack.runs]
-        if progress == "lines":
-            for label, row in zip(labels, rows, strict=True):
-                log(label + progress_line(row, cfg.updates, time.perf_counter() - tick))
         with watch("eval"):                                                        # 5. evaluation
             due = [ok and is_due(update, cfg.eval_every, cfg.updates) for ok in finite]
             for row, numbers in zip(rows, evaluate_due(stack, update, due), strict=True):
@@ -92,12 +97,14 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
                 with watch("checkpoint"):
                     directory.save_checkpoint(checkpoint_state(run, update + 1, stack.member_optimizer(index),
                                                                stack.rng_states[index]))
+        view.update(rows, labels, update_warnings(rows, [run.detector.collapsed_at for run in stack.runs]))
         if stopped:
             kept = [index for index in range(len(stack)) if index not in stopped]
             if not kept:
                 break
             stack = stack.keep(kept)
             active = [active[index] for index in kept]
+    view.close()
     for index, run in zip(active, stack.runs, strict=True):
         statuses[index] = statuses[index] or final_status(run)
     return [status or "completed" for status in statuses]
@@ -109,8 +116,11 @@ def collect(stack: Stack, update: int, watch: Stopwatch) -> list[list[Rollout]]:
     keys, tail = batches_due(stack.runs[0], update)
     generated = [stack.generate(update, watch) for _ in range(len(keys) + tail)]
     fresh = [[batch[index] for batch in generated] for index in range(len(stack))]
+    key = tail_key(stack.runs[0].schedule, update) if tail else None
     for run, own in zip(stack.runs, fresh, strict=True):
         run.buffer.update(zip(keys, own, strict=False))
+        if key is not None:  # trained on if the run is extended (offpolicylab.trainer.collect)
+            run.buffer[key] = own[-1]
     return fresh
 
 

@@ -134,7 +134,7 @@ class Stack:
             for own, block in zip(pieces, stamped(rollout, tag).split(len(self)), strict=True):
                 own.append(block)
         with watch("other"):
-            return [with_rewards(run, own[0] if len(own) == 1 else Rollout.concat(own))
+            return [with_rewards(run, Rollout.concat(own))
                     for run, own in zip(self.runs, pieces, strict=True)]
 
     def clip_gradients(self, max_norm: float) -> list[Tensor]:

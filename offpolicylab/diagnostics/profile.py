@@ -7,11 +7,16 @@ sampling temperature T and sampled token y_t:
     ℓ_t = log p_t(y_t)                    (log-probability of the sampled token)
 
 The profile is the histogram of H_t over fixed edges (:data:`ENTROPY_BIN_EDGES`), the shares of tokens with
-H_t < 0.1 nat ("near-deterministic") and H_t ≥ 1 nat ("forks"), the median H_t, and the share of sampled tokens
-with p_t(y_t) < 1e-3 (the tail whose importance ratios explode when the policy moves, "Prosperity before Collapse",
-Zheng et al. 2025, arXiv:2510.01161), plus percentiles of −ℓ_t.  The same pure functions compute it for a real LM
-(``offpolicylab calibrate``) and for a synthetic world, so the two are compared with identical code
-(:func:`compare_profiles`).
+H_t < 0.01 nat and < 0.1 nat ("near-deterministic") and H_t ≥ 1 nat ("forks"), the 0.5 and 0.8 quantiles of H_t,
+and the share of sampled tokens with p_t(y_t) < 1e-3 (the tail whose importance ratios explode when the policy
+moves, "Prosperity before Collapse", Zheng et al. 2025, arXiv:2510.01161), plus percentiles of −ℓ_t.  The same pure
+functions compute it for a real LM (``offpolicylab calibrate``) and for a synthetic world, so the two are compared
+with identical code (:func:`compare_profiles`).
+
+Profiles are data (docs/calibration.md, "The profile file"): a JSON document whose ``source`` is ``measured``
+(written by ``offpolicylab calibrate``) or ``published`` (transcribed from a paper, with its ``citation``; a
+statistic the paper does not give is null, never guessed).  :func:`load_profile` validates a document and refuses
+a malformed one with one line; :func:`side_by_side` prints any few profiles as one table.
 """
 
 from __future__ import annotations
@@ -42,6 +47,42 @@ PACKAGED_PROFILES = "data/profiles"
 SHARE_KEYS: tuple[str, ...] = ("share_entropy_below_0.1", "share_entropy_at_least_1", "share_sampled_prob_below_1e-3")
 """The headline shares a synthetic world must match (each within ± ``tolerance``, see :func:`compare_profiles`)."""
 
+VERY_LOW_ENTROPY = 0.01
+ENTROPY_QUANTILE_KEYS: dict[str, float] = {"median_entropy": 0.5, "entropy_p80": 0.8}
+"""The entropy quantiles a profile records, by key (median_entropy is the 0.5 quantile)."""
+
+PROFILE_VERSION = 2
+SOURCES = ("measured", "published")
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One scalar statistic of a profile: its key in the file, a label, and how it is checked and printed."""
+
+    key: str
+    label: str
+    kind: str  # "share" (in [0, 1], printed in %), "nats" (≥ 0) or "count" (an integer ≥ 1)
+
+
+STATISTICS: tuple[Statistic, ...] = (
+    Statistic("n_tokens", "sampled tokens", "count"),
+    Statistic("share_entropy_below_0.01", "share of tokens with entropy < 0.01 nat", "share"),
+    Statistic("share_entropy_below_0.1", "share of tokens with entropy < 0.1 nat", "share"),
+    Statistic("share_entropy_at_least_1", "share of tokens with entropy ≥ 1 nat", "share"),
+    Statistic("median_entropy", "entropy, quantile 0.5 (median), nats", "nats"),
+    Statistic("entropy_p80", "entropy, quantile 0.8, nats", "nats"),
+    Statistic("mean_entropy", "entropy, mean, nats", "nats"),
+    Statistic("share_sampled_prob_below_1e-3", "share of sampled tokens with π(y) < 1e-3", "share"),
+    Statistic("share_sampled_prob_below_1e-2", "share of sampled tokens with π(y) < 1e-2", "share"),
+    Statistic("mean_neg_logp", "−log π(y), mean, nats", "nats"),
+)
+"""Every scalar statistic of a profile, in the order tables print them.  A profile also holds
+``entropy_bin_edges`` / ``entropy_histogram`` and ``neg_logp_percentiles`` (each may be null in a published one)."""
+
+_HISTOGRAM_SHARES = {"share_entropy_below_0.01": (None, VERY_LOW_ENTROPY), "share_entropy_below_0.1": (None, LOW_ENTROPY),
+                     "share_entropy_at_least_1": (HIGH_ENTROPY, None)}
+"""Shares that are sums of histogram bins (their thresholds are bin edges): (lower edge, upper edge)."""
+
 
 def token_entropy(logp_full: Tensor) -> Tensor:
     """H = −Σ_v p_v log p_v over the last axis of log-probabilities ``logp_full`` [..., V] (p_v = 0 adds 0)."""
@@ -65,8 +106,10 @@ def token_profile(entropy: Tensor | np.ndarray, sampled_logp: Tensor | np.ndarra
     """The profile of the tokens where ``mask`` > 0, from per-token entropies H_t and sampled log-probs ℓ_t [B, T].
 
     Returns a JSON-ready dict: ``n_tokens``, ``entropy_bin_edges`` (inf written as null),
-    ``entropy_histogram`` (share of tokens per bin, sums to 1), the :data:`SHARE_KEYS`, ``median_entropy``,
-    ``mean_entropy``, ``share_sampled_prob_below_1e-2``, ``mean_neg_logp`` and ``neg_logp_percentiles``.
+    ``entropy_histogram`` (share of tokens per bin, sums to 1), ``share_entropy_below_0.01``, the
+    :data:`SHARE_KEYS`, ``median_entropy`` and ``entropy_p80`` (the 0.5 and 0.8 quantiles of H_t, NumPy's default
+    linear interpolation), ``mean_entropy``, ``share_sampled_prob_below_1e-2``, ``mean_neg_logp`` and
+    ``neg_logp_percentiles``: every statistic of :data:`STATISTICS`.
     """
     keep = _to_numpy(mask) > 0
     h = _to_numpy(entropy)[keep]
@@ -81,11 +124,13 @@ def token_profile(entropy: Tensor | np.ndarray, sampled_logp: Tensor | np.ndarra
         "n_tokens": n,
         "entropy_bin_edges": [None if math.isinf(e) else e for e in ENTROPY_BIN_EDGES],
         "entropy_histogram": [float(c) / n for c in counts],
+        "share_entropy_below_0.01": float((h < VERY_LOW_ENTROPY).mean()),
         "share_entropy_below_0.1": float((h < LOW_ENTROPY).mean()),
         "share_entropy_at_least_1": float((h >= HIGH_ENTROPY).mean()),
         "share_sampled_prob_below_1e-3": float((neg_logp > -math.log(RARE_PROB)).mean()),
         "share_sampled_prob_below_1e-2": float((neg_logp > -math.log(1e-2)).mean()),
         "median_entropy": float(np.median(h)),
+        "entropy_p80": float(np.quantile(h, 0.8)),
         "mean_entropy": float(h.mean()),
         "mean_neg_logp": float(neg_logp.mean()),
         "neg_logp_percentiles": {f"p{q:g}": float(np.percentile(neg_logp, q)) for q in NEG_LOGP_PERCENTILES},
@@ -94,63 +139,309 @@ def token_profile(entropy: Tensor | np.ndarray, sampled_logp: Tensor | np.ndarra
 
 @dataclass(frozen=True)
 class ProfileRow:
-    """One statistic of two profiles side by side; ``within`` is None for statistics without a tolerance."""
+    """One statistic of two profiles side by side; ``within`` is None for statistics without a tolerance (or where
+    either profile lacks the statistic: null in a published profile)."""
 
     name: str
-    reference: float
-    candidate: float
+    reference: float | None
+    candidate: float | None
     within: bool | None
 
     @property
-    def difference(self) -> float:
+    def difference(self) -> float | None:
+        if self.reference is None or self.candidate is None:
+            return None
         return self.candidate - self.reference
 
 
 def compare_profiles(reference: Mapping[str, Any], candidate: Mapping[str, Any],
                      tolerance: float = 0.05) -> list[ProfileRow]:
-    """Rows (reference vs candidate): each of :data:`SHARE_KEYS` checked |Δ| ≤ ``tolerance`` (0.05 = 5 points),
-    then the median entropy and every histogram bin, shown without a check.  Profiles must share the bin edges;
-    either may be a whole calibration file (its ``"profile"`` entry is used)."""
+    """Rows (reference vs candidate): each of :data:`SHARE_KEYS` checked |Δ| ≤ ``tolerance`` (0.05 = 5 points)
+    where both profiles give it, then the other statistics of :data:`STATISTICS` (share below 0.01 nat, the entropy
+    quantiles 0.5 and 0.8, ...) and every histogram bin, shown without a check.  Histograms must share the bin edges;
+    either profile may be a whole profile document (its ``"profile"`` entry is used) or bare statistics."""
     reference, candidate = _statistics(reference), _statistics(candidate)
-    if list(reference["entropy_bin_edges"]) != list(candidate["entropy_bin_edges"]):
+    edges = reference.get("entropy_bin_edges")
+    other = candidate.get("entropy_bin_edges")
+    if edges is not None and other is not None and list(edges) != list(other):
         raise ValueError("the two profiles use different entropy bin edges; recompute one with token_profile")
-    rows = [ProfileRow(k, float(reference[k]), float(candidate[k]),
-                       abs(float(candidate[k]) - float(reference[k])) <= tolerance + 1e-12) for k in SHARE_KEYS]
-    rows.append(ProfileRow("median_entropy", float(reference["median_entropy"]),
-                           float(candidate["median_entropy"]), None))
-    edges = reference["entropy_bin_edges"]
-    for i, (a, b) in enumerate(zip(reference["entropy_histogram"], candidate["entropy_histogram"], strict=True)):
-        upper = "inf" if edges[i + 1] is None else f"{edges[i + 1]:g}"
-        rows.append(ProfileRow(f"entropy in [{edges[i]:g}, {upper})", float(a), float(b), None))
+    rows = []
+    for key in SHARE_KEYS:
+        a, b = _number(reference.get(key)), _number(candidate.get(key))
+        within = None if a is None or b is None else abs(b - a) <= tolerance + 1e-12
+        rows.append(ProfileRow(key, a, b, within))
+    for stat in STATISTICS:
+        if stat.key not in SHARE_KEYS and stat.kind != "count":
+            rows.append(ProfileRow(stat.key, _number(reference.get(stat.key)), _number(candidate.get(stat.key)), None))
+    ref_hist, cand_hist = reference.get("entropy_histogram"), candidate.get("entropy_histogram")
+    edges = edges if edges is not None else other
+    if edges is not None:
+        for i in range(len(edges) - 1):
+            upper = "inf" if edges[i + 1] is None else f"{edges[i + 1]:g}"
+            rows.append(ProfileRow(f"entropy in [{edges[i]:g}, {upper})", _bin(ref_hist, i), _bin(cand_hist, i), None))
     return rows
 
 
 def profiles_match(rows: Sequence[ProfileRow]) -> bool:
-    """True when every checked row of :func:`compare_profiles` is within its tolerance."""
-    return all(row.within is not False for row in rows)
+    """True when every checked row of :func:`compare_profiles` is within its tolerance and at least one was checked
+    (a reference without the checked statistics, e.g. a published profile that gives none of them, matches
+    nothing)."""
+    checked = [row.within for row in rows if row.within is not None]
+    return bool(checked) and all(checked)
 
 
 def format_comparison(rows: Sequence[ProfileRow], names: tuple[str, str] = ("profile", "world")) -> str:
-    """A Markdown table of :func:`compare_profiles` rows (statistic | reference | candidate | Δ | within)."""
+    """A Markdown table of :func:`compare_profiles` rows (statistic | reference | candidate | Δ | within); a
+    statistic a profile does not give is "—"."""
     lines = [f"| statistic | {names[0]} | {names[1]} | Δ | within ±tol |", "|---|---:|---:|---:|:---:|"]
     for row in rows:
         verdict = "" if row.within is None else ("yes" if row.within else "**no**")
-        lines.append(f"| {row.name} | {row.reference:.4f} | {row.candidate:.4f} | {row.difference:+.4f} | {verdict} |")
+        difference = "—" if row.difference is None else f"{row.difference:+.4f}"
+        lines.append(f"| {row.name} | {_fixed(row.reference)} | {_fixed(row.candidate)} | {difference} | {verdict} |")
     return "\n".join(lines)
 
 
+def quantile_interval(profile: Mapping[str, Any], quantile: float) -> tuple[float, float] | None:
+    """The histogram bin [a, b) that holds the ``quantile`` of H_t (the first bin where the cumulative share reaches
+    it), or None without a histogram: what a profile's histogram says about a quantile it did not record."""
+    stats = _statistics(profile)
+    edges, hist = stats.get("entropy_bin_edges"), stats.get("entropy_histogram")
+    if edges is None or hist is None:
+        return None
+    cumulative = np.cumsum(np.asarray(hist, dtype=np.float64))
+    index = min(int(np.searchsorted(cumulative, quantile - 1e-12)), len(hist) - 1)
+    upper = math.inf if edges[index + 1] is None else float(edges[index + 1])
+    return float(edges[index]), upper
+
+
+def side_by_side(profiles: Mapping[str, Mapping[str, Any]]) -> str:
+    """A Markdown table of every statistic of :data:`STATISTICS` for each profile (one column per name, in order),
+    with each profile's source, model, sampling temperature and, for a published one, its citation.  A statistic a
+    profile does not give is "—"; for an entropy quantile its histogram bounds, when it has one, are shown."""
+    names = list(profiles)
+    docs = [profiles[name] for name in names]
+    lines = ["| statistic | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+
+    def row(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    row("source", [str(doc.get("source", "—")) for doc in docs])
+    row("model", [Path(str(doc.get("model", "—"))).name for doc in docs])
+    row("sampling temperature", [_fixed((doc.get("sampling") or {}).get("temperature"), "g") for doc in docs])
+    for stat in STATISTICS:
+        row(stat.label, [_cell(doc, stat) for doc in docs])
+    row("citation", [_citation(doc.get("citation")) for doc in docs])
+    return "\n".join(lines)
+
+
+# ============================================================================================ the profile file
+def list_profiles() -> list[str]:
+    """The names of the profiles packaged with offpolicylab (:data:`PACKAGED_PROFILES`), sorted."""
+    folder = resources.files("offpolicylab").joinpath(PACKAGED_PROFILES)
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
 def load_profile(name_or_path: str | Path) -> dict[str, Any]:
-    """A profile written by ``offpolicylab calibrate``: a packaged one by name (e.g.
-    ``"smollm2_135m_instruct_gsm8k"``, see :data:`PACKAGED_PROFILES`) or a JSON file path."""
+    """A validated profile document (:func:`validate_profile`): a packaged one by name or by a prefix naming one
+    (``"smollm2"``, ``"qwen3_8b_cot"``; see :func:`list_profiles`) or a JSON file path.  A file written before
+    version 2 comes back upgraded (:func:`validate_profile`).  A bad name or a malformed file raises ``ValueError``
+    with one line naming what is wrong and what is valid."""
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
-        return json.loads(path.read_text(encoding="utf-8"))
-    packaged = resources.files("offpolicylab").joinpath(PACKAGED_PROFILES, f"{name_or_path}.json")
-    if not packaged.is_file():
-        names = sorted(p.name.removesuffix(".json") for p in resources.files("offpolicylab").joinpath(
-            PACKAGED_PROFILES).iterdir() if p.name.endswith(".json"))
-        raise ValueError(f"no profile {str(name_or_path)!r}; valid: a profile JSON file or one of {names}")
-    return json.loads(packaged.read_text(encoding="utf-8"))
+        return validate_profile(_read_json(path.read_text(encoding="utf-8"), str(path)), str(path))
+    names = list_profiles()
+    text = str(name_or_path)
+    matches = [n for n in names if n == text] or ([n for n in names if n.startswith(text)] if text else [])
+    if len(matches) != 1:
+        what = "names more than one" if matches else "is not"
+        raise ValueError(f"profile {text!r} {what} a packaged profile; valid: a profile JSON file or one of {names} "
+                         "(or a prefix naming one)")
+    packaged = resources.files("offpolicylab").joinpath(PACKAGED_PROFILES, f"{matches[0]}.json")
+    return validate_profile(_read_json(packaged.read_text(encoding="utf-8"), matches[0]), matches[0])
+
+
+def validate_profile(doc: Any, name: str = "profile") -> dict[str, Any]:
+    """``doc`` checked against the profile schema (docs/calibration.md, "The profile file"), as a version-2
+    document; raises ``ValueError`` with one line ``profile NAME: WHAT; valid: ...`` at the first violation.
+
+    Version 2: ``profile_version`` 2, ``source`` (``measured`` | ``published``), ``model`` (a string), ``profile``
+    holding every statistic of :data:`STATISTICS` plus ``entropy_bin_edges``, ``entropy_histogram`` and
+    ``neg_logp_percentiles``.  A published profile needs ``citation`` (authors, year, title, where, and arxiv or
+    url); its statistics may be null (not given by the paper), and ``quotes`` may give the paper's words per
+    statistic.  A measured profile's statistics are numbers, except those it lists in ``not_recorded``.  Shares lie
+    in [0, 1], entropies are ≥ 0, the median is at most the 0.8 quantile, the histogram (when given) has the
+    standard edges, sums to 1 and agrees with the shares it implies.  Version 1 (``offpolicylab calibrate`` before
+    the schema) is read as measured: its share below 0.01 nat is the sum of its histogram bins below that edge (an
+    exact count), its 0.8 quantile is null and listed in ``not_recorded``."""
+    where = f"profile {name}"
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where}: the file holds a JSON {_json_type(doc)}; valid: a JSON object (docs/calibration.md)")
+    if doc.get("profile_version") == 1:
+        doc = _upgrade_v1(doc, where)
+    if doc.get("profile_version") != PROFILE_VERSION:
+        raise ValueError(f"{where}: profile_version={doc.get('profile_version')!r}; valid: 1 or {PROFILE_VERSION}")
+    source = doc.get("source")
+    if source not in SOURCES:
+        raise ValueError(f"{where}: source={source!r}; valid: one of {list(SOURCES)}")
+    if not isinstance(doc.get("model"), str) or not doc["model"]:
+        raise ValueError(f"{where}: model={doc.get('model')!r}; valid: a non-empty string naming the model")
+    stats = doc.get("profile")
+    if not isinstance(stats, dict):
+        raise ValueError(f"{where}: 'profile' is {_json_type(stats)}; valid: a JSON object of statistics")
+    if source == "published":
+        _check_citation(doc.get("citation"), where)
+    not_recorded = doc.get("not_recorded", [])
+    if not isinstance(not_recorded, list) or not set(not_recorded) <= {s.key for s in STATISTICS}:
+        raise ValueError(f"{where}: not_recorded={not_recorded!r}; valid: a list of statistic names")
+    _check_statistics(stats, where, nulls_allowed=None if source == "published" else set(not_recorded))
+    quotes = doc.get("quotes", {})
+    if not isinstance(quotes, dict) or not all(isinstance(v, str) for v in quotes.values()) \
+            or not set(quotes) <= {s.key for s in STATISTICS}:
+        raise ValueError(f"{where}: quotes must map statistic names to the paper's words; valid keys: "
+                         f"{[s.key for s in STATISTICS]}")
+    return doc
+
+
+def _upgrade_v1(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    stats = doc.get("profile")
+    if not isinstance(stats, dict) or stats.get("entropy_histogram") is None:
+        raise ValueError(f"{where}: a version-1 profile needs 'profile' with its entropy histogram; valid: a file "
+                         "written by offpolicylab calibrate")
+    stats = dict(stats)
+    _check_histogram(stats, where)
+    stats["share_entropy_below_0.01"] = _histogram_share(stats, None, VERY_LOW_ENTROPY)
+    stats["entropy_p80"] = None
+    return {**doc, "profile_version": PROFILE_VERSION, "source": "measured", "profile": stats,
+            "not_recorded": ["entropy_p80"],
+            "derived": {"share_entropy_below_0.01": "sum of the histogram's bins below 0.01 nat (a bin edge)"}}
+
+
+def _check_citation(citation: Any, where: str) -> None:
+    valid = "valid: {authors, year, title, where, and arxiv or url} (docs/calibration.md)"
+    if not isinstance(citation, dict):
+        raise ValueError(f"{where}: a published profile needs a citation object; {valid}")
+    for key in ("authors", "title", "where"):
+        if not isinstance(citation.get(key), str) or not citation[key].strip():
+            raise ValueError(f"{where}: citation.{key}={citation.get(key)!r}; {valid}")
+    year = citation.get("year")
+    if not isinstance(year, int) or isinstance(year, bool) or not 1900 <= year <= 2100:
+        raise ValueError(f"{where}: citation.year={year!r}; valid: an integer year such as 2025")
+    if not any(isinstance(citation.get(k), str) and citation[k].strip() for k in ("arxiv", "url")):
+        raise ValueError(f"{where}: citation has neither arxiv nor url; {valid}")
+
+
+def _check_statistics(stats: dict[str, Any], where: str, nulls_allowed: set[str] | None) -> None:
+    """Every statistic present, of its kind and range (null only where ``nulls_allowed`` says: None = anywhere)."""
+    known = {s.key for s in STATISTICS} | {"entropy_bin_edges", "entropy_histogram", "neg_logp_percentiles"}
+    unknown = sorted(set(stats) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown statistic {unknown[0]!r}; valid: {sorted(known)}")
+    missing = sorted(known - set(stats))
+    if missing:
+        raise ValueError(f"{where}: statistic {missing[0]!r} is missing; valid: a number, or null where the source "
+                         "does not give it (published) or lists it in not_recorded (measured)")
+    for stat in STATISTICS:
+        value = stats[stat.key]
+        if value is None:
+            if nulls_allowed is not None and stat.key not in nulls_allowed:
+                raise ValueError(f"{where}: {stat.key} is null in a measured profile; valid: a number (or list it "
+                                 "in not_recorded)")
+            continue
+        _check_value(stat, value, where)
+    if stats["entropy_bin_edges"] is not None or stats["entropy_histogram"] is not None:
+        _check_histogram(stats, where)
+        for key, (low, high) in _HISTOGRAM_SHARES.items():
+            if stats[key] is not None and abs(stats[key] - _histogram_share(stats, low, high)) > 1e-9:
+                raise ValueError(f"{where}: {key}={stats[key]} but its histogram bins sum to "
+                                 f"{_histogram_share(stats, low, high)}; valid: the two agree")
+    elif nulls_allowed is not None:
+        raise ValueError(f"{where}: a measured profile needs entropy_bin_edges and entropy_histogram; valid: the "
+                         "lists offpolicylab calibrate writes")
+    median, p80 = stats["median_entropy"], stats["entropy_p80"]
+    if median is not None and p80 is not None and median > p80:
+        raise ValueError(f"{where}: median_entropy={median} exceeds entropy_p80={p80}; valid: quantile 0.5 <= 0.8")
+    percentiles = stats["neg_logp_percentiles"]
+    if percentiles is not None and (not isinstance(percentiles, dict) or not all(
+            _is_number(v) and v >= 0 for v in percentiles.values())):
+        raise ValueError(f"{where}: neg_logp_percentiles={percentiles!r}; valid: null or an object of numbers >= 0")
+
+
+def _check_value(stat: Statistic, value: Any, where: str) -> None:
+    if stat.kind == "count":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{where}: {stat.key}={value!r}; valid: an integer >= 1 or null")
+    elif not _is_number(value) or value < 0 or (stat.kind == "share" and value > 1):
+        valid = "a number in [0, 1]" if stat.kind == "share" else "a number >= 0 (nats)"
+        raise ValueError(f"{where}: {stat.key}={value!r}; valid: {valid} or null")
+
+
+def _check_histogram(stats: dict[str, Any], where: str) -> None:
+    edges, hist = stats.get("entropy_bin_edges"), stats.get("entropy_histogram")
+    standard = [None if math.isinf(e) else e for e in ENTROPY_BIN_EDGES]
+    if edges != standard:
+        raise ValueError(f"{where}: entropy_bin_edges={edges!r}; valid: {standard} (the last edge inf as null)")
+    if not isinstance(hist, list) or len(hist) != len(standard) - 1 or not all(
+            _is_number(v) and 0 <= v <= 1 for v in hist) or abs(sum(hist) - 1.0) > 1e-6:
+        raise ValueError(f"{where}: entropy_histogram must hold {len(standard) - 1} shares in [0, 1] summing to 1; "
+                         f"got {hist!r}")
+
+
+def _histogram_share(stats: Mapping[str, Any], low: float | None, high: float | None) -> float:
+    """Σ of the histogram's bins in [low, high) (both bin edges; None = open end)."""
+    edges = stats["entropy_bin_edges"]
+    start = 0 if low is None else edges.index(low)
+    stop = len(edges) - 1 if high is None else edges.index(high)
+    return float(sum(stats["entropy_histogram"][start:stop]))
+
+
+def _read_json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {where}: not valid JSON ({exc.msg} at line {exc.lineno}); valid: a JSON object "
+                         "(docs/calibration.md)") from None
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _bin(hist: Sequence[float] | None, index: int) -> float | None:
+    return None if hist is None else float(hist[index])
+
+
+def _fixed(value: Any, spec: str = ".4f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def _cell(doc: Mapping[str, Any], stat: Statistic) -> str:
+    value = _statistics(doc).get(stat.key)
+    if value is None:
+        interval = quantile_interval(doc, ENTROPY_QUANTILE_KEYS[stat.key]) if stat.key in ENTROPY_QUANTILE_KEYS \
+            else None
+        return "—" if interval is None else f"— (in [{interval[0]:g}, {interval[1]:g}) by its histogram)"
+    if stat.kind == "share":
+        return f"{100 * value:.1f} %"
+    if stat.kind == "count":
+        return f"{value:,}"
+    return f"{value:.3f}"
+
+
+def _citation(citation: Any) -> str:
+    if not isinstance(citation, Mapping):
+        return "—"
+    first = (str(citation.get("authors", "")).split(",")[0].split() or [""])[-1]  # the first author's surname
+    ref = f"arXiv:{citation['arxiv']}" if citation.get("arxiv") else str(citation.get("url", ""))
+    return f"{first} et al. {citation.get('year', '')}, {ref}"
 
 
 def _statistics(profile: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -18,17 +18,25 @@ with the objective's ``agg``.  Metrics are logged as ``offpolicylab/<name>``.
 
 Stateful objectives (``ac_mispo``) advance ``update()`` once per optimizer step: on the first training micro-batch
 after ``state.global_step`` changed (TRL increments it once per optimizer step), on that micro-batch.
+
+Recording (``record_dir=DIR``, or ``$OFFPOLICYLAB_RECORD``; :mod:`offpolicylab.integrations.record`): every training
+micro-batch the objective scores goes to an offpolicylab run directory, with the staleness of its data (optimizer
+steps since TRL generated it) and the reward TRL logged for that generation; each optimizer step is written when
+it ends (a ``TrainerCallback``), and summary.json when training ends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from offpolicylab.integrations.record import Recorder, objective_config
 from offpolicylab.objectives import LossOutput, TokenBatch, aggregate, get_objective
 
 _EXTRA_MODEL_INPUTS = (
@@ -42,15 +50,33 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
 
     ``objective`` is any name of :func:`offpolicylab.objectives.list_objectives`; a bad name or parameter raises
     ``ValueError`` before the model is loaded.  After each loss, ``last_loss_output`` holds the objective's
-    :class:`~offpolicylab.objectives.LossOutput` (before gradient-accumulation scaling).
+    :class:`~offpolicylab.objectives.LossOutput` (before gradient-accumulation scaling).  ``record_dir`` (default
+    ``$OFFPOLICYLAB_RECORD``): record the token batches into that run directory, a sample file every
+    ``record_every`` optimizer steps (see the module docstring).
     """
 
     def __init__(self, *args: Any, objective: str = "grpo", objective_params: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+                 record_dir: str | Path | None = None, record_every: int = 1, **kwargs: Any) -> None:
         self.objective = get_objective(objective, **dict(objective_params or {}))
         self.last_loss_output: LossOutput | None = None
         self._objective_step: int | None = None
+        self._generated_at = 0  # state.global_step when the batches being trained on were generated
+        self._generated_reward: float | None = None  # the mean reward TRL logged for that generation
         super().__init__(*args, **kwargs)
+        config = objective_config("trl", self.objective, num_iterations=self.num_iterations,
+                                  steps_per_generation=self.args.steps_per_generation)
+        self.recorder = (Recorder(record_dir, config, record_every) if record_dir is not None
+                         else Recorder.from_env(config))
+        if self.recorder is not None:
+            self.add_callback(_RecordSteps(self))
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self._generated_at = self.state.global_step
+            rewards = self._metrics["train"].get("reward") or [None]
+            self._generated_reward = rewards[-1]
+        return output
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
         batch = self.token_batch(model, inputs)
@@ -60,6 +86,8 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
             self._objective_step = self.state.global_step
         out = self.objective(batch)
         self.last_loss_output = out
+        if training and self.recorder is not None:
+            self.recorder.add(batch, out, staleness=self.state.global_step - self._generated_at)
         loss = out.loss
         if self.beta != 0.0:
             loss = loss + self.beta * aggregate(self._reference_kl(inputs, batch.logp), batch.mask, self.objective.agg)
@@ -101,3 +129,17 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
         values = self.accelerator.gather(values[None]).mean(dim=0).tolist()  # one host sync per micro-batch
         for name, value in zip(names, values, strict=True):
             self._metrics[mode][f"offpolicylab/{name}"].append(value)
+
+
+class _RecordSteps(TrainerCallback):
+    """Writes the recorded optimizer step when TRL ends it, and closes the record when training ends."""
+
+    def __init__(self, trainer: OffPolicyLabGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        reward = self.trainer._generated_reward
+        self.trainer.recorder.end_step(**({} if reward is None else {"reward_mean": reward}))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer.recorder.close()

@@ -12,6 +12,11 @@ The mapping to :class:`~offpolicylab.objectives.TokenBatch` is
     logp = log_prob,  behavior_logp = old_log_prob,  advantages = advantages,  mask = response_mask,
     sampler_logp = rollout_log_probs (old verl only; used by ``tis_cap``),  agg = loss_agg_mode,
 
+except for an objective that reads log π_prox (``decoupled_ppo``): verl's ``old_log_prob`` is recomputed with the
+parameters at the start of the training step, which is AReaL's π_prox, and the behaviour policy is the rollout's, so
+``prox_logp = old_log_prob, behavior_logp = rollout_log_probs`` (no ``sampler_logp``); without
+``rollout_log_probs`` (verl ≥ 0.6 passes none) it refuses with one line.
+
 and the loss is rescaled from our micro-batch normalisation to verl's global one (``config.global_batch_info``:
 token-mean → × n_local_tokens / batch_num_tokens × dp_size; seq-mean-* → × n_local_seqs / global_batch_size ×
 dp_size), exactly what verl's ``agg_loss`` does, so gradient accumulation and data parallelism see the same
@@ -38,6 +43,12 @@ Batch-level statistics (M2PO's M̂2 masking, P3O's ESS, AC-MIS-PO's quantile) ar
 set ``ppo_micro_batch_size_per_gpu`` equal to the mini-batch for whole-batch statistics.  verl's rollout-correction
 weights (``rollout_is_weights``) are refused: our objectives own their importance weighting (``tis_cap``).
 
+Recording: with ``OFFPOLICYLAB_RECORD=DIR`` (and ``OFFPOLICYLAB_RECORD_EVERY=N``) the first adapter called in a
+process records every micro-batch it scores into the run directory DIR (``DIR/rank=R`` under data parallelism;
+:mod:`offpolicylab.integrations.record`), one update per optimizer step (the step hook ends it).  verl's loss sees
+neither the token entropy nor the rewards nor the staleness, so those are not recorded; verl's own FileLogger log
+has the reward (``offpolicylab analyze``).
+
 In a verl run, load the adapter in every worker with ``VERL_USE_EXTERNAL_MODULES=offpolicylab.integrations.verl_plugin``
 and choose ``actor_rollout_ref.actor.policy_loss.loss_mode=offpolicylab_m2po`` (docs/scaling.md).
 """
@@ -54,6 +65,7 @@ from typing import Any
 from torch import Tensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from offpolicylab.integrations.record import RECORD_ENV, Recorder, objective_config
 from offpolicylab.objectives import AGG_MODES, Objective, TokenBatch, get_objective, list_objectives
 from offpolicylab.objectives.base import COMMON_PARAMS
 
@@ -63,6 +75,7 @@ METRIC_PREFIX = "actor/offpolicylab/"
 
 _ADAPTERS: dict[str, VerlPolicyLoss] = {}
 _STEP_HOOK: Any = None
+_RECORDING: dict[str, str] = {}  # the one $OFFPOLICYLAB_RECORD folder of this process -> the objective recording
 
 
 class VerlPolicyLoss:
@@ -77,10 +90,29 @@ class VerlPolicyLoss:
         self.objective = objective
         self.legacy_return = legacy_return
         self.update_pending = objective.stateful
+        self.recorder: Recorder | None = None
+        self._record_checked = False
 
     def mark_new_step(self) -> None:
-        """The next call starts a new optimizer step: a stateful objective advances ``update()`` first."""
+        """The next call starts a new optimizer step: a stateful objective advances ``update()`` first, and the
+        recorded step (if recording) is written."""
         self.update_pending = self.objective.stateful
+        if self.recorder is not None:
+            self.recorder.end_step()
+
+    def recording(self) -> Recorder | None:
+        """The recorder of ``$OFFPOLICYLAB_RECORD`` for this adapter, opened on its first call (None when unset);
+        a second objective recording into the same folder in one process is refused."""
+        if not self._record_checked:
+            self._record_checked = True
+            folder = os.environ.get(RECORD_ENV, "").strip()
+            if folder and folder in _RECORDING:
+                raise ValueError(f"objective {_RECORDING[folder]!r} already records into {folder}; valid: one "
+                                 "offpolicylab loss per process when OFFPOLICYLAB_RECORD is set")
+            self.recorder = Recorder.from_env(objective_config("verl", self.objective))
+            if self.recorder is not None:
+                _RECORDING[folder] = self.objective.name
+        return self.recorder
 
     def __call__(
         self,
@@ -100,17 +132,23 @@ class VerlPolicyLoss:
                 "the objective's tis_cap parameter"
             )
         self._set_agg(loss_agg_mode)
-        batch = TokenBatch(
-            logp=log_prob,
-            behavior_logp=old_log_prob,
-            advantages=advantages,
-            mask=response_mask.to(log_prob.dtype),
-            sampler_logp=rollout_log_probs,
-        )
+        mask = response_mask.to(log_prob.dtype)
+        if self.objective.needs_prox:  # verl's old_log_prob is the step-start recompute: AReaL's π_prox
+            if rollout_log_probs is None:
+                raise ValueError(f"objective {self.objective.name!r} needs the rollout's log-probs as the behaviour "
+                                 "policy and verl passed none; valid: a verl that passes rollout_log_probs (<= 0.5)")
+            batch = TokenBatch(logp=log_prob, behavior_logp=rollout_log_probs, advantages=advantages, mask=mask,
+                               prox_logp=old_log_prob)
+        else:
+            batch = TokenBatch(logp=log_prob, behavior_logp=old_log_prob, advantages=advantages, mask=mask,
+                               sampler_logp=rollout_log_probs)
         if self.update_pending:
             self.objective.update(batch)
             self.update_pending = False
         out = self.objective(batch)
+        recorder = self.recording()
+        if recorder is not None:
+            recorder.add(batch, out)
         loss = out.loss * global_scale(batch.mask, self.objective.agg, global_batch_info(config))
         return self._verl_return(loss, out.metrics)
 

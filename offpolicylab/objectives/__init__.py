@@ -17,6 +17,7 @@ from offpolicylab.objectives import (  # noqa: F401
     mispo,  # mispo, ac_mispo
     p3o,  # p3o
     mu_grpo,  # mu_grpo
+    ppo_variants,  # gppo, decoupled_ppo
 )
 # isort: on
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate

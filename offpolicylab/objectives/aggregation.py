@@ -10,7 +10,7 @@ which is how PPO clipping, REC and M2PO ("loss averaged over all tokens") are de
 Padded tokens may hold anything (even inf / nan): they are masked out with ``torch.where``.  Objectives pass
 ``finite_padding=True``: ℓ is then known to be finite on padded tokens (a :class:`~offpolicylab.objectives.TokenBatch`
 holds 0 in every token field there) and the padding is removed by multiplying with the 0/1 mask instead — the same
-sum exactly, and on CPU many times faster than ``torch.where``, forward and backward.
+sum exactly, and on CPU cheaper than ``torch.where`` (benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
+from offpolicylab.objectives.regularization import KL_ESTIMATORS, kl_penalty
 from offpolicylab.registry import Param, Registry, resolve
 
 #: Group-relative advantage estimators (see the trainer): ``mean`` A_i = r_i − r̄_g (REC paper, Yao et al. 2025,
@@ -27,6 +28,14 @@ COMMON_PARAMS: dict[str, Param] = {
         None, float, low=0.0, low_open=True, optional=True,
         doc="truncated importance sampling: weight min(π_trainer/π_sampler, tis_cap) when sampler_logp is given",
     ),
+    "kl_coef": Param(0.0, float, low=0.0, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
+                                               "frozen initial policy π_0 (0 = no penalty; verl kl_loss_coef, TRL beta)"),
+    "kl_estimator": Param("k3", str, choices=KL_ESTIMATORS,
+                          doc="per-token KL estimator of the penalty (Schulman 2020): k1 = log π_θ − log π_ref, "
+                              "k2 = ½(log π_θ − log π_ref)², k3 = π_ref/π_θ − 1 − log(π_ref/π_θ); verl's kl, mse, "
+                              "low_var_kl name the same three"),
+    "entropy_coef": Param(0.0, float, low=0.0, doc="c_H of the entropy bonus −c_H·agg(H(π_θ(·|s_t))) added to the "
+                                                    "loss (0 = none; verl entropy_coeff)"),
 }
 
 
@@ -44,6 +53,9 @@ class Objective:
     params: ClassVar[dict[str, Param]] = {}
     stateful: ClassVar[bool] = False
     advantage: ClassVar[str] = "std"
+    #: The objective reads ``TokenBatch.prox_logp``, log π_prox of a proximal policy (decoupled PPO); the training
+    #: loop supplies it (:func:`offpolicylab.proximal.proximal_logp`).
+    needs_prox: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)
@@ -74,11 +86,34 @@ class Objective:
         if self.tis_cap is not None and batch.sampler_logp is not None:
             per_token = per_token * tis_weight(batch, self.tis_cap)
         loss = aggregate(per_token, batch.mask, self.agg, finite_padding=True)
+        loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
         values = standard_metrics(batch, token_mask)
         values.update({key: value.detach() for key, value in extra.items()})
+        values.update(terms)
         return LossOutput(loss=loss, metrics=values, token_mask=token_mask)
+
+    def regularized(self, loss: Tensor, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """(loss + β·agg(k(π_θ‖π_ref)) − c_H·agg(H), {"kl_ref": agg(k)} when ``batch.ref_logp`` is given)
+        (:mod:`~offpolicylab.objectives.regularization`; verl's ``use_kl_loss`` and ``entropy_coeff``).  A term whose
+        coefficient is 0 is not added, so the loss is then the objective's own, bit for bit."""
+        terms: dict[str, Tensor] = {}
+        if batch.ref_logp is not None:
+            kl = aggregate(kl_penalty(batch.logp, batch.ref_logp, self.kl_estimator), batch.mask, self.agg,
+                           finite_padding=True)
+            terms["kl_ref"] = kl.detach()
+            if self.kl_coef:
+                loss = loss + self.kl_coef * kl
+        elif self.kl_coef:
+            raise ValueError(f"objective {self.name!r} has kl_coef={self.kl_coef:g} but the batch has no ref_logp "
+                             "(the reference policy's log-probs of its tokens)")
+        if self.entropy_coef:
+            if batch.entropy is None or not batch.entropy.requires_grad:
+                raise ValueError(f"objective {self.name!r} has entropy_coef={self.entropy_coef:g} but the batch's "
+                                 "entropy is missing or carries no gradient")
+            loss = loss - self.entropy_coef * aggregate(batch.entropy, batch.mask, self.agg, finite_padding=True)
+        return loss, terms
 
     # ------------------------------------------------------------------------------------------------ state
     def update(self, batch: TokenBatch) -> None:
@@ -113,7 +148,7 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
     count = mask.sum().clamp_min(1.0)
     metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / count
     if batch.entropy is not None:
-        metrics["entropy"] = batch.entropy.sum() / count
+        metrics["entropy"] = batch.entropy.detach().sum() / count
     return metrics
 
 

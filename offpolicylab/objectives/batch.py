@@ -14,9 +14,9 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 
-_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy")
+_TOKEN_FIELDS = ("logp", "behavior_logp", "advantages", "mask", "sampler_logp", "prox_logp", "entropy", "ref_logp")
 _SEQUENCE_FIELDS = ("rewards", "group_ids", "staleness")
-_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp")  # must be finite on unmasked tokens
+_FINITE_FIELDS = ("behavior_logp", "advantages", "sampler_logp", "prox_logp", "ref_logp")  # must be finite on unmasked tokens
 
 
 @dataclass
@@ -26,7 +26,9 @@ class TokenBatch:
     ``logp`` carries grad; ``behavior_logp`` is the log-prob recorded at generation (detached here);
     ``advantages`` may be given per sequence (``[B]``) and is broadcast to ``[B, T]``; ``mask`` is 1 for tokens that
     count.  Optional: ``rewards`` / ``group_ids`` / ``staleness`` (``[B]``), ``sampler_logp`` (sampling engine's
-    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``entropy`` (diagnostics only).
+    log-prob, for TIS), ``prox_logp`` (decoupled PPO), ``ref_logp`` (the reference policy's log-prob of the same
+    tokens, detached: the KL penalty ``kl_coef``) and ``entropy`` (the policy's per-token entropy; it keeps its
+    gradient, which the entropy bonus ``entropy_coef`` uses; the metrics read it detached).
 
     Raises ``ValueError`` naming the field when a shape, dtype or value is wrong.
     """
@@ -41,6 +43,7 @@ class TokenBatch:
     prox_logp: Tensor | None = None
     entropy: Tensor | None = None
     staleness: Tensor | None = None
+    ref_logp: Tensor | None = None
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
@@ -55,7 +58,7 @@ class TokenBatch:
         if isinstance(self.advantages, Tensor) and self.advantages.dim() == 1 and self.advantages.shape[0] == shape[0]:
             self.advantages = self.advantages[:, None].expand(shape)
         self.behavior_logp = _detached(self.behavior_logp)
-        for name in ("sampler_logp", "prox_logp", "entropy"):
+        for name in ("sampler_logp", "prox_logp", "ref_logp"):
             if getattr(self, name) is not None:
                 setattr(self, name, _detached(getattr(self, name)))
         self.mask = self.mask.to(self.logp.dtype) if isinstance(self.mask, Tensor) else self.mask
@@ -143,7 +146,7 @@ class TokenBatch:
         out = copy.copy(self)
         out.mask = self.mask * rows
         out.advantages = advantages.to(self.mask.dtype)[:, None] * out.mask
-        for name in ("behavior_logp", "sampler_logp", "prox_logp"):
+        for name in ("behavior_logp", "sampler_logp", "prox_logp", "ref_logp"):
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, value * rows)
@@ -153,6 +156,30 @@ class TokenBatch:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
         out._delta = out._ratio = out._ess = out._summary = None
         return out
+
+    def split(self, count: int) -> list[TokenBatch]:
+        """The ``count`` equal consecutive row blocks as batches (several runs' batches joined row-wise), each
+        with its group ids counted from 0.  Not validated again: validation and padding removal work token by token,
+        so a block equals its rows validated on their own; the batch-level caches (ESS, ratio summary) are left to
+        be computed per block."""
+        rows = self.batch_size // count
+        if rows * count != self.batch_size:
+            raise ValueError(f"a batch of {self.batch_size} rows does not split into {count} equal blocks")
+        blocks = []
+        for index in range(count):
+            part = slice(index * rows, (index + 1) * rows)
+            block = copy.copy(self)
+            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+                value = getattr(self, name)
+                if value is not None:
+                    setattr(block, name, value[part])
+            if block.group_ids is not None:
+                block.group_ids = block.group_ids - block.group_ids.min()
+            block._delta = None if self._delta is None else self._delta[part]
+            block._ratio = None if self._ratio is None else self._ratio[part]
+            block._ess = block._summary = None
+            blocks.append(block)
+        return blocks
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""

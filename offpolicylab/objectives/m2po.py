@@ -10,7 +10,6 @@ token-at-a-time loop (selecting H is the one data-dependent shape).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -46,7 +45,7 @@ class SortedTrustRegion:
         self.small_values = delta_sq * small  # exact: the values or 0
         self.n_small = small.sum().to(torch.float64)
         self.small_sum = self.small_values.sum(dtype=torch.float64)
-        self.tail = ascending(delta_sq[in_tail > 0]).to(torch.float64)  # to float64: exact and monotone
+        self.tail = torch.sort(delta_sq[in_tail > 0]).values.to(torch.float64)  # to float64: exact and monotone
         self.prefix = self.small_sum + torch.cumsum(self.tail, dim=0)  # P_{n_s + j}, j = 1 … n − n_s
         self.ranks = self.n_small + torch.arange(1, self.tail.numel() + 1, device=self.tail.device,
                                                  dtype=self.tail.dtype)
@@ -60,15 +59,6 @@ class SortedTrustRegion:
     def small_max(self) -> Tensor:
         """The largest H value below τ (0 when there is none)."""
         return self.small_values.max().to(torch.float64) if self.small_values.numel() else self.small_sum
-
-
-def ascending(values: Tensor) -> Tensor:
-    """The 1-D ``values`` sorted ascending (values only).  On the CPU (float32 / float64) through NumPy's sort, about
-    4× faster than ``torch.sort`` there (0.16 vs 0.66 ms for 11,000 floats, 1 thread); the same values in the same
-    order (ties are equal values)."""
-    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
-        return torch.from_numpy(np.sort(values.numpy()))
-    return torch.sort(values).values
 
 
 def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:

@@ -95,8 +95,8 @@ def ppo_clip_loss(
 class GRPO(Objective):
     """ℓ = max(−A·r, −A·clip(r, 1−ε_low, 1+ε_high)), r = exp(logp − behavior_logp); dual clip caps the A < 0
     branch at −A·c (Shao et al. 2024, DeepSeekMath; PPO: Schulman et al. 2017).  ``eps_low = eps_high = inf`` is the
-    no-trust-region baseline ℓ = −A·r of "Prosperity before Collapse" (M2PO).  When ``prox_logp`` is given the
-    clip acts on π_θ/π_prox and the token is weighted by π_prox/π_behavior (decoupled PPO, AReaL)."""
+    no-trust-region baseline ℓ = −A·r of "Prosperity before Collapse" (M2PO).  ``prox_logp`` is ignored: the clip
+    against a proximal policy is ``decoupled_ppo``."""
 
 
     params = {
@@ -106,11 +106,6 @@ class GRPO(Objective):
     }
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        if batch.prox_logp is None:
-            ratio = batch.ratio()
-        else:
-            ratio = torch.exp(batch.logp.detach() - batch.prox_logp)
-        loss, kept = ppo_clip_loss(batch.logp, ratio, batch.advantages, self.eps_low, self.eps_high, self.dual_clip)
-        if batch.prox_logp is not None:
-            loss = loss * torch.exp(batch.prox_logp - batch.behavior_logp)
+        loss, kept = ppo_clip_loss(batch.logp, batch.ratio(), batch.advantages, self.eps_low, self.eps_high,
+                                   self.dual_clip)
         return loss, kept, {"clip_frac": stats.fraction(1.0 - kept, batch.mask)}

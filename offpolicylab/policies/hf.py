@@ -87,6 +87,10 @@ class HFPolicy:
         eos_ids: token ids that end a response (default: the tokenizer's and generation_config's EOS).
     """
 
+    #: :meth:`score` returns the entropy without gradient (its graph would hold [B, T, V] more), so the entropy
+    #: bonus ``entropy_coef`` is refused with this policy.
+    entropy_gradient = False
+
     def __init__(
         self,
         model: Any,

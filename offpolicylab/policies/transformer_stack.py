@@ -46,9 +46,8 @@ class StackedLinear(nn.Module):
         self.weight, self.bias = _stack(members, "weight"), _stack(members, "bias")
 
     def forward(self, x: Tensor) -> Tensor:
-        """One ``F.linear`` (``addmm``) per block, the call each member makes alone: one ``baddbmm`` over the blocks
-        is ≈ 25 % faster per decoding step but sums in another order for many shapes (e.g. d_model 8: it differs
-        from ``addmm`` in the last bits), and the seeds' runs are to equal their separate runs bit for bit."""
+        """y_s = x_s W_sᵀ + b_s for each block s: one ``F.linear`` per block, the call each member makes alone (one
+        ``baddbmm`` over the blocks sums in another order; benchmarks/README.md has its speed)."""
         blocks = x.reshape(self.weight.shape[0], -1, x.shape[-1]).unbind(0)
         y = torch.cat([F.linear(block, weight, bias) for block, weight, bias
                        in zip(blocks, self.weight.unbind(0), self.bias.unbind(0), strict=True)])

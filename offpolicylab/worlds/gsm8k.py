@@ -135,10 +135,13 @@ def load_problems(data: str | Path, split: str) -> list[Problem]:
     return problems
 
 
-def load_hub_problems(name: str, split: str) -> list[Problem]:  # pragma: no cover - needs the network
+def load_hub_problems(name: str, split: str) -> list[Problem]:
     """Problems of ``split`` from the Hugging Face hub through ``datasets`` (e.g. ``openai/gsm8k``, config main)."""
-    from datasets import load_dataset
-
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise ValueError("hub=NAME needs the datasets package (the llm extra: pip install 'offpolicylab[llm]'); "
+                         "offline, pass data=PATH (a directory with train.jsonl and test.jsonl)") from None
     try:
         rows = load_dataset(name, "main", split=split)
     except Exception as exc:

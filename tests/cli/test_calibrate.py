@@ -14,7 +14,7 @@ import transformers
 
 from offpolicylab import cli
 from offpolicylab.calibrate import calibrate
-from offpolicylab.diagnostics.profile import ENTROPY_BIN_EDGES, SHARE_KEYS
+from offpolicylab.diagnostics.profile import ENTROPY_BIN_EDGES, SHARE_KEYS, load_profile
 from offpolicylab.worlds.gsm8k import INSTRUCTION
 from tests.tiny_llm import build_tokenizer, save_model_and_data
 
@@ -39,10 +39,13 @@ def test_calibrate_writes_a_consistent_profile(files, tmp_path, capsys):
     args = ["--n-prompts", "3", "--samples-per-prompt", "2", "--max-new-tokens", "12", "--seed", "5",
             "--score-micro-batch", "4"]
     assert cli.main(calibrate_args(files, out, *args)) == 0
-    assert "entropy < 0.1 nat" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "entropy < 0.01 nat" in printed and "quantiles 0.5 / 0.8" in printed
     doc = json.loads(out.read_text())
-    assert {"profile_version", "model", "data", "sampling", "profile", "responses", "checks", "command",
+    assert {"profile_version", "source", "model", "data", "sampling", "profile", "responses", "checks", "command",
             "environment"} <= set(doc)
+    assert doc["profile_version"] == 2 and doc["source"] == "measured"
+    assert load_profile(out)["profile"] == doc["profile"]  # the file passes the schema as written
     assert doc["data"]["prompt_indices"] == [0, 1, 2] and doc["sampling"]["temperature"] == 1.0
     assert doc["command"].startswith("offpolicylab calibrate --model ") and "--seed 5" in doc["command"]
     profile, responses = doc["profile"], doc["responses"]
@@ -52,8 +55,10 @@ def test_calibrate_writes_a_consistent_profile(files, tmp_path, capsys):
     edges, hist = profile["entropy_bin_edges"], np.array(profile["entropy_histogram"])
     assert edges[:-1] == list(ENTROPY_BIN_EDGES[:-1]) and edges[-1] is None
     assert hist.sum() == pytest.approx(1.0) and (hist >= 0).all()
-    for key in (*SHARE_KEYS, "share_sampled_prob_below_1e-2"):
+    for key in (*SHARE_KEYS, "share_sampled_prob_below_1e-2", "share_entropy_below_0.01"):
         assert 0.0 <= profile[key] <= 1.0
+    assert hist[: edges.index(0.01)].sum() == pytest.approx(profile["share_entropy_below_0.01"])
+    assert profile["median_entropy"] <= profile["entropy_p80"]
     assert hist[: edges.index(0.1)].sum() == pytest.approx(profile["share_entropy_below_0.1"])
     assert hist[edges.index(1.0):].sum() == pytest.approx(profile["share_entropy_at_least_1"])
     assert profile["share_sampled_prob_below_1e-3"] <= profile["share_sampled_prob_below_1e-2"]
@@ -68,7 +73,7 @@ def test_calibrate_writes_a_consistent_profile(files, tmp_path, capsys):
                       seed=5, score_micro_batch=1)["profile"]
     assert again["n_tokens"] == profile["n_tokens"]
     assert again["entropy_histogram"] == pytest.approx(profile["entropy_histogram"])
-    for key in (*SHARE_KEYS, "median_entropy", "mean_entropy", "mean_neg_logp"):
+    for key in (*SHARE_KEYS, "median_entropy", "entropy_p80", "mean_entropy", "mean_neg_logp"):
         assert again[key] == pytest.approx(profile[key], abs=1e-5)
 
 
@@ -92,6 +97,7 @@ def test_one_token_responses_have_the_entropy_of_the_prompt_distribution_at_temp
     profile = doc["profile"]
     assert profile["n_tokens"] == 4
     assert profile["median_entropy"] == pytest.approx(np.median(entropies), abs=1e-4)
+    assert profile["entropy_p80"] == pytest.approx(np.quantile(entropies, 0.8), abs=1e-4)
     assert profile["mean_entropy"] == pytest.approx(np.mean(entropies), abs=1e-4)
     counts, _ = np.histogram(entropies, bins=np.array(ENTROPY_BIN_EDGES))
     assert profile["entropy_histogram"] == pytest.approx(counts / 4)

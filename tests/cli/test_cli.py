@@ -33,7 +33,7 @@ def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     (["--world", "nope", "--objective", "grpo"], "valid: bandit, three_arm_pitfall, token_mdp"),
     (["--world", "token_mdp", "--objective", "nope"], "valid: reinforce, grpo"),
     (["--world", "token_mdp", "--objective", "grpo", "--schedule", "sometimes"], "stale_k:K"),
-    (["--world", "token_mdp", "--objective", "grpo", "--schedule", "stale_k:-2"], "negative staleness"),
+    (["--world", "token_mdp", "--objective", "grpo", "--schedule", "stale_k:-2"], "K=-2 is out of range"),
     (["--world", "token_mdp", "--objective", "mispo", "--param", "tok_bounds=2,0.5"], "min ≤ max"),
     (["--world", "token_mdp", "--objective", "grpo", "--param", "eps_low=abc"], "valid: a float"),
     (["--world", "token_mdp", "--objective", "grpo", "--param", "bogus=1"], "valid: eps_low"),

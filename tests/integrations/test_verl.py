@@ -132,6 +132,25 @@ def test_rollout_log_probs_feed_tis() -> None:
     assert loss.item() == pytest.approx(expected.item(), rel=1e-12)
 
 
+def test_decoupled_ppo_takes_old_log_prob_as_prox_and_rollout_log_probs_as_behaviour() -> None:
+    """verl's old_log_prob (recomputed at the step's start) is π_prox; the rollout's log-probs are the behaviour."""
+    inputs = random_verl_inputs(seed=8, padding=0.0)
+    rollout = inputs["old_log_prob"] - 0.3
+    adapter = verl_adapter.VerlPolicyLoss(get_objective("decoupled_ppo"))
+    loss, metrics = adapter(**inputs, rollout_log_probs=rollout)
+    batch = TokenBatch(logp=inputs["log_prob"], behavior_logp=rollout, prox_logp=inputs["old_log_prob"],
+                       advantages=inputs["advantages"], mask=inputs["response_mask"].double())
+    assert loss.item() == get_objective("decoupled_ppo")(batch).loss.item()
+    # by the formula: w = π_prox / π_behavior = e^0.3 on every token, u = π_θ / π_prox clipped at 0.8 / 1.2
+    mask = inputs["response_mask"]
+    u = torch.exp(inputs["log_prob"].detach() - inputs["old_log_prob"])
+    adv = inputs["advantages"]
+    per_token = -np.exp(0.3) * torch.minimum(u * adv, u.clamp(0.8, 1.2) * adv)
+    assert loss.item() == pytest.approx(per_token[mask].mean().item(), rel=1e-12)
+    with pytest.raises(ValueError, match="needs the rollout's log-probs"):
+        adapter(**inputs)
+
+
 def test_stateful_objective_updates_once_per_optimizer_step(monkeypatch: pytest.MonkeyPatch) -> None:
     """ac_mispo advances k once per optimizer step (global step hook), whatever the number of micro-batches, and
     its losses equal a directly driven instance that is updated before each step's first micro-batch."""
@@ -264,3 +283,71 @@ def test_verl_refuses_to_overwrite_a_foreign_loss(core_algos) -> None:
         verl_adapter.register_with_verl(names=["grpo"])
     with pytest.raises(ValueError, match="not registered"):
         verl_adapter.register_with_verl(names=["cispo"], params={"m2po": {"tau": 0.1}})
+
+
+# ------------------------------------------------------------------------------------- analyze and record in verl
+@pytest.mark.parametrize("kind", ["collapsing", "healthy"])
+def test_verl_tracking_logs_collapse_is_flagged_and_healthy_is_not(tmp_path, monkeypatch, kind: str) -> None:
+    """verl's own Tracking (``trainer.logger=['file','tensorboard']``) writes its FileLogger .jsonl and its
+    TensorBoard events; analyze flags the run that prospers and collapses, not the healthy one, from either."""
+    tracking = pytest.importorskip("verl.utils.tracking")
+    from offpolicylab import analyze
+    from tests.analyze_curves import SPIKE_STEP, VERL_NAMES, history
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "run.jsonl"))
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tensorboard"))
+    tracker = tracking.Tracking("project", "experiment", default_backend=["file", "tensorboard"])
+    for row in history(kind):
+        tracker.log({name: row[ours] for ours, name in VERL_NAMES.items()}, step=row["step"])
+    tracker.logger["file"].finish()
+    tracker.logger["tensorboard"].finish()
+    from_file = analyze.analyze(tmp_path / "run.jsonl").summary
+    from_events = analyze.analyze(tmp_path / "tensorboard").summary
+    assert (from_file["format"], from_events["format"]) == ("verl", "tensorboard")
+    assert from_file["detector"]["reward"] == "critic/score/mean" and from_file["detector"]["kl"] == "actor/ppo_kl"
+    for summary in (from_file, from_events):
+        if kind == "collapsing":
+            assert summary["status"] == "collapsed"
+            assert SPIKE_STEP <= summary["collapse_step"] <= SPIKE_STEP + 20
+        else:
+            assert summary["status"] == "completed" and summary["collapse_step"] is None
+    assert from_events["collapse_step"] == from_file["collapse_step"]
+
+
+def test_verl_loss_records_its_batches_and_replay_reproduces_them(core_algos, tmp_path, monkeypatch) -> None:
+    """OFFPOLICYLAB_RECORD in a verl process: the loss verl looks up records every micro-batch it scores, one update
+    per optimizer step; replay masks exactly what the loss masked and its mask fraction is the one verl got."""
+    import json
+
+    from offpolicylab import cli
+    from offpolicylab.runs import load_run, load_samples
+
+    monkeypatch.setenv("OFFPOLICYLAB_RECORD", str(tmp_path / "record"))
+    verl_adapter.register_with_verl(names=["m2po"], params={"m2po": {"tau": 0.01}})
+    loss_fn = core_algos.get_policy_loss_fn("offpolicylab_m2po")
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    returned = []
+    for step in range(3):
+        fractions = []
+        for micro in range(2):
+            inputs = random_verl_inputs(seed=60 + 2 * step + micro, spread=0.3, padding=-7.0)
+            _, metrics = loss_fn(**inputs, loss_agg_mode="token-mean", config=actor_config())
+            fractions.append(float(metrics["actor/offpolicylab/mask_frac"]))
+        returned.append(fractions)
+        optimizer.step()  # verl's actor step: the step hook ends the recorded update
+    run = load_run(tmp_path / "record")
+    assert run.config["engine"] == "verl" and run.objective == "m2po" and len(run.sample_files) == 3
+    np.testing.assert_allclose(run.metrics["mask_frac"], [np.mean(f) for f in returned], rtol=1e-6)
+    arrays = load_samples(run.sample_files[0])
+    assert list(np.unique(arrays["micro_batch"])) == [0, 1] and "batch_entropy" not in arrays
+    assert max(max(f) for f in returned) > 0
+    for update in range(3):
+        out = tmp_path / f"replay{update}"
+        assert cli.main(["replay", str(tmp_path / "record"), "--objectives", "m2po", "--updates",
+                         f"{update}:{update}", "--out", str(out)]) == 0
+        row = json.loads((out / "replay.json").read_text())["rows"][0]
+        assert row["as_run"] == 1.0
+        samples = load_samples(run.sample_files[update])
+        valid = samples["batch_mask"] > 0
+        assert row["silenced"] == pytest.approx(float((samples["batch_kept"][valid] == 0).mean()))

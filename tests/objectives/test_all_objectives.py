@@ -29,6 +29,8 @@ EXTRA_CONFIGS: list[tuple[str, dict[str, Any]]] = [
     ("m2po", {"variant": "cap"}),
     ("mu_grpo", {"nav_scope": "response"}),
     ("mu_grpo", {"nav_scope": "trigger"}),
+    ("gppo", {"dual_clip": 3.0}),
+    ("decoupled_ppo", {"behavior_cap": 2.0}),
 ]
 
 
@@ -65,6 +67,8 @@ EXPECTED_METRICS: dict[str, set[str]] = {
     "mispo": {"accept_rate", "tok_accept_rate", "traj_bound"},
     "ac_mispo": {"accept_rate", "tok_accept_rate", "traj_bound"},
     "mu_grpo": {"clip_frac", "nav_frac"},
+    "gppo": {"clip_frac"},
+    "decoupled_ppo": {"clip_frac"},
 }
 
 GROUP_SIZE = 4
@@ -77,7 +81,8 @@ def _mask(lengths: list[int], length: int) -> Tensor:
 
 
 def _batch(log_ratio_scale: float = 0.0, seed: int = 0, entropy: bool = True) -> dict[str, Tensor]:
-    """Fields of a batch: 2 groups of 4, group-relative advantages A = r − r̄, varied lengths, logp < 0."""
+    """Fields of a batch: 2 groups of 4, group-relative advantages A = r − r̄, varied lengths, logp < 0; the proximal
+    policy halfway between behaviour and current policy in log space (all three equal at ``log_ratio_scale`` 0)."""
     gen = torch.Generator().manual_seed(seed)
     batch, length = len(REWARDS), max(LENGTHS)
     rewards = torch.tensor(REWARDS, dtype=torch.float64)
@@ -93,6 +98,7 @@ def _batch(log_ratio_scale: float = 0.0, seed: int = 0, entropy: bool = True) ->
         "rewards": rewards,
         "group_ids": group_ids,
         "sampler_logp": behavior_logp + 0.05 * torch.randn(batch, length, generator=gen, dtype=torch.float64),
+        "prox_logp": behavior_logp + 0.5 * (logp - behavior_logp),
     }
     if entropy:
         fields["entropy"] = torch.rand(batch, length, generator=gen, dtype=torch.float64) * 2.0
@@ -155,7 +161,7 @@ def _with_padding(fields: dict[str, Tensor], kind: str, seed: int) -> dict[str, 
     gen = torch.Generator().manual_seed(seed)
     pad = fields["mask"] == 0
     out = dict(fields)
-    for key in ("logp", "behavior_logp", "advantages", "entropy", "sampler_logp"):
+    for key in ("logp", "behavior_logp", "advantages", "entropy", "sampler_logp", "prox_logp"):
         value = fields[key].clone()
         shape = value.shape
         if kind == "huge":
@@ -215,7 +221,8 @@ def test_finite_at_log_ratios_of_plus_minus_50(name: str, params: dict[str, Any]
     delta = pattern.roll(1).repeat(shape[0], 1)[:, : shape[1]]
     delta[1::2] = delta[1::2].flip(-1)
     behavior = torch.where(delta > 0, torch.full(shape, -60.0), torch.full(shape, -5.0))
-    fields.update(behavior_logp=behavior, logp=behavior + delta, sampler_logp=behavior - 1.0)
+    fields.update(behavior_logp=behavior, logp=behavior + delta, sampler_logp=behavior - 1.0,
+                  prox_logp=behavior + 0.5 * delta)
     for tis_cap in (None, 2.0):
         obj = get_objective(name, agg=agg, tis_cap=tis_cap, **params)
         out, grad = _run(obj, fields)
@@ -286,6 +293,8 @@ def test_every_design_objective_is_registered() -> None:
         "ac_mispo",
         "p3o",
         "mu_grpo",
+        "gppo",
+        "decoupled_ppo",
     }
     assert design <= set(list_objectives()), f"missing: {sorted(design - set(list_objectives()))}"
 

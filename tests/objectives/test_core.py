@@ -92,8 +92,8 @@ def test_grpo_golden(case: str, agg: str) -> None:
     np.testing.assert_array_equal(out.token_mask.numpy(), 1.0 - np.array(clipped))
 
 
-def test_grpo_decoupled_prox_logp() -> None:
-    """With prox_logp: ℓ = w·max(−A·r', −A·clip(r')), r' = π_θ/π_prox, w = π_prox/π_behavior (detached)."""
+def test_decoupled_ppo_hand_values() -> None:
+    """decoupled_ppo: ℓ = w·max(−A·r', −A·clip(r')), r' = π_θ/π_prox, w = π_prox/π_behavior (detached)."""
     data = _grpo_batch()
     prox_ratio = np.array([1.25, 0.9, 1.1, 0.7])  # π_prox / π_behavior per column
     data["prox_logp"] = data["behavior_logp"] + np.log(prox_ratio)[None, :]
@@ -104,7 +104,7 @@ def test_grpo_decoupled_prox_logp() -> None:
     adv = GRPO_ADV[:, None]
     want_loss, want_grad = expected(-adv * loss_mult * prox_ratio, -adv * grad_mult * prox_ratio, data["mask"],
                                     "token-mean")
-    loss, grad, _ = run("grpo", data, eps_low=0.2, eps_high=0.28)
+    loss, grad, _ = run("decoupled_ppo", data, eps_low=0.2, eps_high=0.28)
     assert loss == pytest.approx(want_loss, rel=1e-12)
     np.testing.assert_allclose(grad, want_grad, rtol=1e-12, atol=1e-15)
 

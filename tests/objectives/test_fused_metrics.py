@@ -24,8 +24,8 @@ from offpolicylab.objectives.base import standard_metrics
 
 def ragged_batch(seed: int, rows: int = 12, length: int = 40, dtype: torch.dtype = torch.float64,
                  spread: float = 0.5, empty_row: bool = True) -> dict[str, Tensor]:
-    """Random ragged batch: heavy-tailed log-ratios (10 % of tokens ×8), garbage (inf / nan / 1e6) in the padding,
-    optionally one row with no valid token."""
+    """Random ragged batch: heavy-tailed log-ratios (10 % of tokens ×8), a proximal policy halfway between behaviour
+    and current policy, garbage (inf / nan / 1e6) in the padding, optionally one row with no valid token."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, length + 1, (rows,), generator=gen)
     if empty_row:
@@ -45,6 +45,7 @@ def ragged_batch(seed: int, rows: int = 12, length: int = 40, dtype: torch.dtype
         "rewards": (torch.rand(rows, generator=gen) < 0.5).to(dtype),
         "group_ids": torch.arange(rows) // 4,
         "entropy": torch.where(pad, garbage, 3.0 * torch.rand(rows, length, generator=gen, dtype=dtype)),
+        "prox_logp": torch.where(pad, garbage, behavior + 0.5 * noise),  # halfway to the current policy
     }
 
 

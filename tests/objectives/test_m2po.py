@@ -250,19 +250,6 @@ def test_sorting_only_the_tail_above_tau_gives_the_full_sort_cut(seed: int, tau:
     assert float(bound) == pytest.approx(math.sqrt(cap), rel=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_ascending_equals_torch_sort(dtype: torch.dtype) -> None:
-    """The trust region's tail is sorted by NumPy on the CPU (torch's sort elsewhere, and for dtypes NumPy lacks):
-    the same values in the same order as ``torch.sort``, ties and infinities included."""
-    from offpolicylab.objectives.m2po import ascending
-
-    values = torch.randn(5000, generator=torch.Generator().manual_seed(3)).square().round(decimals=2)  # many ties
-    values[::97] = float("inf")
-    values = values.to(dtype)
-    got = ascending(values)
-    assert got.dtype == dtype and torch.equal(got, torch.sort(values).values)
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_mask_variant_loss_and_gradient_equal_autograd_bit_for_bit(seed: int) -> None:
     """ℓ = keep·(−A·exp(keep·Δ)) written out and differentiated by autograd (the mask from ``m2po_mask``, tested

@@ -167,6 +167,8 @@ def test_every_objective_runs_a_step(make_policy, prompts, name):
     rewards = (torch.arange(len(rollout)) % 3 == 0).float()
     objective = get_objective(name)
     batch = token_batch(policy, rollout, rewards)
+    if objective.needs_prox:  # π_prox at the batch's first consumption: the current policy, as the trainer does
+        batch = batch.replace(prox_logp=batch.logp.detach())
     if objective.stateful:
         objective.update(batch)
     out = objective(batch)

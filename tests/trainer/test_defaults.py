@@ -1,4 +1,5 @@
-"""Policy-dependent defaults of TrainConfig (unset fields filled per policy, set ones kept), progress lines, and the
+"""World- and policy-dependent defaults of TrainConfig (unset fields filled in one place, set ones kept), the start
+and progress lines, and the
 GPU bookkeeping of the trainer that a CPU can check (section synchronization, CUDA RNG state in checkpoints)."""
 
 from __future__ import annotations
@@ -9,31 +10,51 @@ import pytest
 import torch
 
 from offpolicylab import trainer
-from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig
+from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig, chosen_defaults
+from offpolicylab.progress import describe_run, eval_line, progress_line
 from offpolicylab.runs import RunDir
-from offpolicylab.trainer import Stopwatch, describe_defaults, eval_line, progress_line
+from offpolicylab.trainer import Stopwatch
+from offpolicylab.worlds import WORLDS
 from tests.small_runs import mdp_config
 
 
-def test_unset_fields_take_the_policy_default() -> None:
-    toy, filled = TrainConfig(world="token_mdp", policy="tabular").with_defaults()
-    assert (toy.lr, toy.eval_samples) == (0.05, 4) and filled == DEFAULTS
-    llm, filled = TrainConfig(world="gsm8k", policy="hf").with_defaults()
-    assert (llm.lr, llm.eval_samples) == (1e-4, 1) and filled == POLICY_DEFAULTS["hf"]
+def test_unset_fields_take_the_world_then_the_policy_default() -> None:
+    toy = TrainConfig(world="token_mdp", policy="tabular")
+    assert (toy.lr, toy.eval_samples, toy.optimizer) == (0.05, 4, "adam") and toy.sources()["lr"] == "default"
+    llm = TrainConfig(world="gsm8k", policy="hf")
+    assert (llm.lr, llm.eval_samples) == (1e-4, 1) and llm.sources()["lr"] == "policy hf"
     assert 1e-5 <= llm.lr <= 2e-4  # the learning rates LoRA fine-tuning uses
-    kept, filled = TrainConfig(world="gsm8k", policy="hf", lr=3e-5).with_defaults()
-    assert kept.lr == 3e-5 and filled == {"eval_samples": 1}
+    kept = TrainConfig(world="gsm8k", policy="hf", lr=3e-5)
+    assert kept.lr == 3e-5 and "lr" not in kept.sources() and kept.eval_samples == POLICY_DEFAULTS["hf"]["eval_samples"]
+    lm = TrainConfig(world="synthetic_lm")
+    assert (lm.policy, lm.optimizer, lm.lr) == ("transformer", "adamw", 1.5e-3)
+    assert lm.sources()["optimizer"] == "world synthetic_lm" and lm.with_defaults() == (lm, {})
+    assert TrainConfig(world="synthetic_lm", lr="none").lr == 1.5e-3  # none: the world's choice
 
 
-def test_defaults_and_progress_lines_read_well() -> None:
-    line = describe_defaults(TrainConfig(world="gsm8k", policy="hf", objective="m2po", lr=2e-4))
-    assert line == "offpolicylab: gsm8k / hf / m2po / on_policy; defaults for policy hf: eval_samples=1"
-    line = describe_defaults(TrainConfig(world="gsm8k", policy="hf", lr=2e-4, eval_samples=1), "micro-batches of 4")
-    assert line == "offpolicylab: gsm8k / hf / grpo / on_policy; scoring: micro-batches of 4"
-    row = {"update": 2, "reward_mean": 0.125, "loss": -0.5, "grad_norm": 1.0, "response_len": 40.0}
-    assert progress_line(row, 30, 12.34) == "update 3/30  reward_mean 0.125  loss -0.5  grad_norm 1  response_len 40  12.3 s"
+def test_constructor_and_mapping_apply_the_same_defaults() -> None:
+    """One place fills the defaults: the constructor, from_dict and the command line agree for every world."""
+    for world in WORLDS.names():
+        assert TrainConfig(world=world) == TrainConfig.from_dict({"world": world})
+        built = TrainConfig(world=world)
+        assert {name: getattr(built, name) for name in DEFAULTS} == {
+            name: value for name, (value, _) in chosen_defaults(world, None).items()}
+
+
+def test_start_line_names_what_the_world_and_policy_chose() -> None:
+    line = describe_run(TrainConfig(world="synthetic_lm", objective="m2po", updates=40))
+    assert line.startswith("offpolicylab: synthetic_lm / transformer / m2po / on_policy, 40 updates (0..39); "
+                           "prompts_per_update 8, group_size 8, temperature 1, advantage std, optimizer adamw, "
+                           "lr 0.0015, grad_clip 1, eval_samples 4 (chosen by world synthetic_lm: policy, ")
+    line = describe_run(TrainConfig(world="gsm8k", policy="hf", lr=2e-4, eval_samples=1), "micro-batches of 4")
+    assert line.endswith("lr 0.0002, grad_clip 1, eval_samples 1 (chosen by policy hf: eval_samples); "
+                         "scoring: micro-batches of 4")
+    row = {"update": 2, "reward_mean": 0.125, "loss": -0.5, "grad_norm": 1.0, "clip_frac": 0.05, "ratio_p999": 1.31,
+           "ess": 0.98, "entropy": 1.2}
+    assert progress_line(row, 30, 1.234) == ("update 2 (3/30 done)  reward 0.125  clip 0.05  r_p99.9 1.31  ess 0.98  "
+                                             "entropy 1.2  loss -0.5  1.2 s/update")
     row.update(eval_reward_sampled=0.25, eval_reward_greedy=float("nan"))
-    assert eval_line(row, 3.0) == "  eval  eval_reward_sampled 0.25  3.0 s"
+    assert eval_line(row) == "  eval update 2  eval_reward_sampled 0.25"
 
 
 def test_stopwatch_synchronizes_around_each_section() -> None:

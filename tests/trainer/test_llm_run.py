@@ -195,9 +195,9 @@ def test_relative_paths_are_stored_absolute_and_policy_defaults_are_printed(
     assert config["world_params"]["data"] == str(files["data"].resolve())
     assert config["lr"] == 1e-4 and config["eval_samples"] == 1
     err = capsys.readouterr().err
-    assert "defaults for policy hf: lr=0.0001, eval_samples=1" in err
-    assert [line.split("  ")[0] for line in err.splitlines() if line.startswith("update ")] == ["update 1/2",
-                                                                                              "update 2/2"]
+    assert "lr 0.0001, grad_clip 1, eval_samples 1 (chosen by policy hf: lr, eval_samples)" in err
+    assert [line.split("  ")[0] for line in err.splitlines() if line.startswith("update ")] == [
+        "update 0 (1/2 done)", "update 1 (2/2 done)"]
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--out", "rel", "--resume"]) == 0
     assert len(read_rows(tmp_path / "rel")) == 2

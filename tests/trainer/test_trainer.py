@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from offpolicylab import trainer
+from offpolicylab import samples, trainer
 from offpolicylab.objectives import get_objective
 from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
@@ -51,9 +51,9 @@ def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, monkeypatch: p
     seen = []
     original = trainer.token_batch
 
-    def spy(rollout, logp, entropy, advantages, update):
+    def spy(rollout, logp, entropy, advantages, update, *rest):
         seen.append((rollout.rewards.numpy().astype(np.float64), rollout.group_ids.numpy(), advantages.numpy()))
-        return original(rollout, logp, entropy, advantages, update)
+        return original(rollout, logp, entropy, advantages, update, *rest)
 
     monkeypatch.setattr(trainer, "token_batch", spy)
     trainer.train(mdp_config(objective=objective, advantage=choice, updates=2, checkpoint_every=2), tmp_path / "r")
@@ -143,7 +143,9 @@ def test_run_directory_contents(tmp_path: Path) -> None:
     samples = sorted((tmp_path / "samples").glob("update_*.npz"))
     assert [p.name for p in samples] == ["update_000000.npz", "update_000004.npz"]
     with np.load(samples[0], allow_pickle=False) as data:
-        assert set(data.files) == {"log_ratio", "advantage", "entropy", "kept", "seq_log_ratio", "staleness"}
+        assert set(data.files) == {"log_ratio", "advantage", "entropy", "kept", "seq_log_ratio", "staleness",
+                                   "batch_log_ratio", "batch_advantage", "batch_mask", "batch_kept", "batch_entropy",
+                                   "batch_rewards", "batch_group_ids", "micro_batch"}
         assert data["log_ratio"].shape == data["kept"].shape and data["staleness"].shape == (8,)
 
 
@@ -152,9 +154,9 @@ def test_samples_are_subsampled_to_the_cap() -> None:
     batch = trainer.TokenBatch(logp=torch.randn(batch_size, width), behavior_logp=torch.randn(batch_size, width),
                                advantages=torch.randn(batch_size), mask=torch.ones(batch_size, width),
                                staleness=torch.zeros(batch_size))
-    arrays = trainer.histogram_samples(batch, None, seed=0, update=3)
+    arrays = samples.histogram_samples(batch, None, seed=0, update=3)
     assert arrays["log_ratio"].shape == (MAX_SAMPLE_TOKENS,) and arrays["seq_log_ratio"].shape == (batch_size,)
-    again = trainer.histogram_samples(batch, None, seed=0, update=3)
+    again = samples.histogram_samples(batch, None, seed=0, update=3)
     assert np.array_equal(arrays["log_ratio"], again["log_ratio"])
 
 

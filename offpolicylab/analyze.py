@@ -1,0 +1,220 @@
+"""``offpolicylab analyze LOG --out DIR``: our collapse detector and figures on a verl, TRL or TensorBoard log or one
+of our run directories (docs/diagnosing.md).
+
+The log is read under our metric names (:mod:`offpolicylab.logs`); the steps are fed, in order, to
+:class:`~offpolicylab.diagnostics.collapse.CollapseDetector` with
+
+    reward = reward_mean,   KL = the first of kl_k3, |kl_k1|, kl_ref the log holds,   gradient norm = grad_norm
+
+(k1 can be negative, so its magnitude is used; a missing KL or gradient norm cannot spike); a logged loss that is
+not finite is a collapse by itself, as in our trainer.  The status is
+``collapsed`` when the detector fires — the smoothed reward gives back at least half of what it gained (and at least
+``margin``) within ``window`` steps of a KL or gradient-norm spike, the collapse signature of "Prosperity before
+Collapse" (Zheng, Zhao, Chen 2025, arXiv:2510.01161, appendix G) — else ``completed``.  Any other value that is missing or
+not finite at a step (``null`` in JSON, NaN, inf: an fp16 loss-scaling overflow logs an infinite gradient norm and
+skips the step) counts as not logged there; the summary counts them.  Steps are the log's own (verl: training
+steps; TRL: optimizer steps; ours: updates), so ``window`` and the smoothing count logged steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from offpolicylab.diagnostics.collapse import CollapseDetector
+from offpolicylab.logs import Log, LogError, canonical, engine_of, read_log, unmapped
+
+REWARD = "reward_mean"
+DETECTOR_KL = ("kl_k3", "kl_k1", "kl_ref")
+#: figure name → the metrics it shows, one panel each (a figure is drawn when the log holds any of them)
+FIGURES: dict[str, tuple[str, ...]] = {
+    "reward": (REWARD,),
+    "spikes": ("kl_k3", "kl_k1", "kl_ref", "grad_norm"),
+    "clipping": ("clip_frac", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "mask_frac"),
+    "ratios": ("ratio_max", "ratio_p999", "ratio_mean", "log_ratio_abs_mean", "m2", "ess"),
+    "entropy": ("entropy", "response_len", "staleness_mean"),
+    "mismatch": ("sampler_kl_k1", "sampler_kl_k3", "sampler_log_ratio_abs_mean", "sampler_log_ratio_abs_max",
+                 "sampler_ratio_mean", "sampler_ratio_max", "sampler_ess", "sampler_chi2"),
+}
+
+
+@dataclass
+class Trace:
+    """What the detector saw and thought at each step."""
+
+    steps: list[int] = field(default_factory=list)
+    smoothed: list[float] = field(default_factory=list)
+    peak: list[float] = field(default_factory=list)
+    spikes: list[int] = field(default_factory=list)
+    collapse_step: int | None = None
+    reason: str | None = None
+
+
+@dataclass
+class Analysis:
+    log: Log
+    metrics: dict[str, dict[int, float]]
+    sources: dict[str, str]
+    trace: Trace
+    summary: dict[str, Any]
+
+
+def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis:
+    """Read the log at ``path`` and run the collapse detector on it; nothing is written."""
+    log = read_log(path)
+    metrics, sources = canonical(log)
+    if not log.steps:
+        raise LogError(f"{log.path} holds no logged step; valid: the log of a run that trained at least one step")
+    if REWARD not in metrics or not any(math.isfinite(v) for v in metrics[REWARD].values()):
+        names = ", ".join(sorted(plain for plain in log.series)[:6]) or "none"
+        raise LogError(f"{log.path} ({log.format}) logs no reward (looked for critic/score/mean, reward, "
+                       f"reward_current, reward_mean; it has {names}, ...); valid: the log of an RL run")
+    detector = CollapseDetector(margin=margin, window=window)
+    kl_name = next((name for name in DETECTOR_KL if name in metrics), None)
+    trace = detect(metrics, kl_name, detector)
+    summary = summarize(log, metrics, sources, trace, kl_name, detector)
+    return Analysis(log, metrics, sources, trace, summary)
+
+
+def detect(metrics: dict[str, dict[int, float]], kl_name: str | None, detector: CollapseDetector) -> Trace:
+    """Feed every step that logs the reward, the KL or the gradient norm to ``detector``, in step order."""
+    reward, kl = metrics[REWARD], metrics.get(kl_name, {}) if kl_name else {}
+    grad, loss = metrics.get("grad_norm", {}), metrics.get("loss", {})
+    trace = Trace()
+    for step in sorted(set(reward) | set(kl) | set(grad) | set(loss)):
+        r, k, g = _finite(reward.get(step)), _finite(kl.get(step)), _finite(grad.get(step))
+        broken = step in loss and not math.isfinite(loss[step])
+        if r is None and k is None and g is None and not broken:
+            continue
+        if k is not None and kl_name == "kl_k1":
+            k = abs(k)
+        reason = (detector.non_finite(step) if broken else
+                  detector.observe(step, r, k, detector.grad_mean if g is None else g))
+        trace.steps.append(step)
+        trace.smoothed.append(detector.reward_ema)
+        trace.peak.append(detector.peak)
+        if detector.last_spike == step:
+            trace.spikes.append(step)
+        if reason is not None:
+            trace.collapse_step, trace.reason = step, reason
+    return trace
+
+
+def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str, str], trace: Trace,
+              kl_name: str | None, detector: CollapseDetector) -> dict[str, Any]:
+    """summary.json: status, peak / final reward and their steps, the detector's step and inputs, the mapping used."""
+    rewards = [(step, value) for step, value in sorted(metrics[REWARD].items()) if math.isfinite(value)]
+    peak_step, peak = max(rewards, key=lambda sv: sv[1])
+    steps = log.steps
+    return {
+        "status": "collapsed" if trace.collapse_step is not None else "completed",
+        "log": str(log.path), "format": log.format, "names": engine_of(log),
+        "steps": len(steps), "first_step": steps[0], "last_step": steps[-1],
+        "peak_reward": peak, "peak_reward_step": peak_step,
+        "final_reward": rewards[-1][1], "final_reward_step": rewards[-1][0],
+        "collapse_step": trace.collapse_step, "collapse_reason": trace.reason,
+        "detector": {
+            "reward": sources[REWARD], "kl": sources.get(kl_name) if kl_name else None,
+            "kl_as": kl_name, "grad_norm": sources.get("grad_norm"), "loss": sources.get("loss"), "spike_steps": trace.spikes,
+            **{key: getattr(detector, key) for key in ("margin", "gain_fraction", "factor", "window", "alpha",
+                                                       "warmup")},
+        },
+        "metrics": dict(sorted(sources.items())),
+        "not_finite": {name: n for name in sorted(metrics)
+                       if (n := sum(not math.isfinite(v) for v in metrics[name].values()))},
+        "other_metrics": unmapped(log, sources.values()),
+        "notes": list(log.notes),
+    }
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+# ------------------------------------------------------------------------------------------------ output
+def write(analysis: Analysis, out: str | Path) -> dict[str, Any]:
+    """The figures the log's metrics allow, then summary.json (written last, atomically) into ``out``."""
+    from offpolicylab.runs import write_text_atomically
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [name for name, metrics in FIGURES.items() if any(m in analysis.metrics for m in metrics)]
+    figures = [draw(analysis, name, out / f"{name}.png").name for name in names]
+    summary = {**analysis.summary, "figures": figures}
+    write_text_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def draw(analysis: Analysis, name: str, path: Path) -> Path:
+    """One figure: a panel per metric of ``FIGURES[name]`` the log holds, against the step; the detector's step
+    as a red dashed line, its spikes as ticks on the KL and gradient-norm panels, the smoothed reward and its
+    running peak on the reward panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [m for m in FIGURES[name] if m in analysis.metrics]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(7.0, 2.4 * len(shown)), sharex=True, squeeze=False)
+    trace = analysis.trace
+    for ax, metric in zip(axes[:, 0], shown, strict=True):
+        steps = sorted(analysis.metrics[metric])
+        ax.plot(steps, [analysis.metrics[metric][s] for s in steps], color="#0072B2", lw=1.2, label="logged",
+                marker="." if len(steps) < 40 else None)
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric}  ← {analysis.sources[metric]}", fontsize=9, loc="left")
+        if metric == REWARD:
+            ax.plot(trace.steps, trace.smoothed, color="#009E73", lw=1.5, label="smoothed (detector)")
+            ax.plot(trace.steps, trace.peak, color="#999999", lw=1.0, ls="--", label="running peak")
+            ax.legend(fontsize=8, loc="best")
+        if metric in ("grad_norm", analysis.summary["detector"]["kl_as"]):
+            for step in trace.spikes:
+                ax.axvline(step, color="#E69F00", lw=0.8, alpha=0.7)
+        if trace.collapse_step is not None:
+            ax.axvline(trace.collapse_step, color="#D55E00", lw=1.5, ls="--")
+    axes[-1, 0].set_xlabel("step")
+    status = analysis.summary["status"]
+    where = f" at step {trace.collapse_step}" if trace.collapse_step is not None else ""
+    fig.suptitle(f"{analysis.log.path.name} ({analysis.log.format}): {status}{where}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("log", metavar="LOG", help="a verl FileLogger .jsonl, a TRL trainer_state.json or output "
+                                                   "directory, a TensorBoard event folder, or a run directory")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for summary.json and the figures")
+    parser.add_argument("--margin", type=float, default=0.1,
+                        help="smallest reward drop from the peak that counts as a collapse (default 0.1)")
+    parser.add_argument("--window", type=int, default=20,
+                        help="steps after a KL / gradient-norm spike in which a drop counts (default 20)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if not str(args.out).strip():
+        raise ValueError("--out '' is invalid; valid: a folder path (it is created if missing)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is an existing file; valid: a folder")
+    if not (args.margin >= 0 and math.isfinite(args.margin)) or args.window < 0:
+        raise ValueError(f"--margin {args.margin} / --window {args.window} is invalid; valid: a margin ≥ 0 and a "
+                         "window ≥ 0")
+    log_path = Path(args.log)
+    if out.exists() and log_path.is_dir() and out.resolve() == log_path.resolve():
+        raise ValueError(f"--out {out} is the log's own folder; valid: another folder (analyze writes summary.json)")
+    analysis = analyze(log_path, margin=args.margin, window=args.window)
+    summary = write(analysis, out)
+    for note in summary["notes"]:
+        print(f"note: {note}")
+    where = f" at step {summary['collapse_step']}" if summary["collapse_step"] is not None else ""
+    print(f"{args.log} ({summary['format']}, {summary['steps']} steps): {summary['status']}{where}; peak reward "
+          f"{summary['peak_reward']:.4g} at step {summary['peak_reward_step']}, final {summary['final_reward']:.4g} "
+          f"-> {out}/summary.json, {', '.join(summary['figures'])}")
+    return 0

@@ -1,0 +1,378 @@
+"""Training logs of other RL engines, read as one table of our metric names (docs/diagnosing.md, "Metric names").
+
+Four formats, told apart by their content (never by a file name alone):
+
+- ``verl``: verl's ``FileLogger`` JSON lines (``trainer.logger=['console','file']``), one ``{"step": N, "data":
+  {name: value}}`` per line; ``step`` is verl's training step (one rollout batch, possibly several optimizer steps).
+- ``trl``: the ``trainer_state.json`` of a Hugging Face / TRL trainer (an output or checkpoint directory, or the
+  file), whose ``log_history`` holds one record per logged optimizer step.
+- ``tensorboard``: a folder of ``events.out.tfevents.*`` files of one run (verl's ``tensorboard`` logger, or TRL's
+  ``report_to="tensorboard"``, whose tags carry a ``train/`` prefix), read with TensorBoard's own
+  ``EventAccumulator``.
+- ``offpolicylab``: one of our run directories (``metrics.csv``, read by :mod:`offpolicylab.runs`).
+
+:data:`METRIC_NAMES` is the one mapping from their names to ours; :func:`canonical` applies it.  Values that are
+not finite numbers (``null`` in JSON, NaN, inf) are kept as NaN and counted: the reader of a log decides what a
+missing value means.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMATS = ("verl", "trl", "tensorboard", "offpolicylab")
+VALID_LOGS = ("a verl FileLogger .jsonl file, a TRL trainer_state.json (or its output / checkpoint directory), "
+              "a TensorBoard event folder, or an offpolicylab run directory")
+TRL_STATE = "trainer_state.json"
+EVENT_PREFIX = "events.out.tfevents."
+TENSORBOARD_SPLIT = "train/"  # transformers' TensorBoard callback prefixes training logs with train/ (eval/: eval)
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """One of our metric names and the names verl, TRL and our run directories log it under, in order of
+    preference (the first one a log holds is used)."""
+
+    ours: str
+    verl: tuple[str, ...]
+    trl: tuple[str, ...]
+    run: tuple[str, ...]
+    meaning: str
+
+
+#: The mapping of their metric names to ours (docs/diagnosing.md shows this table).  A metric our plug-ins log
+#: (``actor/offpolicylab/<name>`` in verl, ``offpolicylab/<name>`` in TRL) is always preferred under its own name.
+METRIC_NAMES: tuple[MetricName, ...] = (
+    MetricName("reward_mean", ("critic/score/mean",), ("reward",), ("reward_current", "reward_mean"),
+               "mean sequence reward of the step's batch (ours: of the current policy's responses where recorded)"),
+    MetricName("clip_frac", ("actor/pg_clipfrac",), ("clip_ratio/region_mean",), ("clip_frac",),
+               "share of response tokens whose ratio the clip cut from the gradient"),
+    MetricName("clip_frac_low", (), ("clip_ratio/low_mean",), (),
+               "share of tokens clipped at 1 − ε (A < 0)"),
+    MetricName("clip_frac_high", (), ("clip_ratio/high_mean",), (),
+               "share of tokens clipped at 1 + ε (A > 0)"),
+    MetricName("dual_clip_frac", ("actor/pg_clipfrac_lower",), (), (),
+               "share of tokens cut by the dual clip (A < 0, r > c)"),
+    MetricName("mask_frac", (), (), ("mask_frac",),
+               "share of response tokens the objective removed from the gradient (clip or mask)"),
+    MetricName("kl_k1", ("actor/ppo_kl",), (), ("kl_k1",),
+               "k1 estimate of KL(π_behaviour ‖ π_θ) per token, mean(−log r)"),
+    MetricName("kl_k3", (), (), ("kl_k3",),
+               "k3 estimate of KL(π_behaviour ‖ π_θ) per token, mean(r − 1 − log r)"),
+    MetricName("kl_ref", ("actor/kl_loss",), ("kl",), ("eval_kl_init_k3",),
+               "KL(π_θ ‖ π_ref) per token (TRL: k3; verl: its kl_loss_type; ours: to π₀, k3)"),
+    MetricName("entropy", ("actor/entropy",), ("entropy",), ("entropy",),
+               "mean token entropy of π_θ on the responses (nat)"),
+    MetricName("loss", ("actor/pg_loss",), ("loss",), ("loss",), "the policy loss of the step"),
+    MetricName("grad_norm", ("actor/grad_norm",), ("grad_norm",), ("grad_norm",),
+               "gradient norm before clipping"),
+    MetricName("ratio_max", (), (), ("ratio_max",), "largest token ratio r = π_θ / π_behaviour of the batch"),
+    MetricName("ratio_p999", (), (), ("ratio_p999",), "99.9th percentile of the token ratios"),
+    MetricName("ratio_mean", (), (), ("ratio_mean",), "mean token ratio"),
+    MetricName("log_ratio_abs_mean", (), (), ("log_ratio_abs_mean",), "mean |log r| per token"),
+    MetricName("m2", (), (), ("m2",), "M₂ = mean (log r)², M2PO's second moment"),
+    MetricName("ess", (), (), ("ess",), "effective sample size (Σr)² / (n Σr²) of the token ratios"),
+    MetricName("sampler_kl_k1", ("rollout_corr/kl", "mismatch/mismatch_kl"), (), (),
+               "k1 KL(π_sampler ‖ π_trainer) per token: the sampler / trainer numeric mismatch"),
+    MetricName("sampler_kl_k3", ("rollout_corr/k3_kl", "mismatch/mismatch_k3_kl"), (), (),
+               "k3 KL(π_sampler ‖ π_trainer) per token"),
+    MetricName("sampler_log_ratio_abs_mean", (), ("sampling/sampling_logp_difference/mean",), (),
+               "mean |log π_trainer − log π_sampler| per token"),
+    MetricName("sampler_log_ratio_abs_max", (), ("sampling/sampling_logp_difference/max",), (),
+               "largest |log π_trainer − log π_sampler|"),
+    MetricName("sampler_ratio_mean", ("rollout_corr/rollout_is_mean", "mismatch/rollout_is_mean"),
+               ("sampling/importance_sampling_ratio/mean",), (), "mean π_trainer / π_sampler"),
+    MetricName("sampler_ratio_max", ("rollout_corr/rollout_is_max", "mismatch/rollout_is_max"),
+               ("sampling/importance_sampling_ratio/max",), (), "largest π_trainer / π_sampler"),
+    MetricName("sampler_ess", ("rollout_corr/rollout_is_eff_sample_size", "mismatch/rollout_is_eff_sample_size"),
+               (), (), "effective sample size of the sampler / trainer weights"),
+    MetricName("sampler_chi2", ("rollout_corr/chi2_token",), (), (), "token χ² = E[ρ²] − 1 of π_trainer / π_sampler"),
+    MetricName("response_len", ("response_length/mean",), ("completions/mean_length",), ("response_len",),
+               "mean response length (tokens)"),
+    MetricName("staleness_mean", (), (), ("staleness_mean",), "mean policy versions between generation and use"),
+)
+PLUGIN_PREFIXES = {"verl": "actor/offpolicylab/", "trl": "offpolicylab/"}
+
+
+class LogError(ValueError):
+    """A path that is not a log ``analyze`` reads, or a damaged one (the CLI prints it as one line, exit 2)."""
+
+
+@dataclass
+class Log:
+    """One run's logged scalars: ``series[name] = {step: value}`` under the names the engine used."""
+
+    path: Path
+    format: str
+    series: dict[str, dict[int, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, step: int, name: str, value: Any) -> None:
+        """Record one value (a later value of the same step replaces the earlier one); non-numbers are ignored,
+        ``null`` / NaN / inf are kept as NaN."""
+        number = scalar(value)
+        if number is not None:
+            self.series.setdefault(name, {})[int(step)] = number
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({step for values in self.series.values() for step in values})
+
+
+def scalar(value: Any) -> float | None:
+    """A logged value as a float: numbers (bool excluded), one-element lists; ``None`` → NaN; anything else None."""
+    if value is None:
+        return math.nan
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else math.nan
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def read_log(path: str | Path) -> Log:
+    """Detect the format of ``path`` (see the module docstring) and read it; :class:`LogError` names what was wrong
+    and what is valid."""
+    path = Path(path)
+    if not path.exists():
+        raise LogError(f"{path} does not exist; valid: {VALID_LOGS}")
+    if path.is_dir():
+        return _read_folder(path)
+    if path.name.startswith(EVENT_PREFIX):
+        return read_tensorboard(path.parent)
+    if path.name == "metrics.csv":
+        return read_run(path.parent)
+    return _read_file(path)
+
+
+def _read_folder(path: Path) -> Log:
+    from offpolicylab.runs import is_run_dir
+
+    if is_run_dir(path):
+        return read_run(path)
+    if (path / TRL_STATE).is_file():
+        return read_trl(path / TRL_STATE)
+    checkpoints = sorted((p for p in path.glob("checkpoint-*") if (p / TRL_STATE).is_file()
+                          and p.name.removeprefix("checkpoint-").isdigit()),
+                         key=lambda p: int(p.name.removeprefix("checkpoint-")))
+    if checkpoints:
+        return read_trl(checkpoints[-1] / TRL_STATE)
+    if any(path.rglob(f"{EVENT_PREFIX}*")):
+        return read_tensorboard(path)
+    jsonl = sorted(path.glob("*.jsonl"))
+    if len(jsonl) == 1:
+        return _read_file(jsonl[0])
+    if len(jsonl) > 1:
+        raise LogError(f"{path} holds {len(jsonl)} .jsonl files ({', '.join(p.name for p in jsonl[:3])}); "
+                       "valid: give the one verl FileLogger file to read")
+    raise LogError(f"{path} holds none of the logs analyze reads (no {TRL_STATE}, checkpoint-N/{TRL_STATE}, "
+                   f"{EVENT_PREFIX}* file, .jsonl file, or config.json + metrics.csv); valid: {VALID_LOGS}")
+
+
+def _read_file(path: Path) -> Log:
+    data = path.read_bytes()
+    if not data.strip():
+        raise LogError(f"{path} is empty; valid: {VALID_LOGS}")
+    if data.lstrip()[:1] != b"{":
+        raise LogError(f"{path} is not a log analyze reads (it does not start with a JSON object); "
+                       f"valid: {VALID_LOGS}")
+    text = data.decode("utf-8", errors="replace")
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and "log_history" in whole:
+        return trl_log(path, whole)
+    if isinstance(whole, dict) and not ("step" in whole and "data" in whole):
+        raise LogError(f"{path} is a JSON object without log_history (TRL) or step and data (verl); "
+                       f"valid: {VALID_LOGS}")
+    if whole is None and not _first_line_is_json(text):
+        if '"log_history"' in text:
+            raise LogError(f"{path} is truncated or damaged JSON (a trainer_state.json that does not parse); "
+                           "valid: a complete trainer_state.json")
+        raise LogError(f"{path} is truncated or damaged JSON (it does not parse); valid: {VALID_LOGS}")
+    return verl_log(path, text)
+
+
+def _first_line_is_json(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text.split("\n", 1)[0]), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def read_trl(path: Path) -> Log:
+    """A TRL / transformers ``trainer_state.json``."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise LogError(f"{path} is empty; valid: a trainer_state.json written by a TRL / transformers trainer")
+    try:
+        state = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise LogError(f"{path} is truncated or damaged JSON ({exc.msg} at line {exc.lineno}); "
+                       "valid: a complete trainer_state.json") from None
+    if not isinstance(state, dict) or "log_history" not in state:
+        raise LogError(f"{path} has no log_history; valid: a trainer_state.json written by a TRL / transformers "
+                       "trainer")
+    return trl_log(path, state)
+
+
+def trl_log(path: Path, state: dict[str, Any]) -> Log:
+    history = state["log_history"]
+    if not isinstance(history, list):
+        raise LogError(f"{path}: log_history is not a list; valid: a trainer_state.json written by a trainer")
+    log = Log(path, "trl")
+    for index, record in enumerate(history):
+        if not isinstance(record, dict) or not _is_step(record.get("step")):
+            raise LogError(f"{path}: log_history[{index}] is not a record with an integer step; "
+                           "valid: a trainer_state.json written by a TRL / transformers trainer")
+        for name, value in record.items():
+            if name not in ("step", "epoch") and not name.startswith("eval_"):
+                log.add(record["step"], name, value)
+    return log
+
+
+def verl_log(path: Path, text: str) -> Log:
+    """verl's FileLogger lines ``{"step": N, "data": {...}}``.  A last line without its newline that does not parse
+    is a write cut short by a killed process: it is left out with a note; any other damaged line is an error."""
+    log = Log(path, "verl")
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # no newline after it: torn by a kill mid-write
+                log.notes.append(f"{path}:{number}: a torn last line (no newline, not JSON) was left out")
+                continue
+            raise LogError(f"{path}:{number}: not valid JSON ({exc.msg}); valid: verl FileLogger lines "
+                           '{"step": N, "data": {...}}') from None
+        if not (isinstance(record, dict) and _is_step(record.get("step")) and isinstance(record.get("data"), dict)):
+            raise LogError(f"{path}:{number}: not a verl FileLogger record; valid: {VALID_LOGS} "
+                           '(verl lines are {"step": N, "data": {...}})')
+        for name, value in record["data"].items():
+            log.add(record["step"], name, value)
+    return log
+
+
+def read_tensorboard(path: Path) -> Log:
+    """The scalars of the one run whose event files lie in ``path`` or below it (TensorBoard's EventAccumulator)."""
+    try:
+        from tensorboard.backend.event_processing import event_accumulator
+        from tensorboard.util import tensor_util
+    except ImportError:
+        raise LogError("reading TensorBoard event files needs the tensorboard package; valid: "
+                       'pip install "offpolicylab[tensorboard]"') from None
+    folders = sorted({p.parent for p in path.rglob(f"{EVENT_PREFIX}*")} if path.is_dir() else {path})
+    if not folders:
+        raise LogError(f"{path} holds no {EVENT_PREFIX}* file; valid: {VALID_LOGS}")
+    if len(folders) > 1:
+        names = ", ".join(str(f.relative_to(path)) for f in folders[:3])
+        raise LogError(f"{path} holds the event files of {len(folders)} runs ({names}); valid: the folder of one run")
+    accumulator = event_accumulator.EventAccumulator(
+        str(folders[0]), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    tags = accumulator.Tags()
+    log = Log(folders[0], "tensorboard")
+    for tag in tags.get("scalars", []):
+        for event in accumulator.Scalars(tag):
+            log.add(event.step, tag, event.value)
+    for tag in tags.get("tensors", []):
+        for event in accumulator.Tensors(tag):
+            value = tensor_util.make_ndarray(event.tensor_proto)
+            if value.size == 1 and np.issubdtype(value.dtype, np.number):
+                log.add(event.step, tag, float(value.reshape(())))
+    if not log.series:
+        raise LogError(f"{folders[0]} holds event files without scalars (empty or damaged); valid: {VALID_LOGS}")
+    return log
+
+
+def read_run(path: Path) -> Log:
+    """One of our run directories: ``metrics.csv`` by update (an empty cell: not logged at that update; ``nan``:
+    logged, not finite)."""
+    from offpolicylab.runs import RunDir
+
+    log = Log(path, "offpolicylab")
+    for line, row in enumerate(RunDir(path).read_metrics(), 2):
+        step = row.get("update", "")
+        if not step.isdigit():
+            raise LogError(f"{path}/metrics.csv:{line}: update={step!r} is not an update number; the metrics file "
+                           "is damaged (valid: a run directory offpolicylab wrote)")
+        for name, text in row.items():
+            if name != "update" and text not in ("", None):
+                with contextlib.suppress(ValueError):  # a text column is not a metric
+                    log.add(int(step), name, float(text))
+    return log
+
+
+def _is_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# ------------------------------------------------------------------------------------------------ our names
+def engine_of(log: Log) -> str:
+    """Which engine's names a log uses: ``verl``, ``trl`` or ``offpolicylab``.  TensorBoard logs are TRL's when
+    their tags carry the ``train/`` prefix, else verl's."""
+    if log.format != "tensorboard":
+        return "offpolicylab" if log.format == "offpolicylab" else log.format
+    return "trl" if any(name.startswith(TENSORBOARD_SPLIT) for name in log.series) else "verl"
+
+
+def plain_names(log: Log) -> dict[str, dict[int, float]]:
+    """The log's series under the engine's own names (TensorBoard's ``train/`` prefix removed, ``eval/`` left out)."""
+    if log.format != "tensorboard" or engine_of(log) != "trl":
+        return log.series
+    return {name.removeprefix(TENSORBOARD_SPLIT): values for name, values in log.series.items()
+            if name.startswith(TENSORBOARD_SPLIT)}
+
+
+def canonical(log: Log) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
+    """The log's series under our names (:data:`METRIC_NAMES`) and, for each, the name it was read from.  Our
+    plug-ins' metrics (``actor/offpolicylab/<name>``, ``offpolicylab/<name>``) come first under their own name."""
+    engine = engine_of(log)
+    series = plain_names(log)
+    out: dict[str, dict[int, float]] = {}
+    source: dict[str, str] = {}
+    prefix = PLUGIN_PREFIXES.get(engine)
+    if prefix is not None:
+        for name, values in series.items():
+            if name.startswith(prefix):
+                out[name.removeprefix(prefix)], source[name.removeprefix(prefix)] = values, name
+    for metric in METRIC_NAMES:
+        if metric.ours in out:
+            continue
+        for name in getattr(metric, "run" if engine == "offpolicylab" else engine):
+            if name in series:
+                out[metric.ours], source[metric.ours] = series[name], name
+                break
+    return out, source
+
+
+def unmapped(log: Log, used: Iterable[str]) -> list[str]:
+    """Names in the log that :func:`canonical` did not use (for the summary: what else the log holds)."""
+    taken = set(used)
+    return sorted(name for name in plain_names(log) if name not in taken)
+
+
+def mapping_table() -> str:
+    """:data:`METRIC_NAMES` as the Markdown table docs/diagnosing.md shows (a test keeps the two equal)."""
+    def cell(names: tuple[str, ...]) -> str:
+        return ", ".join(f"`{name}`" for name in names) or "–"
+
+    rows = ["| ours | verl | TRL | our run directories | meaning |", "|---|---|---|---|---|"]
+    for metric in METRIC_NAMES:
+        rows.append(f"| `{metric.ours}` | {cell(metric.verl)} | {cell(metric.trl)} | {cell(metric.run)} | "
+                    f"{metric.meaning} |")
+    return "\n".join(rows)
+

@@ -1,0 +1,198 @@
+"""What a training run prints while it runs (stderr).  Updates are numbered from 0 everywhere — the console,
+``metrics.csv``, ``events.jsonl``, ``summary.json`` (``peak_*_update``, ``collapse_update``) and the plots: "update 7"
+is the eighth optimizer step, and "8/30 done" counts the updates finished.
+
+* On a terminal (``"bar"``): a tqdm bar whose postfix shows the latest reward, clip or mask fraction, ratio p99.9,
+  ESS and entropy (and the KL to the reference when the KL penalty is on); evaluation lines and warnings are printed
+  above it.
+* Off a terminal (``"lines"``, e.g. a log file): one line per update at most every :data:`LINE_SECONDS` seconds,
+  the last update always, every evaluation, and every warning (a non-finite step, a detected collapse).
+
+The line starting the run (:func:`describe_run`) names the world, policy, objective and schedule and the training
+settings a world or policy chose for the fields the user left unset.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from offpolicylab.config import TrainConfig
+
+LINE_SECONDS = 5.0
+#: The columns of an update line and the bar's postfix, in order, with their short names.
+LIVE_COLUMNS = (("reward_mean", "reward"), ("clip_frac", "clip"), ("mask_frac", "mask"), ("ratio_p999", "r_p99.9"),
+                ("ess", "ess"), ("entropy", "entropy"), ("kl_ref", "kl_ref"), ("loss", "loss"))
+SETTINGS = ("prompts_per_update", "group_size", "temperature", "advantage", "optimizer", "lr", "grad_clip",
+            "eval_samples")
+
+
+def describe_run(config: TrainConfig, memory_plan: str | None = None) -> str:
+    """``offpolicylab: synthetic_lm / transformer / grpo / stale_k:256, 400 updates; optimizer adamw, lr 0.0015, ...
+    (chosen by world synthetic_lm: ...)``: the run and the settings that worlds and policies may choose, naming
+    those the world or policy chose."""
+    text = (f"offpolicylab: {config.world} / {config.policy} / {config.objective} / {config.schedule}, "
+            f"{config.updates} updates (0..{config.updates - 1})")
+    text += "; " + ", ".join(f"{name} {_number(getattr(config, name))}" for name in SETTINGS)
+    by: dict[str, list[str]] = {}
+    for name, source in config.sources().items():
+        if source != "default":
+            by.setdefault(source, []).append(name)
+    if by:
+        text += " (" + "; ".join(f"chosen by {source}: {', '.join(names)}" for source, names in by.items()) + ")"
+    if memory_plan:
+        text += f"; scoring: {memory_plan}"
+    return text
+
+
+def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
+    """``update 2 (3/30 done)  reward 0.125  clip 0.05  …  1.2 s/update``: an update's live diagnostics."""
+    update = int(row["update"])
+    parts = [f"update {update} ({update + 1}/{total} done)"]
+    parts += [f"{short} {_number(row[key])}" for key, short in LIVE_COLUMNS if _shown(row.get(key))]
+    return "  ".join([*parts, f"{seconds:.2g} s/update"])
+
+
+def eval_line(row: dict[str, Any], seconds: float | None = None) -> str:
+    """``  eval update 9  eval_reward_sampled 0.1  eval_reward_greedy 0.05``: the evaluation numbers of an update."""
+    parts = [f"{key} {_number(value)}" for key, value in row.items()
+             if key.startswith(("eval_", "exact_")) and _shown(value)]
+    return "  ".join([f"  eval update {int(row['update'])}", *parts] + ([f"{seconds:.1f} s"] if seconds else []))
+
+
+def evaluated(row: dict[str, Any]) -> bool:
+    return any(key.startswith(("eval_", "exact_")) and _shown(value) for key, value in row.items())
+
+
+class Progress:
+    """The console view of a run (one or several seeds trained together), fed once per update by the trainer.
+
+    ``mode``: ``"bar"`` (or True), ``"lines"``, or False / None for silence.  ``write`` and ``clock`` are the
+    output and the time source (stderr and :func:`time.monotonic`; tests pass their own)."""
+
+    def __init__(self, mode: bool | str | None, total: int, start: int, *,
+                 write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 stream: TextIO | None = None) -> None:
+        self.mode = "bar" if mode is True else (mode or None)
+        self.total, self.clock = total, clock
+        self.stream = stream or sys.stderr
+        self.bar: Any = None
+        if self.mode == "bar":
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="upd", dynamic_ncols=True, leave=False, file=self.stream)
+        self._write = write or self._print
+        self.last_line = -math.inf
+        self.last_update = clock()
+        self.warned: set[tuple[str, int]] = set()
+
+    def update(self, rows: list[dict[str, Any]], labels: list[str], warnings: list[str | None]) -> None:
+        """One update's rows (one per member, labelled), after evaluation; ``warnings[i]`` is a warning of member
+        i at this update (None: none)."""
+        now = self.clock()
+        seconds, self.last_update = now - self.last_update, now
+        for label, row, warning in zip(labels, rows, warnings, strict=True):
+            if warning:
+                self._write(f"{label}warning: update {int(row['update'])}: {warning}")
+        if self.mode == "bar":
+            self.bar.update(1)
+            self.bar.set_postfix_str(self._postfix(rows[0]), refresh=False)
+            self.bar.set_description_str(f"update {int(rows[0]['update'])}", refresh=True)
+        elif self.mode == "lines":
+            last = int(rows[0]["update"]) == self.total - 1
+            if last or now - self.last_line >= LINE_SECONDS:
+                self.last_line = now
+                for label, row in zip(labels, rows, strict=True):
+                    self._write(label + progress_line(row, self.total, seconds))
+        if self.mode:
+            for label, row in zip(labels, rows, strict=True):
+                if evaluated(row):
+                    self._write(label + eval_line(row))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def _postfix(self, row: dict[str, Any]) -> str:
+        return " ".join(f"{short}={_number(row[key])}" for key, short in LIVE_COLUMNS[:-1] if _shown(row.get(key)))
+
+    def _print(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+
+def update_warnings(rows: list[dict[str, Any]], collapsed_at: list[int]) -> list[str | None]:
+    """Each member's warning at its row's update: a non-finite loss or gradient norm, or the collapse its detector
+    flagged at this update."""
+    out: list[str | None] = []
+    for row, collapse in zip(rows, collapsed_at, strict=True):
+        if not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
+            out.append(f"non-finite step (loss {row['loss']}, grad_norm {row['grad_norm']}); the run stops")
+        elif collapse == int(row["update"]):
+            out.append("collapse detected (events.jsonl has the reason)")
+        else:
+            out.append(None)
+    return out
+
+
+def _shown(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: Any) -> str:
+    """A readable number: 4 significant digits (``0.0001999800026662447`` → ``0.0002``, ``1e-05``), ints as is."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.4g}"
+
+
+def readable(value: Any) -> str:
+    """A parameter value as ``offpolicylab list`` prints it: none, numbers with at most 4 significant digits, lists
+    comma-separated."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return ",".join(readable(v) for v in value)
+    return _number(value)
+
+
+class SweepProgress:
+    """Off a terminal, a sweep's progress as lines — ``sweep: 3/12 cells done, 2 running, 1 failed`` — whenever a
+    cell finishes (at most every :data:`LINE_SECONDS` seconds, and always for the last); on a terminal a tqdm bar."""
+
+    def __init__(self, total: int, mode: bool | str | None, *, write: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.clock, self.mode = total, clock, ("bar" if mode is True else (mode or None))
+        self.done = self.failed = 0
+        self.last = -math.inf
+        self._write = write or (lambda text: print(text, file=sys.stderr, flush=True))
+        self.bar: Any = None
+        if self.mode == "bar":
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, unit="cell", dynamic_ncols=True)
+
+    def finished(self, results: list[dict[str, Any]], running: int) -> None:
+        """Cells finished (their results) and how many are running now."""
+        self.done += len(results)
+        self.failed += sum(result.get("status") == "failed" for result in results)
+        if self.bar is not None:
+            self.bar.update(len(results))
+            self.bar.set_postfix_str(f"running {running}, failed {self.failed}")
+        elif self.mode == "lines":
+            now = self.clock()
+            if self.done == self.total or now - self.last >= LINE_SECONDS:
+                self.last = now
+                self._write(f"sweep: {self.done}/{self.total} cells done, {running} running, {self.failed} failed")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,40 @@
+"""The reference policy of the KL penalty (``kl_coef`` of every objective, :mod:`offpolicylab.objectives.regularization`):
+π_ref = π_0, the frozen copy of the initial policy the trainer keeps.  Each batch the penalty needs is scored by π_0
+once (no grad) into ``TokenBatch.ref_logp``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from offpolicylab.contracts import Policy, Rollout
+from offpolicylab.objectives import Objective
+
+
+def uses_reference(objectives: Iterable[Objective]) -> bool:
+    """Whether any of ``objectives`` adds the KL penalty (β = ``kl_coef`` > 0), so that π_0 must score its batches."""
+    return any(getattr(objective, "kl_coef", 0.0) > 0 for objective in objectives)
+
+
+def reference_logp(reference: Policy | None, rollout: Rollout, objectives: Iterable[Objective]) -> Tensor | None:
+    """log π_ref(y_t | x, y_<t) [B, T] of the rollout's response tokens at its temperature (detached, the rollout's
+    dtype), or None when no objective uses it."""
+    if not uses_reference(objectives):
+        return None
+    if reference is None:
+        raise ValueError("kl_coef > 0 needs the frozen initial policy π_0, which this run does not keep")
+    with torch.no_grad():
+        logp, _ = reference.score(rollout)
+    return logp.detach().to(rollout.behavior_logp.dtype)
+
+
+def check_entropy_gradient(objective: Objective, policy: Any) -> None:
+    """Refuse ``entropy_coef`` > 0 with a policy whose ``score`` returns the entropy without gradient (class
+    attribute ``entropy_gradient = False``), before anything is written."""
+    if getattr(objective, "entropy_coef", 0.0) > 0 and not getattr(policy, "entropy_gradient", True):
+        raise ValueError(f"entropy_coef={objective.entropy_coef:g} needs the policy's entropy with gradient, which "
+                         f"policy {type(policy).__name__} does not compute; valid: entropy_coef=0 with this policy")

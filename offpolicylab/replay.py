@@ -1,0 +1,384 @@
+"""``offpolicylab replay SAMPLES --objectives m2po,grpo,gspo --out DIR``: what each objective does with the same
+recorded token batches — the analysis of Fig. 4 of "Prosperity before Collapse" (Zheng, Zhao, Chen 2025,
+arXiv:2510.01161), for any run whose batches were recorded (:mod:`offpolicylab.integrations.record`).
+
+Each recorded micro-batch is scored again by every objective, micro-batch by micro-batch as the run scored it
+(batch statistics such as M2PO's M̂₂ are the micro-batch's), with ``logp = Δ`` and ``behavior_logp = 0`` so that the
+log-ratio Δ is bit for bit the one the run saw (masks and gradients depend on log π only through Δ).  Over the valid
+tokens i of all replayed batches, with g_i = −∂L/∂log π_i the objective's loss-gradient weight and g_i^RF = A_i / n
+(token-mean; the same ``agg`` as the objective) REINFORCE's:
+
+    silenced        share of tokens the objective clipped or masked (its token mask is 0: no gradient)
+    by entropy decile   the same share within each decile of token entropy (deciles of all replayed tokens)
+    grad_top20      Σ_{top-20 % entropy} |g_i| / Σ_i |g_i|   (REINFORCE: the share of Σ|A_i|)
+    weight_mean     mean of w_i = g_i / g_i^RF over tokens with A_i ≠ 0 (1: REINFORCE's weight; 0: silenced)
+    ess_before / ess_after   Kish ESS (Σw)² / (n Σw²) of the ratios r_i = e^Δ_i, and of |w_i| (tokens with A ≠ 0),
+                    per micro-batch, averaged weighted by tokens (Kong 1992)
+    m2_before / m2_after   M̂₂ = mean Δ_i² over all tokens, and over the tokens the objective kept
+    as_run          for the run's own objective (its recorded parameters): share of tokens whose replayed mask
+                    equals the one recorded in the run (1.0: the run is reproduced)
+
+A stateful objective (``ac_mispo``) starts fresh and advances once per replayed update, so it matches the run only
+when every update was recorded from the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from offpolicylab.objectives import Objective, TokenBatch, get_objective, objective_params
+from offpolicylab.runs import RunDir, load_samples, sample_update, write_text_atomically
+
+DEFAULT_OBJECTIVES = "reinforce,grpo,m2po,gspo"
+DECILES = 10
+TOP_DECILES = 2  # the top-20 % entropy tokens
+
+
+class ReplayError(ValueError):
+    """Samples that cannot be replayed as asked (the CLI prints it as one line, exit 2)."""
+
+
+@dataclass
+class Pooled:
+    """Per valid token, pooled over every replayed micro-batch, for one objective."""
+
+    entropy: list[np.ndarray] = field(default_factory=list)
+    delta: list[np.ndarray] = field(default_factory=list)
+    silenced: list[np.ndarray] = field(default_factory=list)
+    grad: list[np.ndarray] = field(default_factory=list)
+    reference: list[np.ndarray] = field(default_factory=list)
+    same_as_run: list[np.ndarray] = field(default_factory=list)
+    ess: list[tuple[float, float, int]] = field(default_factory=list)  # (before, after, tokens) per micro-batch
+
+    def array(self, name: str) -> np.ndarray:
+        parts = getattr(self, name)
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+
+# ------------------------------------------------------------------------------------------------ reading
+def sample_files(path: str | Path, updates: tuple[int, int] | None = None) -> list[Path]:
+    """The ``update_XXXXXX.npz`` files of a run directory, of a samples folder, or the one file given."""
+    path = Path(path)
+    if not path.exists():
+        raise ReplayError(f"{path} does not exist; valid: a recorded run directory, its samples folder or one "
+                          "samples/update_XXXXXX.npz file")
+    if path.is_file():
+        files = [path]
+    else:
+        folder = path / "samples" if (path / "samples").is_dir() else path
+        files = sorted(folder.glob("update_*.npz"))
+    if updates is not None:
+        files = [f for f in files if updates[0] <= sample_update(f) <= updates[1]]
+    if not files:
+        which = "" if updates is None else f" in updates {updates[0]}..{updates[1]}"
+        raise ReplayError(f"{path} holds no samples/update_XXXXXX.npz file{which}; valid: a run directory "
+                          "recorded with OFFPOLICYLAB_RECORD (docs/diagnosing.md) or one of its sample files")
+    return files
+
+
+def run_objective(path: str | Path) -> tuple[str, dict[str, Any]] | None:
+    """The objective and parameters the recorded run trained with (its config.json), or None."""
+    path = Path(path)
+    for folder in (path, path.parent, path.parent.parent):
+        if (folder / "config.json").is_file():
+            config = RunDir(folder).read_config()
+            if "objective" in config:
+                return str(config["objective"]), dict(config.get("objective_params") or {})
+    return None
+
+
+def micro_batches(path: Path) -> list[dict[str, torch.Tensor]]:
+    """The micro-batches of one sample file as tensors (``batch_*`` arrays split by ``micro_batch``)."""
+    try:
+        arrays = load_samples(path)
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"{path} is not a readable sample file ({exc}); valid: a .npz file a recorder wrote") from None
+    if "batch_log_ratio" not in arrays or "micro_batch" not in arrays:
+        raise ReplayError(f"{path} holds token samples without the whole batch (no batch_log_ratio): replay needs "
+                          "the batches a recorder writes; valid: a run recorded with OFFPOLICYLAB_RECORD or "
+                          "record_dir (docs/diagnosing.md)")
+    rows = arrays["micro_batch"]
+    parts = []
+    for index in np.unique(rows):
+        pick = rows == index
+        part = {key.removeprefix("batch_"): torch.from_numpy(value[pick]) for key, value in arrays.items()
+                if key.startswith("batch_")}
+        if "staleness" in arrays and arrays["staleness"].shape == rows.shape:
+            part["staleness"] = torch.from_numpy(arrays["staleness"][pick].astype(np.float32))
+        parts.append(part)
+    return parts
+
+
+def token_batch(part: dict[str, torch.Tensor]) -> tuple[TokenBatch, torch.Tensor]:
+    """The micro-batch as a :class:`TokenBatch` with ``logp = Δ`` (a leaf that takes the gradient) and
+    ``behavior_logp = 0``; the sampler's log-prob is −(log π_behaviour − log π_sampler)."""
+    logp = part["log_ratio"].clone().requires_grad_(True)
+    dtype = logp.dtype
+    sampler = part.get("sampler_log_ratio")
+    staleness = part.get("staleness")
+    batch = TokenBatch(
+        logp=logp, behavior_logp=torch.zeros_like(logp), advantages=part["advantage"].to(dtype),
+        mask=part["mask"].to(dtype), sampler_logp=None if sampler is None else -sampler.to(dtype),
+        entropy=None if "entropy" not in part else part["entropy"].to(dtype),
+        rewards=None if "rewards" not in part else part["rewards"].to(dtype),
+        group_ids=part.get("group_ids"),
+        staleness=None if staleness is None or (staleness < 0).any() else staleness,
+    )
+    return batch, logp
+
+
+# ------------------------------------------------------------------------------------------------ scoring
+def gradient_weights(objective: Objective, batch: TokenBatch, logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token mask, g = −∂L/∂log π) of ``objective`` on ``batch``."""
+    out = objective(batch)
+    (grad,) = torch.autograd.grad(out.loss, logp, allow_unused=True)
+    grad = torch.zeros_like(logp) if grad is None else grad
+    kept = batch.mask if out.token_mask is None else out.token_mask
+    return kept.detach(), -grad.detach()
+
+
+def replay(files: list[Path], objectives: dict[str, Objective], own: str | None = None) -> dict[str, Pooled]:
+    """Score every micro-batch of ``files`` with each objective; ``own`` names the label of the run's own
+    objective (compared token by token with the recorded mask)."""
+    pooled = {label: Pooled() for label in objectives}
+    references = {agg: get_objective("reinforce", agg=agg) for agg in {o.agg for o in objectives.values()}}
+    for path in files:
+        parts = micro_batches(path)
+        for label, objective in objectives.items():
+            for index, part in enumerate(parts):
+                batch, logp = token_batch(part)
+                if index == 0 and objective.stateful:
+                    objective.update(batch)
+                try:
+                    kept, grad = gradient_weights(objective, batch, logp)
+                except ValueError as exc:
+                    raise ReplayError(f"{label} cannot be replayed on {path}: {exc}") from None
+                _, reference = gradient_weights(references[objective.agg], *token_batch(part))
+                collect(pooled[label], batch, kept, grad, reference, part.get("kept") if label == own else None)
+    return pooled
+
+
+def collect(into: Pooled, batch: TokenBatch, kept: torch.Tensor, grad: torch.Tensor, reference: torch.Tensor,
+            run_kept: torch.Tensor | None) -> None:
+    """Append one micro-batch's valid tokens to ``into``."""
+    valid = (batch.mask > 0).numpy()
+    delta = batch.delta().numpy().astype(np.float64)[valid]
+    entropy = None if batch.entropy is None else batch.entropy.numpy()[valid]
+    silenced = (kept.numpy() <= 0)[valid]
+    g, g_rf = grad.numpy().astype(np.float64)[valid], reference.numpy().astype(np.float64)[valid]
+    into.delta.append(delta)
+    into.silenced.append(silenced)
+    into.grad.append(g)
+    into.reference.append(g_rf)
+    if entropy is not None:
+        into.entropy.append(entropy)
+    if run_kept is not None:
+        into.same_as_run.append(silenced == (run_kept.numpy() <= 0)[valid])
+    signal = g_rf != 0
+    into.ess.append((kish_ess(delta, log=True), kish_ess(np.abs(g[signal] / g_rf[signal])), int(valid.sum())))
+
+
+def kish_ess(values: np.ndarray, log: bool = False) -> float:
+    """(Σw)² / (n Σw²) of weights w (``log``: of w = e^values, computed as e^(values − max) so nothing overflows);
+    NaN for no weights, 0 when every weight is 0."""
+    if values.size == 0:
+        return math.nan
+    w = np.exp(values - values.max()) if log else values
+    square = float(np.sum(w * w))
+    return float(np.sum(w) ** 2 / (values.size * square)) if square > 0 else 0.0
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def entropy_deciles(pooled: dict[str, Pooled]) -> np.ndarray | None:
+    """Decile index 0..9 of each token's entropy among all replayed tokens (None when no entropy was recorded)."""
+    first = next(iter(pooled.values()))
+    entropy = first.array("entropy")
+    if entropy.size == 0 or entropy.size != first.array("delta").size:
+        return None
+    edges = np.quantile(entropy, np.arange(1, DECILES) / DECILES)
+    return np.searchsorted(edges, entropy, side="right")
+
+
+def summary_table(pooled: dict[str, Pooled], params: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per objective (see the module docstring for the columns)."""
+    deciles = entropy_deciles(pooled)
+    rows = []
+    for label, p in pooled.items():
+        silenced, grad, reference, delta = (p.array(n) for n in ("silenced", "grad", "reference", "delta"))
+        magnitude, signal = np.abs(grad), reference != 0
+        top = None if deciles is None else deciles >= DECILES - TOP_DECILES
+        ess = np.array(p.ess, dtype=np.float64)
+        same = p.array("same_as_run")
+        rows.append({
+            "objective": label, "params": params[label], "tokens": int(delta.size),
+            "silenced": float(silenced.mean()),
+            "silenced_top20": math.nan if top is None else float(silenced[top].mean()),
+            "grad_top20": math.nan if top is None or magnitude.sum() == 0 else
+            float(magnitude[top].sum() / magnitude.sum()),
+            "weight_mean": float(np.mean(grad[signal] / reference[signal])) if signal.any() else math.nan,
+            "ess_before": _weighted(ess[:, 0], ess[:, 2]), "ess_after": _weighted(ess[:, 1], ess[:, 2]),
+            "m2_before": float(np.mean(delta**2)),
+            "m2_after": float(np.mean(delta[~silenced] ** 2)) if (~silenced).any() else math.nan,
+            "as_run": float(same.mean()) if same.size else math.nan,
+        })
+    return rows
+
+
+def decile_table(pooled: dict[str, Pooled]) -> list[dict[str, Any]]:
+    """Per objective and entropy decile: tokens, silenced share, share of Σ|g|, mean entropy."""
+    deciles = entropy_deciles(pooled)
+    if deciles is None:
+        return []
+    rows = []
+    for label, p in pooled.items():
+        silenced, magnitude, entropy = p.array("silenced"), np.abs(p.array("grad")), p.array("entropy")
+        total = magnitude.sum()
+        for d in range(DECILES):
+            pick = deciles == d
+            rows.append({"objective": label, "decile": d + 1, "tokens": int(pick.sum()),
+                         "entropy_mean": float(entropy[pick].mean()) if pick.any() else math.nan,
+                         "silenced": float(silenced[pick].mean()) if pick.any() else math.nan,
+                         "grad_share": float(magnitude[pick].sum() / total) if total > 0 else math.nan})
+    return rows
+
+
+def _weighted(values: np.ndarray, weights: np.ndarray) -> float:
+    ok = np.isfinite(values)
+    return float(np.average(values[ok], weights=weights[ok])) if ok.any() and weights[ok].sum() > 0 else math.nan
+
+
+# ------------------------------------------------------------------------------------------------ objectives
+def parse_objectives(names: str, assignments: list[str], run: tuple[str, dict[str, Any]] | None
+                     ) -> tuple[dict[str, Objective], dict[str, str], str | None]:
+    """Build the objectives of ``--objectives a,b`` with ``--param a.key=value``; the run's own objective, when
+    listed without ``--param``, gets the run's recorded parameters.  Returns (objectives by label, their shown
+    parameters, the label of the run's own objective or None)."""
+    chosen = [name.strip() for name in names.split(",") if name.strip()]
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise ReplayError(f"--objectives {names!r} is invalid; valid: distinct comma-separated objective names, "
+                          f"e.g. {DEFAULT_OBJECTIVES}")
+    given: dict[str, dict[str, str]] = {name: {} for name in chosen}
+    for text in assignments:
+        target, _, value = text.partition("=")
+        name, _, key = target.partition(".")
+        if not (value and key) or name not in given:
+            raise ReplayError(f"--param {text!r} is invalid; valid: OBJECTIVE.KEY=VALUE for a listed objective "
+                              f"({', '.join(chosen)}), e.g. m2po.tau=0.04")
+        given[name][key] = value
+    objectives, shown, own = {}, {}, None
+    for name in chosen:
+        params: dict[str, Any] = dict(given[name])
+        if run is not None and name == run[0] and not params:
+            params, own = dict(run[1]), name
+        objectives[name] = get_objective(name, **params)
+        defaults = {key: spec.default for key, spec in objective_params(name).items()}
+        shown[name] = ", ".join(f"{k}={v}" for k, v in objectives[name].config.items() if defaults.get(k) != v)
+    return objectives, shown, own
+
+
+def parse_updates(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    first, sep, last = text.partition(":")
+    if not (sep and first.strip().isdigit() and last.strip().isdigit() and int(first) <= int(last)):
+        raise ReplayError(f"--updates {text!r} is invalid; valid: FIRST:LAST, two update numbers, e.g. 800:1200")
+    return int(first), int(last)
+
+
+# ------------------------------------------------------------------------------------------------ output
+def figure(rows: list[dict[str, Any]], deciles: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """"Which tokens each objective silences here": share silenced and share of |gradient| by entropy decile (or,
+    without recorded entropy, the silenced share per objective)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from offpolicylab.plots import objective_color
+
+    if deciles:
+        fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0))
+        for row in rows:
+            label = row["objective"]
+            mine = [d for d in deciles if d["objective"] == label]
+            style = {"color": objective_color(label), "marker": "o", "ms": 3, "label": label}
+            axes[0].plot([d["decile"] for d in mine], [d["silenced"] for d in mine], **style)
+            axes[1].plot([d["decile"] for d in mine], [d["grad_share"] for d in mine], **style)
+        axes[0].set(xlabel="token entropy decile (1 = lowest)", ylabel="share of tokens clipped or masked")
+        axes[1].set(xlabel="token entropy decile (1 = lowest)", ylabel="share of Σ|gradient weight|")
+        axes[1].legend(fontsize=8)
+    else:
+        fig, ax = plt.subplots(figsize=(6.0, 3.5))
+        labels = [row["objective"] for row in rows]
+        ax.bar(labels, [row["silenced"] for row in rows], color=[objective_color(lab) for lab in labels])
+        ax.set(ylabel="share of tokens clipped or masked", title="(no token entropy recorded: no deciles)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _json_number(value: Any) -> Any:
+    """NaN as null (strict JSON has no NaN)."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows).drop(columns=["params"])
+    return frame.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    import pandas as pd
+
+    write_text_atomically(path, pd.DataFrame(rows).to_csv(index=False))
+
+
+# ------------------------------------------------------------------------------------------------ command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("samples", metavar="SAMPLES",
+                        help="a recorded run directory, its samples folder, or one samples/update_XXXXXX.npz")
+    parser.add_argument("--objectives", default=DEFAULT_OBJECTIVES,
+                        help=f"comma-separated objectives to replay (default {DEFAULT_OBJECTIVES})")
+    parser.add_argument("--param", action="append", default=[], metavar="OBJ.K=V",
+                        help="an objective parameter, e.g. m2po.tau=0.02 (repeatable; the run's own objective "
+                             "gets the run's parameters unless given)")
+    parser.add_argument("--updates", default=None, metavar="FIRST:LAST", help="replay only these updates")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for replay.csv, replay_deciles.csv, "
+                                                                    "replay.png")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if not str(args.out).strip() or (out.exists() and not out.is_dir()):
+        raise ReplayError(f"--out {args.out!r} is invalid; valid: a folder path (created if missing)")
+    files = sample_files(args.samples, parse_updates(args.updates))
+    objectives, shown, own = parse_objectives(args.objectives, args.param, run_objective(args.samples))
+    pooled = replay(files, objectives, own)
+    rows, deciles = summary_table(pooled, shown), decile_table(pooled)
+    updates = [sample_update(f) for f in files]
+    title = (f"which tokens each objective silences here: {rows[0]['tokens']} tokens, "
+             f"{len(files)} updates ({updates[0]}..{updates[-1]})")
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "replay.csv", rows)
+    if deciles:
+        write_csv(out / "replay_deciles.csv", deciles)
+    figure(rows, deciles, title, out / "replay.png")
+    record = {"samples": str(args.samples), "files": len(files), "updates": [updates[0], updates[-1]],
+              "run_objective": own, "rows": [{k: _json_number(v) for k, v in row.items()} for row in rows]}
+    write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
+    print(title)
+    print(format_table(rows))
+    print(f"-> {out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
+    return 0

@@ -1,0 +1,292 @@
+"""Experiment tracking (``--report-to tensorboard,wandb,mlflow,trackio``): every metrics row a run writes goes to
+the chosen trackers too, through each library's own API, and so do the histogram samples (token log-ratios and
+entropies, every ``sample_every`` updates).  ``metrics.csv`` stays the record; a tracker is a view of it.
+
+Everything stays on this machine unless the user asks otherwise:
+
+=============  ======================================================================================================
+tensorboard    ``torch.utils.tensorboard.SummaryWriter`` writing ``RUN/tracking/tensorboard`` (``tensorboard --logdir
+               RUN/tracking``); a resumed run purges the steps it redoes.
+wandb          ``wandb.init(mode="offline")`` into ``RUN/tracking/wandb`` unless ``WANDB_MODE`` says otherwise
+               (``wandb sync RUN/tracking/wandb/offline-run-*`` uploads it later); a resume continues the same run id.
+mlflow         ``mlflow.MlflowClient`` on the file store ``RUN/tracking/mlruns`` unless ``MLFLOW_TRACKING_URI`` names
+               another (``mlflow ui --backend-store-uri RUN/tracking/mlruns``); histogram samples are logged as
+               artifacts (MLflow has no histogram type).
+trackio        ``trackio.init`` on Trackio's local database (``TRACKIO_DIR``, default ``~/.cache/huggingface/trackio``;
+               ``trackio show --project offpolicylab``).
+=============  ======================================================================================================
+
+Scalars are named ``train/<column>``, ``eval/<column>`` (``eval_*`` and ``exact_*`` columns) and ``time/<column>``,
+with the update (0-based, as in ``metrics.csv``) as the step; a value that is NaN (no evaluation at that update) is
+not logged.  The tracker's run name is the run directory's name, its group the parent folder's (a sweep's cells).
+Each library is imported only when asked for; a missing one is refused before the run starts, in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: The trackers ``--report-to`` accepts (comma-separated, several at once); ``none`` alone means no tracker.
+REPORT_TO = ("tensorboard", "wandb", "mlflow", "trackio", "none")
+_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "trackio": "trackio"}
+PROJECT = "offpolicylab"
+FOLDER = "tracking"  # inside the run directory
+IDS_FILE = "ids.json"  # the trackers' run ids, so that a resume continues the same runs
+HISTOGRAMS = ("log_ratio", "seq_log_ratio", "entropy", "advantage", "staleness")
+
+
+def parse_report_to(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"tensorboard,wandb"`` → ``("tensorboard", "wandb")``; ``"none"`` / empty → ``()``.  An unknown name raises
+    ``ValueError`` naming the valid ones."""
+    if value is None:
+        return ()
+    names = [part.strip().lower() for part in (value.split(",") if isinstance(value, str) else value)]
+    names = [name for name in names if name]
+    unknown = [name for name in names if name not in REPORT_TO]
+    if unknown:
+        raise ValueError(f"report_to {unknown[0]!r} is unknown; valid: a comma-separated list of "
+                         f"{', '.join(REPORT_TO)}")
+    chosen = tuple(dict.fromkeys(name for name in names if name != "none"))
+    if chosen and "none" in names:
+        raise ValueError(f"report_to {value!r} names none together with trackers; valid: none alone, or trackers")
+    return chosen
+
+
+def check_installed(names: Iterable[str]) -> None:
+    """Refuse a tracker whose library is not installed (one line naming the package and the extra)."""
+    for name in names:
+        if importlib.util.find_spec(_MODULES[name]) is None:
+            raise ValueError(f"--report-to {name} needs the {_MODULES[name]} package, which is not installed; "
+                             f"valid: pip install {_MODULES[name]} (or the tracking extra: pip install "
+                             "'offpolicylab[tracking]')")
+
+
+def scalar_name(column: str) -> str:
+    """The tracker's name of a metrics column: ``train/…``, ``eval/…`` or ``time/…``."""
+    if column.startswith(("eval_", "exact_")):
+        return f"eval/{column}"
+    if column.startswith("time_"):
+        return f"time/{column}"
+    return f"train/{column}"
+
+
+def scalars_of(row: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics row by their tracker names (``update`` is the step, not a scalar)."""
+    out = {}
+    for key, value in row.items():
+        if key == "update" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            out[scalar_name(key)] = float(value)
+    return out
+
+
+# ============================================================================================ the sinks
+class TensorBoardSink:
+    """:class:`torch.utils.tensorboard.SummaryWriter` into ``folder/tensorboard``."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], start: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(folder / "tensorboard"), purge_step=start or None)
+        if not start:
+            self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+
+    def histograms(self, arrays: dict[str, np.ndarray], step: int, path: Path | None) -> None:
+        for key, values in arrays.items():
+            self.writer.add_histogram(f"hist/{key}", values, step)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """``wandb.init`` (offline unless ``WANDB_MODE`` is set) into ``folder/wandb``."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], start: int, ids: dict[str, str], name: str,
+                 group: str) -> None:
+        import wandb
+        from wandb.sdk.lib.runid import generate_id
+
+        self.wandb = wandb
+        ids.setdefault("wandb", generate_id())
+        (folder / "wandb").mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, disable_git=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=name, group=group,
+                              id=ids["wandb"], resume="allow", dir=str(folder), config=config,
+                              mode=os.environ.get("WANDB_MODE", "offline"), settings=settings, reinit="create_new")
+        self.pending: dict[str, Any] = {}
+        self.step = -1
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self._add(values, step)
+
+    def histograms(self, arrays: dict[str, np.ndarray], step: int, path: Path | None) -> None:
+        self._add({f"hist/{key}": self.wandb.Histogram(values) for key, values in arrays.items()}, step)
+
+    def _add(self, values: dict[str, Any], step: int) -> None:
+        """Gather a step's values and log them as one committed step when the next step begins (or at the end):
+        W&B otherwise holds an uncommitted step, and may lose the last one when the run finishes."""
+        if self.pending and step != self.step:
+            self.flush()
+        self.step = step
+        self.pending.update(values)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.run.log(self.pending, step=self.step, commit=True)
+            self.pending = {}
+
+    def close(self, summary: dict[str, Any]) -> None:
+        self.flush()
+        self.run.summary.update(_flat_numbers(summary))
+        self.run.finish(exit_code=0 if summary.get("status") != "failed" else 1)
+        self.wandb.teardown()  # finish returns before W&B's service has written the run file's last block
+
+
+class MlflowSink:
+    """``mlflow.MlflowClient`` on the file store ``folder/mlruns`` (or ``MLFLOW_TRACKING_URI``)."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], start: int, ids: dict[str, str], name: str,
+                 group: str) -> None:
+        import mlflow
+        from mlflow.entities import Param
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None:  # MLflow keeps its file store in maintenance mode behind this switch
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (folder / "mlruns").resolve().as_uri()
+        self.mlflow = mlflow
+        self.client = mlflow.MlflowClient(tracking_uri=uri)
+        if "mlflow" not in ids:
+            experiment = self.client.get_experiment_by_name(PROJECT)
+            experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(PROJECT)
+            run = self.client.create_run(experiment_id, run_name=name, tags={"group": group})
+            ids["mlflow"] = run.info.run_id
+            params = [Param(key, str(value)[:500]) for key, value in _flat(config).items()]
+            for first in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+                self.client.log_batch(ids["mlflow"], params=params[first:first + 100])
+        else:
+            self.client.update_run(ids["mlflow"], status="RUNNING")
+        self.run_id = ids["mlflow"]
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        stamp = _millis()
+        self.client.log_batch(self.run_id, metrics=[Metric(key, value, stamp, step) for key, value in values.items()])
+
+    def histograms(self, arrays: dict[str, np.ndarray], step: int, path: Path | None) -> None:
+        if path is not None:
+            self.client.log_artifact(self.run_id, str(path), artifact_path="samples")
+
+    def close(self, summary: dict[str, Any]) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if summary.get("status") == "failed" else "FINISHED")
+
+
+class TrackioSink:
+    """``trackio.init`` on Trackio's local database; its console notes go to stderr."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], start: int, ids: dict[str, str], name: str,
+                 group: str) -> None:
+        import trackio
+
+        self.trackio = trackio
+        with contextlib.redirect_stdout(sys.stderr):
+            self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=name, group=group,
+                                    config=config, resume="allow" if start else "never", embed=False,
+                                    auto_log_cpu=False, auto_log_gpu=False)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log(values, step=step)
+
+    def histograms(self, arrays: dict[str, np.ndarray], step: int, path: Path | None) -> None:
+        self.run.log({f"hist/{key}": self.trackio.Histogram(values) for key, values in arrays.items()}, step=step)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        with contextlib.redirect_stdout(sys.stderr):
+            self.run.finish()
+
+
+# ============================================================================================ the tracker
+class Tracker:
+    """The chosen sinks of one run, fed by its :class:`~offpolicylab.runs.RunDir`: :meth:`row` after each metrics
+    row, :meth:`samples` after each histogram-samples file, :meth:`close` with the summary."""
+
+    def __init__(self, sinks: list[Any]) -> None:
+        self.sinks = sinks
+
+    def row(self, row: dict[str, Any]) -> None:
+        values, step = scalars_of(row), int(row["update"])
+        for sink in self.sinks:
+            sink.scalars(values, step)
+
+    def samples(self, arrays: dict[str, np.ndarray], step: int, path: Path | None = None) -> None:
+        chosen = {key: np.asarray(arrays[key]) for key in HISTOGRAMS if key in arrays and np.size(arrays[key])}
+        for sink in self.sinks:
+            sink.histograms(chosen, step, path)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            sink.close(summary)
+
+
+def open_tracker(names: Sequence[str], run_dir: str | Path, config: dict[str, Any], start: int) -> Tracker | None:
+    """The trackers ``names`` for the run in ``run_dir`` (config.json's ``config``; ``start``: the first update
+    this process trains, > 0 on a resume), or None when there are none.  The trackers' run ids are kept in
+    ``run_dir/tracking/ids.json`` so that a resume continues the same runs."""
+    names = parse_report_to(names)
+    if not names:
+        return None
+    check_installed(names)
+    run_dir = Path(run_dir)
+    folder = run_dir / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    ids_path = folder / IDS_FILE
+    ids: dict[str, str] = json.loads(ids_path.read_text()) if ids_path.exists() else {}
+    name, group = run_dir.resolve().name, run_dir.resolve().parent.name
+    sinks: list[Any] = []
+    for tracker in names:
+        if tracker == "tensorboard":
+            sinks.append(TensorBoardSink(folder, config, start))
+        else:
+            kind = {"wandb": WandbSink, "mlflow": MlflowSink, "trackio": TrackioSink}[tracker]
+            sinks.append(kind(folder, config, start, ids, name, group))
+    ids_path.write_text(json.dumps(ids, indent=2) + "\n")
+    return Tracker(sinks)
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _flat_numbers(summary: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in _flat(summary).items() if isinstance(value, (int, float, str))}
+
+
+def _millis() -> int:
+    import time
+
+    return int(time.time() * 1000)
