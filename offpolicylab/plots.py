@@ -518,6 +518,9 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path, figures: Sequenc
     if unknown:
         raise ValueError(f"unknown figure {', '.join(unknown)}; valid: {', '.join(FIGURES)}")
     runs = load_runs(paths)
+    for run in runs:  # a damaged sample file is refused before any figure is written
+        for path in run.sample_files:
+            load_samples(path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
