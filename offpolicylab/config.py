@@ -227,7 +227,8 @@ def read_mapping(path: str | Path, what: str, valid: str) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ValueError(f"{what} is not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            raise ValueError(f"{what} is not valid YAML ({problem}{where})") from None
         except RecursionError:
             raise ValueError(f"{what} is not valid YAML (nested too deeply)") from None
     else:

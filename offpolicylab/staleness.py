@@ -110,33 +110,36 @@ class Schedule:
         return self.spec
 
 
+MAX_SCHEDULE_INT = 10**9  # K, N, M, MU, E, D: far beyond any run's length, and exact in every int64 tensor
 SCHEDULES: Registry[Schedule] = Registry("schedule")
 """Schedule forms, declared like every other part: ``name`` or ``name:a,b`` gives the entry's parameters in order
 (each validated by its :class:`~offpolicylab.registry.Param`); the builder takes the spec text first."""
 
 SCHEDULES.register("on_policy", lambda spec: Schedule(spec, "on_policy"), {}, doc="version(u) = u", form="on_policy")
 SCHEDULES.register("stale_k", lambda spec, K: Schedule(spec, "stale_k", lag=K), {
-    "K": Param(None, int, low=0, doc="staleness: the batch consumed at u was generated at u − K"),
+    "K": Param(None, int, low=0, high=MAX_SCHEDULE_INT,
+               doc="staleness: the batch consumed at u was generated at u − K"),
 }, doc="M2PO's queue", form="stale_k:K")
 SCHEDULES.register("sync", lambda spec, M, N: Schedule(spec, "sync", period=M, lag=N), {
-    "M": Param(None, int, low=1, doc="sync interval"), "N": Param(None, int, low=0, doc="sync offset"),
+    "M": Param(None, int, low=1, high=MAX_SCHEDULE_INT, doc="sync interval"),
+    "N": Param(None, int, low=0, high=MAX_SCHEDULE_INT, doc="sync offset"),
 }, doc="Trinity-RFT's sync interval M and offset N: lag (u mod M) + N", form="sync:M,N")
 SCHEDULES.register("stages", lambda spec, MU: Schedule(spec, "stages", period=MU), {
-    "MU": Param(None, int, low=1, doc="batches per generation stage"),
+    "MU": Param(None, int, low=1, high=MAX_SCHEDULE_INT, doc="batches per generation stage"),
 }, doc="Mu-GRPO: one generation stage of MU batches, then MU updates", form="stages:MU")
 SCHEDULES.register("epochs", lambda spec, E: Schedule(spec, "epochs", reuse=E), {
-    "E": Param(None, int, low=1, doc="updates that consume each batch"),
+    "E": Param(None, int, low=1, high=MAX_SCHEDULE_INT, doc="updates that consume each batch"),
 }, doc="PPO-style epochs: one batch, E consecutive updates", form="epochs:E")
 SCHEDULES.register("offline", lambda spec, D=None: Schedule(spec, "offline", other_share=1.0) if D is None else
                    Schedule(spec, "offline", dataset=D), {
-    "D": Param(None, int, low=1, optional=True, doc="a fixed dataset of D batches (none: every batch afresh)"),
+    "D": Param(None, int, low=1, high=MAX_SCHEDULE_INT, optional=True, doc="a fixed dataset of D batches (none: every batch afresh)"),
 }, doc="data from the frozen initial policy π_0", form="offline, offline:D")
 SCHEDULES.register("mixture", lambda spec, P: Schedule(spec, "mixture", other_share=P), {
     "P": Param(None, float, low=0.0, high=1.0, doc="share of each batch's prompts answered by π_0"),
 }, doc="on-policy but a share P of the prompts answered by π_0", form="mixture:P")
 
 SCHEDULE_FORMS = tuple(form for name in SCHEDULES.names() for form in SCHEDULES.get(name).meta["form"].split(", "))
-_VALID_TEXT = "valid: " + ", ".join(SCHEDULE_FORMS) + " (K, N >= 0 and M, MU, E, D >= 1 integers; 0 <= P <= 1)"
+_VALID_TEXT = "valid: " + ", ".join(SCHEDULE_FORMS) + " (K, N >= 0 and M, MU, E, D >= 1 integers up to 10^9; 0 <= P <= 1)"
 
 
 def parse_schedule(spec: str) -> Schedule:

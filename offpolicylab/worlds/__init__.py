@@ -26,7 +26,7 @@ from offpolicylab.worlds.synthetic_lm import (
 from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
 
 WORLDS: Registry[World] = Registry("world")
-MAX_ARMS = 1_000_000  # a bandit's arms: its policy is a table of num_arms logits per prompt
+MAX_ARMS = 100_000  # a bandit's arms: its exact returns enumerate every arm (at most MAX_ENUMERATION)
 
 
 def _build_bandit(rewards: tuple[float, ...] | None, behavior_probs: tuple[float, ...] | None, bernoulli: bool,
