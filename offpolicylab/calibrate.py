@@ -29,6 +29,7 @@ from offpolicylab.diagnostics.profile import (
     token_profile,
     validate_profile,
 )
+from offpolicylab.locations import output_file
 
 _LIBRARIES = ("torch", "transformers", "peft", "numpy", "gguf", "tokenizers")
 
@@ -49,18 +50,16 @@ def calibrate(
     ``samples_per_prompt`` responses of at most ``max_new_tokens`` tokens to each of the first ``n_prompts`` GSM8k
     test problems in ``data`` (a directory with ``test.jsonl``, or a ``.jsonl`` file), at ``temperature``, with a
     CPU generator seeded by ``seed``; all responses are generated in one batch, scored ``score_micro_batch`` rows
-    at a time.  Bad input raises ValueError before the model is loaded."""
-    from offpolicylab.worlds.gsm8k import GSM8kWorld, load_problems
+    at a time.  Bad input raises ValueError before the model is loaded (:func:`check_inputs`), and a batch that
+    cannot fit in memory before sampling (:func:`check_memory`)."""
+    from offpolicylab.worlds.gsm8k import GSM8kWorld
 
-    _check_options(n_prompts, max_new_tokens, temperature, samples_per_prompt, score_micro_batch)
-    if not Path(model).exists() and (model.lower().endswith(".gguf") or model.startswith((".", os.sep))):
-        raise ValueError(f"model {model!r} not found; valid: a .gguf file, a model directory or a hub id")
-    problems = load_problems(data, "test")
-    if n_prompts > len(problems):
-        raise ValueError(f"n_prompts={n_prompts} is invalid; valid: an integer in [1, {len(problems)}] "
-                         f"(the test split of {data} has {len(problems)} problems)")
+    problems = check_inputs(model, data, n_prompts=n_prompts, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, samples_per_prompt=samples_per_prompt,
+                            score_micro_batch=score_micro_batch)
     started = time.perf_counter()
     policy = _load_policy(model, max_new_tokens, score_micro_batch)
+    check_memory(n_prompts * samples_per_prompt, max_new_tokens, len(policy.tokenizer))
     world = GSM8kWorld(policy.tokenizer, problems, problems, max_response_len=max_new_tokens, n_eval=n_prompts)
     prompts = world.eval_prompts(n_prompts)
     generator = torch.Generator().manual_seed(int(seed))
@@ -111,7 +110,29 @@ def write_profile(profile: dict[str, Any], out: str | Path) -> Path:
     return out
 
 
-def _check_options(n_prompts: int, max_new_tokens: int, temperature: float, samples_per_prompt: int,
+def check_inputs(model: str, data: str | Path, *, n_prompts: int, max_new_tokens: int, temperature: float,
+                 seed: int, samples_per_prompt: int, score_micro_batch: int) -> list[Any]:
+    """Everything :func:`calibrate` can check before it loads the model — the options, the local model files
+    (:func:`~offpolicylab.policies.hf_loading.check_model_files`) and the GSM8k test split — returning the test
+    problems; bad input raises ``ValueError``."""
+    from offpolicylab.policies.hf_loading import check_model_files
+    from offpolicylab.worlds.gsm8k import load_problems
+
+    _check_options(n_prompts, max_new_tokens, temperature, seed, samples_per_prompt, score_micro_batch)
+    if not Path(model).exists() and (model.lower().endswith(".gguf") or model.startswith((".", os.sep))):
+        raise ValueError(f"model {model!r} not found; valid: a .gguf file, a model directory or a hub id")
+    check_model_files(model)
+    problems = load_problems(data, "test")
+    if n_prompts > len(problems):
+        raise ValueError(f"n_prompts={n_prompts} is invalid; valid: an integer in [1, {len(problems)}] "
+                         f"(the test split of {data} has {len(problems)} problems)")
+    return problems
+
+
+MAX_SEED = 2**32 - 1
+
+
+def _check_options(n_prompts: int, max_new_tokens: int, temperature: float, seed: int, samples_per_prompt: int,
                    score_micro_batch: int) -> None:
     for name, value in (("n_prompts", n_prompts), ("max_new_tokens", max_new_tokens),
                         ("samples_per_prompt", samples_per_prompt), ("score_micro_batch", score_micro_batch)):
@@ -119,6 +140,21 @@ def _check_options(n_prompts: int, max_new_tokens: int, temperature: float, samp
             raise ValueError(f"{name}={value} is invalid; valid: an integer >= 1")
     if not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature={temperature} is invalid; valid: a finite float > 0")
+    if int(seed) != seed or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed} is out of range; valid: an integer in [0, {MAX_SEED}]")
+
+
+def check_memory(rows: int, max_new_tokens: int, vocab_size: int) -> None:
+    """Refuse a sampling batch that cannot fit in this machine's memory, before sampling.  A lower bound: the
+    responses' own tensors (ids, mask, log-probabilities: 24 bytes per token, as the trainer counts them) and one
+    step's float32 logits and probabilities over the vocabulary for every row (8 · V bytes per row)."""
+    need = rows * (24 * max_new_tokens + 8 * vocab_size)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > total:
+        raise ValueError(f"n_prompts × samples_per_prompt = {rows:,} responses of up to {max_new_tokens:,} tokens "
+                         f"over a vocabulary of {vocab_size:,} need at least {need / 2**30:,.1f} GiB but this machine "
+                         f"has {total / 2**30:,.1f} GiB; valid: fewer n_prompts or samples_per_prompt, or a smaller "
+                         "max_new_tokens")
 
 
 def _load_policy(model: str, max_new_tokens: int, score_micro_batch: int) -> Any:
@@ -155,12 +191,20 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--samples-per-prompt", type=int, default=1, help="responses per problem (default 1)")
     parser.add_argument("--score-micro-batch", type=int, default=8, help="rows per scoring forward (default 8)")
     parser.add_argument("--out", required=True, metavar="PROFILE.json", help="the profile file to write")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="let transformers run the Python code a model folder ships (off unless given)")
 
 
 def run_command(args: Any) -> int:
-    """``offpolicylab calibrate``: compute the profile, write it to ``--out``, print its headline numbers."""
-    if Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out!r} is a directory; valid: a file path such as profile.json")
+    """``offpolicylab calibrate``: compute the profile, write it to ``--out``, print its headline numbers.  The
+    output file's location and every input are checked before the model is loaded (docs/bad_input.md)."""
+    from offpolicylab.policies.hf_loading import allow_remote_code
+
+    output_file(args.out, "--out", "profile.json")
+    check_inputs(args.model, args.data, n_prompts=args.n_prompts, max_new_tokens=args.max_new_tokens,
+                 temperature=args.temperature, seed=args.seed, samples_per_prompt=args.samples_per_prompt,
+                 score_micro_batch=args.score_micro_batch)
+    allow_remote_code(args.trust_remote_code)
     command = (f"offpolicylab calibrate --model {args.model} --data {args.data} --n-prompts {args.n_prompts} "
                f"--max-new-tokens {args.max_new_tokens} --temperature {args.temperature:g} --seed {args.seed} "
                f"--samples-per-prompt {args.samples_per_prompt} --out {args.out}")

@@ -22,6 +22,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
 KL_INIT_MODES = ("auto", "on", "off")
 MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
+MIN_TEMPERATURE = 1e-6  # logits / T stay finite in float32 for |logits| up to about 1e32
 _POSITIVE = {"low": 0.0, "low_open": True, "high": math.inf, "high_open": True}  # a finite number > 0
 
 # Fields a world or a policy may choose.  None in a TrainConfig means "not set": construction fills it with the
@@ -62,8 +63,9 @@ class TrainConfig:
     prompts_per_update: int = _f(Param(None, int, low=1, optional=True, doc="prompts per generated batch"))
     group_size: int = _f(Param(None, int, low=2, optional=True, doc="responses per prompt (GRPO group size G; a group of one response "
                                                   "has advantage 0, so G >= 2)"))
-    temperature: float = _f(Param(None, float, **_POSITIVE, optional=True,
-                                  doc="sampling temperature (behavior_logp is recorded at this temperature)"))
+    temperature: float = _f(Param(None, float, low=MIN_TEMPERATURE, high=math.inf, high_open=True, optional=True,
+                                  doc="sampling temperature (behavior_logp is recorded at this temperature; below "
+                                      "1e-6 logits / T overflow float32)"))
     advantage: str = _f(Param(None, str, choices=ADVANTAGE_CHOICES, optional=True,
                               doc="group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
@@ -242,13 +244,18 @@ def read_mapping(path: str | Path, what: str, valid: str) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ValueError(f"{what} is not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            raise ValueError(f"{what} is not valid YAML ({problem}{where})") from None
+        except RecursionError:
+            raise ValueError(f"{what} is not valid YAML (nested too deeply)") from None
     else:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             hint = "; valid: JSON, or YAML in a file named .yaml / .yml" if path.suffix.lower() != ".json" else ""
             raise ValueError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}){hint}") from None
+        except RecursionError:
+            raise ValueError(f"{what} is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{what} holds a {kind} {_kind_name(data, kind)}; valid: a {kind} "
                          f"{'object' if kind == 'JSON' else 'mapping'} of {valid}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from typing import Any
 from offpolicylab.config import TrainConfig, read_mapping
 
 MAX_CELL_NAME = 200  # characters; file systems allow 255 bytes per name
+MAX_CELLS = 100_000  # cells of one grid: each is a run directory (and a process task)
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,15 @@ def load_grid(path: str | Path) -> dict[str, Any]:
 def expand_grid(grid: dict[str, Any], out_dir: str | Path) -> list[Cell]:
     """The Cartesian product of the axes.  Field names and scalar ranges are checked here (bad → ValueError);
     names of objectives / worlds / schedules are checked when the cell runs, so a bad one fails only its cells."""
-    base = dict(grid.get("base", {}))
+    base = grid.get("base", {})
+    if not isinstance(base, dict):
+        raise ValueError(f"grid base is a {type(base).__name__}; valid: a mapping of config fields")
     axes = grid.get("axes", {})
     if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
         raise ValueError("grid axes must map an axis name to a non-empty list of values")
+    count = math.prod(len(values) for values in axes.values())
+    if count > MAX_CELLS:
+        raise ValueError(f"the grid has {count:,} cells; valid: at most {MAX_CELLS:,} (split it into several grids)")
     options = [[_axis_value(name, value) for value in values] for name, values in axes.items()]
     cells = []
     for combo in itertools.product(*options) if options else [()]:

@@ -33,6 +33,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from offpolicylab import runs as runs_io  # noqa: E402
 from offpolicylab.diagnostics import correlation  # noqa: E402
 from offpolicylab.diagnostics.ratios import entropy_by_ratio_deviation  # noqa: E402
+from offpolicylab.locations import output_folder  # noqa: E402
 from offpolicylab.objectives import objective_params  # noqa: E402
 from offpolicylab.runs import Run, load_samples, sample_update  # noqa: E402
 
@@ -517,6 +518,9 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path, figures: Sequenc
     if unknown:
         raise ValueError(f"unknown figure {', '.join(unknown)}; valid: {', '.join(FIGURES)}")
     runs = load_runs(paths)
+    for run in runs:  # a damaged sample file is refused before any figure is written
+        for path in run.sample_files:
+            load_samples(path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
@@ -540,17 +544,30 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("dirs", nargs="+", help="run directories, or folders containing run directories")
     parser.add_argument("--out", required=True, help="folder to write the PNG figures into")
     parser.add_argument("--figures", nargs="+", default=None, choices=list(FIGURES), help="only these figures")
-    parser.add_argument("--dpi", type=int, default=110, help="PNG resolution (dots per inch)")
+    parser.add_argument("--dpi", type=int, default=110,
+                        help=f"PNG resolution in dots per inch ({DPI_RANGE[0]} to {DPI_RANGE[1]}; default 110)")
     return parser
 
 
+DPI_RANGE = (10, 600)
+"""Resolutions ``--dpi`` accepts: a figure of the widest layout at 600 dpi is about 100 megapixels."""
+
+
 def run_plot_command(args: argparse.Namespace) -> int:
-    """Run ``offpolicylab plot`` from parsed arguments; bad input -> one line on stderr and exit code 2."""
+    """Run ``offpolicylab plot`` from parsed arguments; bad input (checked before any run is read: the output
+    folder, the resolution) -> one line on stderr and exit code 2; a disk error while writing -> one line, exit 1."""
     try:
+        if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:
+            raise ValueError(f"--dpi {args.dpi} is out of range; valid: an integer in [{DPI_RANGE[0]}, "
+                             f"{DPI_RANGE[1]}]")
+        output_folder(args.out)
         written = plot_runs(args.dirs, args.out, args.figures, dpi=args.dpi)
     except ValueError as error:
-        print(f"offpolicylab plot: {error}", file=sys.stderr)
+        print(f"offpolicylab plot: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
+    except OSError as error:
+        print(f"offpolicylab plot: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
     return 0 if written else 1
 
 

@@ -26,6 +26,8 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
+#: Largest seed a part accepts: torch and NumPy generators take every integer in 0 … 2³² − 1 exactly.
+MAX_SEED = 2**32 - 1
 #: Spellings of "no value" for optional parameters.
 NONE_WORDS = ("none", "null", "")
 _TRUE_WORDS = ("true", "1", "yes")

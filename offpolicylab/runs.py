@@ -40,6 +40,7 @@ import math
 import os
 import shutil
 import time
+import zipfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,21 +217,20 @@ class RunDir:
     def _read_config_file(self) -> dict[str, Any]:
         if not self.config_path.exists():
             raise RunError(f"{self.path} holds no run to resume (no config.json)")
-        try:
-            data = json.loads(self.config_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise RunError(f"{self.config_path} is not valid JSON ({exc.msg})") from None
+        data = _read_json(self.config_path, "config.json")
         if not isinstance(data, dict):
-            raise RunError(f"{self.config_path} holds a JSON {type(data).__name__}; valid: a JSON object")
+            raise RunError(f"{self.config_path} holds a JSON {type(data).__name__}; the config file is damaged "
+                           "(valid: the JSON object a run writes)")
         return data
 
     def read_summary(self) -> dict[str, Any] | None:
-        if not self.summary_path.exists():
-            return None
+        """summary.json, or None while the run has none — and when it is damaged (unreadable, not a JSON object):
+        such a run counts as unfinished, so a sweep or a resume continues it instead of trusting the file."""
         try:
-            return json.loads(self.summary_path.read_text())
-        except json.JSONDecodeError:
+            summary = _read_json(self.summary_path, "summary.json")
+        except (RunError, OSError):
             return None
+        return summary if isinstance(summary, dict) else None
 
     # ---------------------------------------------------------------------------------------- metrics
     def append_metrics(self, row: dict[str, Any]) -> None:
@@ -273,15 +273,28 @@ class RunDir:
     def truncate_metrics(self, next_update: int, checkpoint: dict[str, Any] | None = None) -> None:
         """Keep the header and rows ``0 … next_update − 1`` (rows written after the checkpoint are redone, a torn
         last line is dropped).  Raises :class:`RunError` (naming the file and line) unless the kept rows are
-        exactly those updates and, when ``checkpoint`` recorded them, carry its header and SHA-256."""
+        exactly those updates and, when ``checkpoint`` recorded them, carry its header and SHA-256
+        (:meth:`check_metrics`)."""
         self.close()
+        kept = self.check_metrics(next_update, checkpoint)
+        if kept is None:
+            self._columns, self._digest = None, hashlib.sha256()
+            return
+        text, columns, digest = kept
+        write_text_atomically(self.metrics_path, text)
+        self._columns, self._digest = columns, digest
+
+    def check_metrics(self, next_update: int, checkpoint: dict[str, Any] | None = None
+                      ) -> tuple[str, list[str], Any] | None:
+        """What :meth:`truncate_metrics` keeps — (text, header, SHA-256 object of the text), or None for a missing
+        or empty file at update 0 — checked as it checks, without writing anything (a batched resume checks every
+        seed before it touches any)."""
         lines = self._complete_lines()
         if not lines:
             if next_update > 0:
                 raise RunError(f"{self.metrics_path} is missing or empty but the checkpoint is at update "
                                f"{next_update}; the run cannot be resumed consistently (start it again)")
-            self._columns, self._digest = None, hashlib.sha256()
-            return
+            return None
         kept = [lines[0]]
         for number, line in enumerate(lines[1:next_update + 1], 2):
             first = line.split(",", 1)[0]
@@ -304,8 +317,7 @@ class RunDir:
             raise RunError(f"{self.metrics_path}: rows 0..{next_update - 1} differ from what the checkpoint "
                            "recorded (edited, or the checkpoint's update counter was changed); the run cannot be "
                            "resumed consistently")
-        write_text_atomically(self.metrics_path, text)
-        self._columns, self._digest = columns, digest
+        return text, columns, digest
 
     def _complete_lines(self) -> list[str]:
         """The lines of metrics.csv that end in a newline (a torn last line is not a row)."""
@@ -330,9 +342,27 @@ class RunDir:
             fh.flush()
 
     def read_events(self) -> list[dict[str, Any]]:
+        """The records of events.jsonl, one JSON object per line; a damaged line raises :class:`RunError` naming
+        the file and line."""
         if not self.events_path.exists():
             return []
-        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line.strip()]
+        try:
+            lines = self.events_path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise RunError(f"{self.events_path} cannot be read ({_reason(exc)}); the events file is damaged") from None
+        events = []
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
+                record = None
+            if not isinstance(record, dict):
+                raise RunError(f"{self.events_path}:{number}: not a JSON object; the events file is damaged "
+                               "(valid: one JSON object per line)")
+            events.append(record)
+        return events
 
     def write_samples(self, update: int, arrays: dict[str, np.ndarray]) -> Path:
         self.samples_dir.mkdir(exist_ok=True)
@@ -458,18 +488,64 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
 def load_run(path: str | Path, labels: dict[str, str] | None = None) -> Run:
     """Read one run directory; ``config.json`` and ``metrics.csv`` are required, the rest optional.  ``labels``
     default to the run's sweep-cell labels when its parent folder holds the sweep's grid file."""
-    import pandas as pd
 
     run = RunDir(path)
     if not is_run_dir(run.path):
         raise ValueError(f"{run.path} is not a run directory: it needs config.json and metrics.csv")
-    metrics = pd.read_csv(run.metrics_path)
-    if "update" not in metrics.columns:
-        raise ValueError(f"{run.metrics_path} has no 'update' column; columns are {list(metrics.columns)}")
+    config = checked_fields(run.config_path, run.read_config())
+    metrics = read_metrics_frame(run.metrics_path)
     samples = sorted(run.samples_dir.glob(f"{_SAMPLE_PREFIX}*.npz")) if run.samples_dir.is_dir() else []
     if labels is None:
         labels = sweep_labels(run.path.parent).get(run.path.name, {})
-    return Run(run.path, run.read_config(), metrics, run.read_events(), run.read_summary(), samples, dict(labels))
+    return Run(run.path, config, metrics, run.read_events(), run.read_summary(), samples, dict(labels))
+
+
+def read_metrics_frame(path: Path) -> pd.DataFrame:
+    """metrics.csv as a DataFrame of numbers, one row per update; a damaged file (not UTF-8, empty, not CSV, no
+    ``update`` column, a value that is not a number) raises :class:`RunError` naming the file (and line)."""
+    import pandas as pd
+
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunError(f"{path} is not UTF-8 text ({_reason(exc)}); the metrics file is damaged") from None
+    try:
+        metrics = pd.read_csv(io.StringIO(text))
+    except pd.errors.EmptyDataError:
+        raise RunError(f"{path} is empty; the metrics file is damaged (valid: a header and one row per update)"
+                       ) from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise RunError(f"{path} is not a CSV table ({_reason(exc)}); the metrics file is damaged") from None
+    if "update" not in metrics.columns:
+        raise RunError(f"{path} has no 'update' column; columns are {list(metrics.columns)[:8]}")
+    for key in metrics.columns:
+        numbers = pd.to_numeric(metrics[key], errors="coerce")
+        bad = numbers.isna() & metrics[key].notna()
+        if bad.any():
+            index = int(bad.to_numpy().nonzero()[0][0])
+            raise RunError(f"{path}:{index + 2}: {key}={str(metrics[key].iloc[index])!r} is not a number; the metrics "
+                           "file is damaged")
+        metrics[key] = numbers
+    if metrics["update"].isna().any():
+        raise RunError(f"{path}: a row has no update number; the metrics file is damaged")
+    return metrics
+
+
+#: config.json fields that readers of a finished run use, with what each must be.
+READ_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "objective": (str, "a string"), "schedule": (str, "a string"), "seed": (int, "an integer"),
+    "objective_params": (dict, "a mapping"), "world": (str, "a string"), "policy": (str, "a string"),
+}
+
+
+def checked_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` after checking the types of the fields in :data:`READ_FIELDS` it holds (``RunError`` naming the
+    file and the field otherwise)."""
+    for key, (kind, text) in READ_FIELDS.items():
+        value = config.get(key)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise RunError(f"{path}: {key}={value!r} is invalid; valid: {text} (the config file is damaged)")
+    return config
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[Run]:
@@ -495,8 +571,23 @@ def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
 
 def load_samples(path: str | Path) -> dict[str, np.ndarray]:
     """Arrays of one ``samples/update_XXXXXX.npz`` file (never unpickled)."""
-    with np.load(path, allow_pickle=False) as data:
-        return {key: data[key] for key in data.files}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files} if isinstance(data, np.lib.npyio.NpzFile) else None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+        why = ("not an .npz archive; reading it would mean unpickling, which is never done" if "pickle" in str(exc)
+               else _reason(exc))
+        raise RunError(f"{path} cannot be read as the arrays a run writes ({why}); the sample file is damaged"
+                       ) from None
+    if arrays is None:
+        raise RunError(f"{path} is a single .npy array, not the .npz archive a run writes; the sample file is damaged")
+    for key, array in arrays.items():
+        if array.dtype.kind not in "biuf":
+            raise RunError(f"{path}: array {key!r} holds {array.dtype} values, not numbers; the sample file is damaged")
+    if "log_ratio" in arrays and "advantage" in arrays and arrays["log_ratio"].size != arrays["advantage"].size:
+        raise RunError(f"{path}: log_ratio has {arrays['log_ratio'].size} values but advantage "
+                       f"{arrays['advantage'].size}; the sample file is damaged")
+    return arrays
 
 
 def sample_update(path: str | Path) -> int:
@@ -551,6 +642,27 @@ def _format(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     return str(value)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """The JSON value in ``path``; ``RunError`` naming the file for a damaged one (``OSError`` when it is missing or
+    cannot be opened)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunError(f"{path} is not UTF-8 text ({_reason(exc)}); the {what} file is damaged") from None
+    except IsADirectoryError:
+        raise RunError(f"{path} is a folder; valid: the {what} file a run writes") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path} is not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise RunError(f"{path} is not valid JSON (nested too deeply)") from None
+
+
+def _reason(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def _number(path: Path, line: int, row: dict[str, str], key: str) -> float:

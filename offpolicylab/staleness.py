@@ -72,50 +72,74 @@ class Schedule:
 
     def generate_at(self, u: int, total_updates: int) -> list[int]:
         """Keys of the batches the policy of version ``u`` must generate now (only batches consumed before
-        ``total_updates``), in order of first use."""
+        ``total_updates``), in order of first use: ``key(c)`` of every update c < ``total_updates`` with
+        version(c) = u.  For u > 0 such c satisfy c − (c mod period) − (c mod reuse) = u + lag, so they lie in
+        ``u + lag … u + lag + period + reuse − 2`` (a single block of period · reuse updates when one of the two
+        is 1, as in every parsed form); the work does not grow with the lag (``stale_k:K`` with K beyond the run's
+        length).  For u = 0 they are the updates up to ``lag + period + reuse + dataset``."""
+        if u > 0 and self.dataset:
+            return []
+        if u == 0:
+            candidates = range(0, min(self.horizon + 1, total_updates))
+        elif self.period > 1 and self.reuse > 1:  # no parsed form combines them: scan the window
+            candidates = range(u + self.lag, min(u + self.lag + self.period + self.reuse, total_updates))
+        else:
+            first, block = u + self.lag, self.period * self.reuse
+            candidates = range(first, min(first + block, total_updates)) if first % block == 0 else range(0)
         keys: list[int] = []
-        for c in range(u, min(u + self.horizon + 1, total_updates)):
-            if self.version(c) == u and self.key(c) not in keys:
-                keys.append(self.key(c))
+        seen: set[int] = set()
+        for c in candidates:
+            key = self.key(c)
+            if key not in seen and self.version(c) == u:
+                seen.add(key)
+                keys.append(key)
         return keys
 
     def release_after(self, u: int, total_updates: int) -> list[int]:
-        """Keys no update after ``u`` consumes (the trainer may drop them from its buffer)."""
+        """Keys no update after ``u`` consumes (the trainer may drop them from its buffer): ``key(u)`` unless an
+        update before ``total_updates`` uses it again — the next update of its ``epochs`` block, or the update D
+        later of an ``offline:D`` dataset."""
         key = self.key(u)
-        later = range(u + 1, min(u + self.horizon + 1, total_updates))
-        return [] if any(self.key(c) == key for c in later) else [key]
+        if self.dataset:
+            again = u + self.dataset < total_updates
+        else:
+            again = u + 1 < total_updates and self.key(u + 1) == key
+        return [] if again else [key]
 
     def __str__(self) -> str:
         return self.spec
 
 
+MAX_SCHEDULE_INT = 10**9  # K, N, M, MU, E, D: far beyond any run's length, and exact in every int64 tensor
 SCHEDULES: Registry[Schedule] = Registry("schedule")
 """Schedule forms, declared like every other part: ``name`` or ``name:a,b`` gives the entry's parameters in order
 (each validated by its :class:`~offpolicylab.registry.Param`); the builder takes the spec text first."""
 
 SCHEDULES.register("on_policy", lambda spec: Schedule(spec, "on_policy"), {}, doc="version(u) = u", form="on_policy")
 SCHEDULES.register("stale_k", lambda spec, K: Schedule(spec, "stale_k", lag=K), {
-    "K": Param(None, int, low=0, doc="staleness: the batch consumed at u was generated at u − K"),
+    "K": Param(None, int, low=0, high=MAX_SCHEDULE_INT,
+               doc="staleness: the batch consumed at u was generated at u − K"),
 }, doc="M2PO's queue", form="stale_k:K")
 SCHEDULES.register("sync", lambda spec, M, N: Schedule(spec, "sync", period=M, lag=N), {
-    "M": Param(None, int, low=1, doc="sync interval"), "N": Param(None, int, low=0, doc="sync offset"),
+    "M": Param(None, int, low=1, high=MAX_SCHEDULE_INT, doc="sync interval"),
+    "N": Param(None, int, low=0, high=MAX_SCHEDULE_INT, doc="sync offset"),
 }, doc="Trinity-RFT's sync interval M and offset N: lag (u mod M) + N", form="sync:M,N")
 SCHEDULES.register("stages", lambda spec, MU: Schedule(spec, "stages", period=MU), {
-    "MU": Param(None, int, low=1, doc="batches per generation stage"),
+    "MU": Param(None, int, low=1, high=MAX_SCHEDULE_INT, doc="batches per generation stage"),
 }, doc="Mu-GRPO: one generation stage of MU batches, then MU updates", form="stages:MU")
 SCHEDULES.register("epochs", lambda spec, E: Schedule(spec, "epochs", reuse=E), {
-    "E": Param(None, int, low=1, doc="updates that consume each batch"),
+    "E": Param(None, int, low=1, high=MAX_SCHEDULE_INT, doc="updates that consume each batch"),
 }, doc="PPO-style epochs: one batch, E consecutive updates", form="epochs:E")
 SCHEDULES.register("offline", lambda spec, D=None: Schedule(spec, "offline", other_share=1.0) if D is None else
                    Schedule(spec, "offline", dataset=D), {
-    "D": Param(None, int, low=1, optional=True, doc="a fixed dataset of D batches (none: every batch afresh)"),
+    "D": Param(None, int, low=1, high=MAX_SCHEDULE_INT, optional=True, doc="a fixed dataset of D batches (none: every batch afresh)"),
 }, doc="data from the frozen initial policy π_0", form="offline, offline:D")
 SCHEDULES.register("mixture", lambda spec, P: Schedule(spec, "mixture", other_share=P), {
     "P": Param(None, float, low=0.0, high=1.0, doc="share of each batch's prompts answered by π_0"),
 }, doc="on-policy but a share P of the prompts answered by π_0", form="mixture:P")
 
 SCHEDULE_FORMS = tuple(form for name in SCHEDULES.names() for form in SCHEDULES.get(name).meta["form"].split(", "))
-_VALID_TEXT = "valid: " + ", ".join(SCHEDULE_FORMS) + " (K, N >= 0 and M, MU, E, D >= 1 integers; 0 <= P <= 1)"
+_VALID_TEXT = "valid: " + ", ".join(SCHEDULE_FORMS) + " (K, N >= 0 and M, MU, E, D >= 1 integers up to 10^9; 0 <= P <= 1)"
 
 
 def parse_schedule(spec: str) -> Schedule:

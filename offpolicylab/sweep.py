@@ -17,7 +17,9 @@ and only the files a run writes (:meth:`~offpolicylab.runs.RunDir.clear`).
 
 Stopping: SIGINT / SIGTERM to the sweep process terminate its worker processes (whose runs stay resumable), and a
 worker whose sweep process died (even by SIGKILL) exits by itself within a second; each run directory is locked by
-the one process writing it (:meth:`~offpolicylab.runs.RunDir.locked`), so a re-run cannot race with a survivor.
+the one process writing it (:meth:`~offpolicylab.runs.RunDir.locked`), so a re-run cannot race with a survivor,
+and the output folder by the one sweep process writing it (:func:`sweep_locked`, ``OUT/.sweep.lock``): a second
+sweep into the same folder is refused before it writes anything.
 
 Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
 context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
@@ -29,6 +31,8 @@ or False (:class:`~offpolicylab.progress.SweepProgress`).
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
+import fcntl
 import importlib
 import json
 import multiprocessing
@@ -37,13 +41,14 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from offpolicylab.batched import MEMBER_FIELDS, train_together
 from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.grid import Cell, expand_grid
+from offpolicylab.locations import output_folder
 from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
 from offpolicylab.resume import config_changes
@@ -176,9 +181,19 @@ def _import_engine(name: str) -> None:
 ENGINES: Registry[Engine] = Registry("sweep engine", on_missing=_import_engine)
 
 
-def register_engine(name: str, engine: Engine) -> None:
-    """Add a sweep engine; a duplicate name raises ``ValueError``."""
-    ENGINES.register(name, engine, {})
+def register_engine(name: str, engine: Engine, check: Callable[[int], None] | None = None) -> None:
+    """Add a sweep engine; a duplicate name raises ``ValueError``.  ``check(workers)``, when given, raises
+    ``ValueError`` when the engine cannot run (e.g. an unreachable cluster); the sweep calls it before it writes
+    anything."""
+    ENGINES.register(name, engine, {}, check=check)
+
+
+def check_engine(name: str, workers: int) -> Engine:
+    """The engine ``name``, after its own check (:func:`register_engine`) for ``workers`` workers."""
+    entry = ENGINES.get(name)
+    if entry.meta.get("check") is not None:
+        entry.meta["check"](workers)
+    return entry.builder
 
 
 def get_engine(name: str) -> Engine:
@@ -245,11 +260,15 @@ def _worker_init(driver: int) -> None:
 
 def exit_with(pid: int, period: float = 0.5) -> threading.Thread:
     """Start a daemon thread that ends this process (``os._exit(EXIT_ORPHANED)``) once process ``pid`` on this
-    machine has ended, however it ended (SIGKILL included): a worker must not outlive the sweep that started it."""
+    machine has ended, however it ended (SIGKILL included): a worker must not outlive the sweep that started it.
+    When ``pid`` has already ended, this process ends at once, before the caller touches anything."""
 
     def watch() -> None:
         while _alive(pid):
             time.sleep(period)
+        os._exit(EXIT_ORPHANED)
+
+    if not _alive(pid):  # already gone (e.g. a retry started after the sweep was killed): touch nothing
         os._exit(EXIT_ORPHANED)
 
     thread = threading.Thread(target=watch, name="exit-with-driver", daemon=True)
@@ -286,35 +305,64 @@ def run_sweep(grid: dict[str, Any], out_dir: str | Path, *, workers: int = 1, en
     ``rerun_changed`` (they are then cleared and run again)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers={workers!r} is invalid; valid: an integer >= 1")
-    run_engine = get_engine(engine)
+    run_engine = check_engine(engine, workers)
     out = output_folder(out_dir)
     cells = expand_grid(grid, out)
+    check_sweep_free(out)
     changed = changed_cells(cells)
     if changed and not rerun_changed:
         name, why = next(iter(changed.items()))
         raise ValueError(f"{len(changed)} cell(s) in {out} were run with another config than the grid now gives "
                          f"({name}: {why}); pass --rerun-changed to run them again, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    write_grid(out, grid)
-    for cell in cells:
-        if cell.name in changed:
-            run = RunDir(cell.out_dir)
-            with run.locked():
-                run.clear()
-    summaries = run_engine(cells, workers, progress)
-    rows = [result_row(cell, summary) for cell, summary in zip(cells, summaries, strict=True)]
-    write_sweep_results(out, rows)
+    with sweep_locked(out):  # one sweep per folder: grid.json and sweep_results.csv describe the same grid
+        write_grid(out, grid)
+        for cell in cells:
+            if cell.name in changed:
+                run = RunDir(cell.out_dir)
+                with run.locked():
+                    run.clear()
+        summaries = run_engine(cells, workers, progress)
+        rows = [result_row(cell, summary) for cell, summary in zip(cells, summaries, strict=True)]
+        write_sweep_results(out, rows)
     return rows
 
 
-def output_folder(out_dir: str | Path) -> Path:
-    """``out_dir`` as a path; an empty one or an existing file raises ``ValueError``."""
-    if str(out_dir).strip() == "":
-        raise ValueError("--out '' is invalid; valid: a folder path (it is created if missing)")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is an existing file; valid: a folder (new, or one this command wrote)")
-    return out
+SWEEP_LOCK = ".sweep.lock"
+
+
+class SweepLocked(RunError):
+    """Another process runs a sweep into the same folder."""
+
+
+def check_sweep_free(out: Path) -> None:
+    """Refuse, without creating anything, a folder another sweep holds (what :func:`sweep_locked` would refuse)."""
+    if (out / SWEEP_LOCK).is_file():
+        with sweep_locked(out):
+            pass
+
+
+@contextlib.contextmanager
+def sweep_locked(out: Path) -> Iterator[None]:
+    """Hold ``out/.sweep.lock`` (``fcntl.flock``; the OS drops it when the process ends, however it ends): a second
+    sweep into ``out`` gets :class:`SweepLocked` at once, before it writes anything."""
+    fd = os.open(out / SWEEP_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            raise SweepLocked(f"sweep folder {out} is in use by another sweep"
+                              f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
+                              "then try again") from None
+        with contextlib.suppress(OSError):  # the pid only makes the message above clearer
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 
 
 def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:

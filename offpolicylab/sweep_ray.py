@@ -81,7 +81,9 @@ def init_options(workers: int, address: str | None = None) -> dict[str, Any]:
 def ray_session(workers: int, address: str | None = None, **init_kwargs: Any) -> Iterator[Any]:
     """Yield the ``ray`` module with a connection open; shut down only what this call started or connected.
 
-    ``init_kwargs`` go to ``ray.init`` as well (e.g. ``runtime_env``)."""
+    ``init_kwargs`` go to ``ray.init`` as well (e.g. ``runtime_env``).  A cluster address is checked first
+    (:func:`check_address`): one that cannot be reached raises ``ValueError`` within seconds instead of the minutes
+    ``ray.init`` spends retrying."""
     ray = import_ray()
     if ray.is_initialized():
         yield ray
@@ -89,11 +91,63 @@ def ray_session(workers: int, address: str | None = None, **init_kwargs: Any) ->
     options = init_options(workers, address)
     if options["address"] == "local":
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    start_ray(ray, options, init_kwargs)
+    else:
+        check_address(options["address"])
+    try:
+        start_ray(ray, options, init_kwargs)
+    except ConnectionError as exc:  # e.g. "auto" with no Ray running on this machine
+        raise ValueError(f"Ray address {options['address']!r} cannot be used ({_first_line(exc)}); "
+                         f"{ADDRESS_VALID}") from None
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+ADDRESS_TIMEOUT = 5.0  # seconds to open a TCP connection to a cluster's address
+ADDRESS_VALID = ("valid: the address of a running Ray cluster (HOST:PORT, ray://HOST:PORT or auto; `ray start "
+                 "--head` prints it), or no --ray-address / RAY_ADDRESS for a local Ray")
+
+
+def check_engine(workers: int) -> None:
+    """The ``ray`` engine's check before a sweep writes anything: Ray is installed, ``workers`` is valid and a
+    cluster address, when one is given, is reachable (:func:`check_address`)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return
+    address = init_options(workers)["address"]
+    if address != "local":
+        check_address(address)
+
+
+def check_address(address: str, timeout: float = ADDRESS_TIMEOUT) -> None:
+    """``ValueError`` unless ``address`` (``HOST:PORT``, ``ray://HOST:PORT``, or ``auto``: the cluster Ray finds on
+    this machine) is well formed and a TCP connection to it opens within ``timeout`` seconds."""
+    if address == "auto":
+        address = _running_cluster()
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Ray address {address!r} is malformed; {ADDRESS_VALID}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"Ray address {address!r} cannot be reached within {timeout:g} s ({reason}); "
+                         f"{ADDRESS_VALID}") from None
+
+
+def _running_cluster() -> str:
+    """The address ``auto`` stands for (Ray's own lookup of a cluster started on this machine)."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        found = canonicalize_bootstrap_address("auto")
+    except ConnectionError as exc:
+        raise ValueError(f"Ray address 'auto' finds no running Ray on this machine ({_first_line(exc)}); "
+                         f"{ADDRESS_VALID}") from None
+    if not found:
+        raise ValueError(f"Ray address 'auto' finds no running Ray on this machine; {ADDRESS_VALID}")
+    return str(found)
 
 
 def start_ray(ray: Any, options: dict[str, Any], init_kwargs: dict[str, Any]) -> None:
@@ -177,4 +231,4 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
-register_engine(ENGINE_NAME, ray_engine)
+register_engine(ENGINE_NAME, ray_engine, check=check_engine)

@@ -116,8 +116,9 @@ def build_runs(configs: list[TrainConfig]) -> tuple[list[Run], list[torch.Tensor
 
 def check_directories(directories: list[RunDir], runs: list[Run], resume: bool) -> None:
     """Refuse, before anything is written, a directory that is a file or in use, that a fresh run would overwrite,
-    or (``resume``) whose stored run does not resume (:func:`~offpolicylab.trainer.checked_resume`) or whose
-    checkpoint is at another update than the others'."""
+    or (``resume``) whose stored run does not resume (:func:`~offpolicylab.trainer.checked_resume`, and its
+    metrics.csv against its checkpoint: :meth:`~offpolicylab.runs.RunDir.check_metrics`) or whose checkpoint is at
+    another update than the others'."""
     for directory in directories:
         directory.check_free()
     if not resume:
@@ -130,6 +131,7 @@ def check_directories(directories: list[RunDir], runs: list[Run], resume: bool) 
     for directory, run in zip(directories, runs, strict=True):
         state = checked_resume(directory, resolve_config(run.config, run.objective), run.config)
         updates[directory.path.name] = 0 if state is None else int(state["next_update"])
+        directory.check_metrics(updates[directory.path.name], state)  # what open_run cuts back, checked first
     if len(set(updates.values())) > 1:
         found = ", ".join(f"{name} at update {value}" for name, value in updates.items())
         raise RunError(f"the seeds' checkpoints are at different updates ({found}); valid: resume each seed on its "

@@ -19,7 +19,7 @@ from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSeq
 from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
 from offpolicylab.policies.transformer import TransformerPolicy
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
-from offpolicylab.registry import Param, Registry
+from offpolicylab.registry import MAX_SEED, Param, Registry
 
 POLICIES: Registry[Policy] = Registry("policy")
 """Policy kinds.  An entry's metadata declares optional abilities: ``stack`` (a class whose constructor takes the
@@ -27,7 +27,9 @@ members' policies and answers row block s of a batch with member s: batched seed
 saves time, so a sweep trains such cells together), ``planned_params`` (the options the policy's memory plan fills
 in), ``frozen_copy`` (whether evaluation keeps a frozen copy of π_0 by default: not for a large model)."""
 
-_SAMPLER_NOISE = Param(0.0, float, low=0.0, doc="std of the sampler's logit noise (0 = exact sampler)")
+MAX_LOGIT_SCALE = 1000.0  # logit_scale and sampler_noise_std: beyond it float32 logits need not stay finite
+_SAMPLER_NOISE = Param(0.0, float, low=0.0, high=MAX_LOGIT_SCALE,
+                       doc="std of the sampler's logit noise (0 = exact sampler)")
 _SAMPLER_PRECISION = Param("fp32", str, choices=PRECISIONS,
                            doc="precision the sampling engine computes its logits and softmax in (weights stored in "
                                "it; fp8 simulated, docs/sampler_precision.md); the trainer scores in fp32")
@@ -53,8 +55,17 @@ def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: f
                                 sampler_noise_std=sampler_noise_std, sampler_precision=sampler_precision, **shape)
 
 
+def _check_prompt_len(max_prompt_len: int, world: World) -> None:
+    """``ValueError`` when the world's prompts (``prompt_len`` tokens, where it says) exceed ``max_prompt_len``."""
+    longest = getattr(world, "prompt_len", None)
+    if isinstance(longest, int) and longest > max_prompt_len:
+        raise ValueError(f"parameter max_prompt_len={max_prompt_len} is shorter than the world's prompts ({longest} "
+                         f"tokens); valid: an int in [{longest}, inf]")
+
+
 def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
     """A GRU over the prompt code and the response so far, sized for ``world``."""
+    _check_prompt_len(params["max_prompt_len"], world)
     return SequenceModelPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None), **params,
                                **_shape("sequence_model", world))
 
@@ -64,6 +75,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
+        _check_prompt_len(max_prompt_len, world)
         defaults = {"d_model": 64, "num_layers": 2, "num_heads": 4}
         sizes = {key: defaults[key] if value is None else value for key, value in sizes.items()}
         return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
@@ -92,8 +104,8 @@ POLICIES.register("sequence_model", build_sequence_model, {
     "embed_dim": Param(32, int, low=1, doc="token embedding width"),
     "hidden_size": Param(64, int, low=1, doc="GRU hidden width"),
     "num_layers": Param(1, int, low=1, doc="GRU layers"),
-    "seed": Param(0, int, doc="initial-weight seed"),
-    "logit_scale": Param(0.4, float, low=0.0, low_open=True,
+    "seed": Param(0, int, low=0, high=MAX_SEED, doc="initial-weight seed"),
+    "logit_scale": Param(0.4, float, low=0.0, low_open=True, high=MAX_LOGIT_SCALE,
                          doc="logits = logit_scale/√features · head(features); smaller explores longer"),
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
     "sampler_noise_std": _SAMPLER_NOISE,
@@ -106,7 +118,7 @@ POLICIES.register("transformer", build_transformer, {
     "num_layers": Param(None, int, low=1, optional=True, doc="layers (default: π₀'s, else 2)"),
     "num_heads": Param(None, int, low=1, optional=True, doc="attention heads (default: π₀'s, else 4)"),
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt (random init; π₀ keeps its own)"),
-    "seed": Param(0, int, doc="initial-weight seed (random init)"),
+    "seed": Param(0, int, low=0, high=MAX_SEED, doc="initial-weight seed (random init)"),
     "sampler_noise_std": _SAMPLER_NOISE,
     "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,

@@ -11,13 +11,17 @@ raises a ``ValueError`` that says how to pass a local model instead (docs/llm.md
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from offpolicylab.locations import check_writable
 
 _REMOTE_CODE = {"allowed": False}  # set only by allow_remote_code (the CLI's --trust-remote-code)
 
@@ -59,6 +63,47 @@ def split_model_path(model: str, gguf_file: str | None = None) -> tuple[str, str
     return model, gguf_file
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "tiktoken.model",
+                   "tokenizer_config.json")
+GGUF_MAGIC = b"GGUF"
+
+
+def check_model_files(model: str, weights: bool = True) -> None:
+    """Refuse, before transformers reads anything, a local model that cannot load: a ``.gguf`` path that is not a
+    non-empty file starting with the GGUF magic bytes, or a directory without tokenizer files
+    (:data:`TOKENIZER_FILES`) or, when the model itself is loaded (``weights``), without a ``config.json`` object.
+    A hub id (no such local path) passes."""
+    path = Path(model)
+    valid = "valid: a directory written by save_pretrained (config.json, weights, tokenizer files) or a .gguf file"
+    if model.lower().endswith(".gguf") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"model={model!r}: no such GGUF file")
+        with open(path, "rb") as handle:
+            magic = handle.read(len(GGUF_MAGIC))
+        if magic != GGUF_MAGIC:
+            what = "is an empty file" if not magic else "is not a GGUF file (it does not start with the GGUF magic bytes)"
+            raise ValueError(f"model {model!r} {what}; {valid}")
+        return
+    if not path.is_dir():
+        return
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"model directory {model!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...); "
+                         f"{valid}")
+    config = path / "config.json"
+    if not weights:
+        return
+    if not config.is_file():
+        raise ValueError(f"model directory {model!r} holds no config.json; {valid}")
+    try:
+        fields = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{config} is not valid JSON ({' '.join(str(exc).split())}); the model directory is "
+                         "damaged") from None
+    if not isinstance(fields, dict):
+        raise ValueError(f"{config} holds a JSON {type(fields).__name__}, not the object save_pretrained writes; "
+                         "the model directory is damaged")
+
+
 def check_device(device: str | torch.device) -> torch.device:
     """``device`` as a torch device, or a ValueError that says why it cannot be used (unknown name, no CUDA in this
     torch build, no visible GPU, index out of range)."""
@@ -98,9 +143,10 @@ def load_tokenizer(model: str, gguf_file: str | None = None) -> Any:
     """The tokenizer of ``model`` (hub id, directory, or directory + ``gguf_file``), with a pad token set."""
     from transformers import AutoTokenizer
 
+    check_model_files(str(Path(model) / gguf_file) if gguf_file else model, weights=False)
     model, gguf_file = split_model_path(model, gguf_file)
     kwargs: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
-    with _offline_errors(model), _remote_code_errors(model):
+    with _offline_errors(model), _remote_code_errors(model), _gguf_errors(model, gguf_file):
         tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=remote_code_allowed(), **kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -124,6 +170,7 @@ def load_model_and_tokenizer(
     from transformers import AutoModelForCausalLM
 
     device = check_device(device)
+    check_model_files(str(Path(model) / gguf_file) if gguf_file else model)
     model, gguf_file = split_model_path(model, gguf_file)
     torch_dtype = resolve_dtype(dtype)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": remote_code_allowed()}
@@ -141,7 +188,7 @@ def load_model_and_tokenizer(
         kwargs["device_map"] = {"": torch.device(device).index or 0} if torch.device(device).type == "cuda" else {
             "": "cpu"}
     tokenizer = load_tokenizer(model, gguf_file)
-    with _offline_errors(model), _remote_code_errors(model):
+    with _offline_errors(model), _remote_code_errors(model), _gguf_errors(model, gguf_file):
         lm = AutoModelForCausalLM.from_pretrained(model, **kwargs)
     if not load_in_4bit:
         lm = lm.to(device)
@@ -182,6 +229,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
         raise ValueError(f"convert-gguf: {str(source)!r} is not a .gguf file")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"convert-gguf: {str(out)!r} exists and is not an empty directory; valid: a new directory")
+    check_writable(out, "convert-gguf: OUT")
     lm, tokenizer = load_model_and_tokenizer(str(source), dtype=dtype)
     config = copy.deepcopy(lm.config)
     if hasattr(config, "quantization_config"):
@@ -201,6 +249,22 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+@contextmanager
+def _gguf_errors(folder: str, gguf_file: str | None) -> Iterator[None]:
+    """Turn a GGUF reader's failure on a damaged file (truncated, garbage after the magic bytes, an unknown
+    version) into a one-line ValueError naming the file."""
+    if not gguf_file:
+        yield
+        return
+    try:
+        yield
+    except (ValueError, struct.error, OSError, IndexError, KeyError, UnicodeDecodeError, OverflowError,
+            MemoryError) as exc:
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise ValueError(f"GGUF file {str(Path(folder) / gguf_file)!r} cannot be read ({text[:200]}); it is damaged "
+                         "or not a model transformers can load; valid: a complete .gguf file") from exc
 
 
 @contextmanager

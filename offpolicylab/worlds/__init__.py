@@ -13,13 +13,21 @@ from collections.abc import Callable
 from typing import Any
 
 from offpolicylab.contracts import World
-from offpolicylab.registry import Param, Registry
+from offpolicylab.registry import MAX_SEED, Param, Registry
 from offpolicylab.worlds.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
 from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
-from offpolicylab.worlds.synthetic_lm import PRESETS, Recipe, SyntheticLM, build_synthetic_lm
+from offpolicylab.worlds.synthetic_lm import (
+    MAX_SHARPNESS_SPREAD,
+    MAX_TEACHER_SCALE,
+    PRESETS,
+    Recipe,
+    SyntheticLM,
+    build_synthetic_lm,
+)
 from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
 
 WORLDS: Registry[World] = Registry("world")
+MAX_ARMS = 100_000  # a bandit's arms: its exact returns enumerate every arm (at most MAX_ENUMERATION)
 
 
 def _build_bandit(rewards: tuple[float, ...] | None, behavior_probs: tuple[float, ...] | None, bernoulli: bool,
@@ -38,8 +46,8 @@ WORLDS.register(
         "rewards": Param(None, list, optional=True, doc="comma-separated arm rewards (default: U[0,1] draws)"),
         "behavior_probs": Param(None, list, optional=True, doc="comma-separated behaviour policy π_b"),
         "bernoulli": Param(False, bool, doc="Bernoulli(r_a) rewards instead of fixed r_a"),
-        "num_arms": Param(5, int, low=2, doc="arms when rewards are drawn at random"),
-        "seed": Param(0, int, doc="seed of the random rewards"),
+        "num_arms": Param(5, int, low=2, high=MAX_ARMS, doc="arms when rewards are drawn at random"),
+        "seed": Param(0, int, low=0, high=MAX_SEED, doc="seed of the random rewards"),
     },
     doc="K-arm softmax bandit (T = 1)",
 )
@@ -51,13 +59,13 @@ WORLDS.register(
         "family": Param("target", str, choices=FAMILIES, doc="reward family"),
         "vocab_size": Param(4, int, low=2, doc="response vocabulary V (EOS included when eos)"),
         "length": Param(5, int, low=1, doc="maximum response length T (V^T <= 1e5)"),
-        "num_prompts": Param(8, int, low=1, doc="number of distinct prompts"),
+        "num_prompts": Param(8, int, low=1, doc="number of distinct prompts (num_prompts × V^T <= 1e7)"),
         "eos": Param(False, bool, doc="last token id is EOS (variable-length responses)"),
         "credit": Param("partial", str, choices=CREDITS, doc="partial (per-token) or exact-match credit"),
         "num_forks": Param(2, int, low=1, doc="forking family: decision positions"),
         "filler_prob": Param(0.9, float, low=0.0, high=1.0, low_open=True, high_open=True,
                              doc="forking family: prior probability of each filler token"),
-        "seed": Param(0, int, doc="world seed (prompts, targets)"),
+        "seed": Param(0, int, low=0, high=MAX_SEED, doc="world seed (prompts, targets)"),
     },
     doc="synthetic token-sequence MDP (target / arithmetic / forking)",
 )
@@ -69,11 +77,12 @@ WORLDS.register(
                                                            "for a hidden digit table[k])"),
         "num_train_prompts": Param(Recipe.num_train_prompts, int, low=1, doc="fixed training prompts"),
         "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
-        "vocab_size": Param(Recipe.vocab_size, int, low=16, doc="vocabulary V (10 digits, ANS, text)"),
+        "vocab_size": Param(Recipe.vocab_size, int, low=16,
+                            doc="vocabulary V (10 digits, ANS, text): at least num_keys + 12"),
         "preset": Param("seed_scale", str, choices=tuple(PRESETS),
                         doc="named recipe: seed_scale (a reasoning LLM's token entropies) or smollm2 "
                             "(SmolLM2-135M's); the parameters below override it"),
-        "alpha": Param(None, float, low=0.0, low_open=True, optional=True,
+        "alpha": Param(None, float, low=0.0, low_open=True, high=MAX_TEACHER_SCALE, optional=True,
                        doc="teacher sharpness: more near-deterministic positions as it grows (default: the "
                            "preset's, 64 / 7)"),
         "delta": Param(None, float, low=0.0, high=1.0, high_open=True, optional=True,
@@ -82,18 +91,20 @@ WORLDS.register(
         "pi0_temperature": Param(None, float, low=0.0, high=10.0, low_open=True, optional=True,
                                  doc="pi0 = the distilled student at this temperature (< 1 sharpens; default: the "
                                      "preset's, 0.8 / 1)"),
-        "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0,
+        "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0, high=MAX_SHARPNESS_SPREAD,
                                   doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
         "ans_prob": Param(Recipe.ans_prob, float, low=0.0, high=1.0, low_open=True,
                           doc="teacher probability of ANS at position T-2"),
-        "digit_scale": Param(Recipe.digit_scale, float, low=0.0, doc="teacher digit logits: context part scale"),
-        "key_scale": Param(Recipe.key_scale, float, low=0.0, doc="teacher digit logits: key part scale"),
-        "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width"),
+        "digit_scale": Param(Recipe.digit_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
+                             doc="teacher digit logits: context part scale"),
+        "key_scale": Param(Recipe.key_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
+                           doc="teacher digit logits: key part scale"),
+        "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width (a multiple of num_heads)"),
         "num_layers": Param(Recipe.num_layers, int, low=1, doc="pi0 transformer layers"),
         "num_heads": Param(Recipe.num_heads, int, low=1, doc="pi0 attention heads"),
         "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="pi0 distillation steps"),
         "distill_batch": Param(Recipe.distill_batch, int, low=1, doc="teacher sequences per distillation step"),
-        "seed": Param(Recipe.seed, int, low=0, doc="world seed (teacher, prompts, table, pi0)"),
+        "seed": Param(Recipe.seed, int, low=0, high=MAX_SEED, doc="world seed (teacher, prompts, table, pi0)"),
         "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
     },
     doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",

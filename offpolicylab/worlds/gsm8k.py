@@ -102,22 +102,34 @@ def load_problems(data: str | Path, split: str) -> list[Problem]:
         raise ValueError(f"GSM8k data {str(path)!r} not found; valid: a .jsonl file or a directory with "
                          "train.jsonl and test.jsonl")
     problems = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); valid: one "
-                                 "JSON object per line") from None
-            if not isinstance(row, dict) or "question" not in row or "answer" not in row:
-                got = sorted(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
-                raise ValueError(f"{path}:{number}: a GSM8k row needs 'question' and 'answer', got {got}")
-            try:
-                problems.append(Problem(row["question"], reference_answer(row["answer"])))
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: {exc}") from None
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({exc.reason} at byte {exc.start}); valid: one JSON object "
+                         "per line, UTF-8 encoded") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); valid: one "
+                             "JSON object per line") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{number}: not valid JSON (nested too deeply); valid: one JSON object per "
+                             "line") from None
+        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+            got = sorted(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
+            raise ValueError(f"{path}:{number}: a GSM8k row needs 'question' and 'answer', got {got}")
+        wrong = [key for key in ("question", "answer") if not isinstance(row[key], str)]
+        if wrong:
+            raise ValueError(f"{path}:{number}: a GSM8k row's {wrong[0]} must be a string, got "
+                             f"{type(row[wrong[0]]).__name__}")
+        try:
+            problems.append(Problem(row["question"], reference_answer(row["answer"])))
+        except ValueError as exc:
+            raise ValueError(f"{path}:{number}: {exc}") from None
     if not problems:
         raise ValueError(f"GSM8k data {str(path)!r} holds no rows")
     return problems

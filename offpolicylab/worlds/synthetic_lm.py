@@ -43,6 +43,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Prompts
+from offpolicylab.locations import check_writable
 from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
 from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
@@ -63,6 +65,8 @@ CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
 RECIPE_VERSION = 4  # bump when the build code changes what a recipe produces
 CORPUS_CHUNK = 8  # distillation steps whose teacher sequences are sampled together
+MAX_TEACHER_SCALE = 1000.0  # alpha, digit_scale, key_scale: beyond it the teacher's float32 logits need not be finite
+MAX_SHARPNESS_SPREAD = 10.0  # gamma: kappa = exp(gamma u.h) <= exp(10 sqrt(teacher_d_model)) stays finite in float32
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,12 @@ class Recipe:
             raise ValueError(f"ans_prob={self.ans_prob} is invalid; valid: a float in (0, 1]")
         if not 0.0 < self.pi0_temperature <= 10.0:
             raise ValueError(f"pi0_temperature={self.pi0_temperature} is invalid; valid: a float in (0, 10]")
+        for name in ("alpha", "digit_scale", "key_scale"):
+            if not 0.0 <= getattr(self, name) <= MAX_TEACHER_SCALE:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: a float in [0, {MAX_TEACHER_SCALE:g}]")
+        if not 0.0 <= self.sharpness_spread <= MAX_SHARPNESS_SPREAD:
+            raise ValueError(f"sharpness_spread={self.sharpness_spread} is invalid; valid: a float in "
+                             f"[0, {MAX_SHARPNESS_SPREAD:g}]")
 
     def digest(self) -> str:
         """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
@@ -372,37 +382,124 @@ def format_threshold(world: SyntheticLM, policy: TransformerPolicy) -> float:
 
 
 def read_cached(path: Path, recipe: Recipe) -> tuple[dict[str, Tensor], float] | None:
-    """(π₀ state, θ) stored at ``path`` for exactly this recipe and build version, else None (a missing, corrupt or
-    foreign file is never trusted; tensors only, ``weights_only=True``)."""
+    """(π₀ state, θ) stored at ``path`` for exactly this recipe and build version, else None (a missing file, or one
+    :func:`cache_problem` rejects: never trusted; tensors only, ``weights_only=True``)."""
+    found = _load_cached(path, recipe)
+    return None if isinstance(found, str) or found is None else found
+
+
+def cache_problem(path: Path, recipe: Recipe) -> str | None:
+    """Why the file at ``path`` cannot serve as this recipe's π₀ (None when it can, or when there is no file): it
+    must load with ``torch.load(weights_only=True)`` as a dict holding ``recipe`` (this recipe's JSON), ``version``
+    (:data:`RECIPE_VERSION`), ``state`` (π₀'s tensors: every name, shape and dtype of the recipe's architecture)
+    and ``threshold`` (a finite number)."""
+    found = _load_cached(path, recipe)
+    return found if isinstance(found, str) else None
+
+
+def _load_cached(path: Path, recipe: Recipe) -> tuple[dict[str, Tensor], float] | str | None:
     if not path.exists():
         return None
     try:
         stored = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - a corrupt cache file is rebuilt, never trusted
-        return None
-    if stored.get("recipe") != json.dumps(asdict(recipe), sort_keys=True) or stored.get("version") != RECIPE_VERSION:
-        return None
-    return stored["state"], float(stored["threshold"])
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file is ignored, never trusted
+        return f"not loadable with weights_only=True: {type(exc).__name__}"
+    if not isinstance(stored, dict) or not {"recipe", "version", "state", "threshold"} <= set(stored):
+        return "not a π₀ cache file (a dict with recipe, version, state and threshold)"
+    if stored["recipe"] != json.dumps(asdict(recipe), sort_keys=True) or stored["version"] != RECIPE_VERSION:
+        return "built for another recipe or build version"
+    expected = make_student(recipe).state_dict()
+    state = stored["state"]
+    if not isinstance(state, dict) or set(state) != set(expected) or any(
+            not isinstance(state[k], Tensor) or state[k].shape != v.shape or state[k].dtype != v.dtype
+            for k, v in expected.items()):
+        return "its π₀ weights do not fit the recipe's architecture"
+    threshold = stored["threshold"]
+    if isinstance(threshold, Tensor) and threshold.numel() == 1:
+        threshold = threshold.item()
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        return "its format threshold is not a finite number"
+    return state, float(threshold)
+
+
+_BUILT: dict[Path, tuple[dict[str, Tensor], float]] = {}  # π₀ built in this process but not cached on disk
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Print ``offpolicylab: warning: MESSAGE`` on stderr, once per process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        print(f"offpolicylab: warning: {message}", file=sys.stderr, flush=True)
 
 
 def load_or_build(world: SyntheticLM) -> tuple[dict[str, Tensor], float]:
     """(π₀ state, θ) from ``world.cache_path``, else from the copy shipped with the package (the default recipe's
-    build, made by this same code), else distilled and written to ``world.cache_path`` atomically."""
+    build, made by this same code), else distilled and written to ``world.cache_path`` atomically.
+
+    A file that exists but is not this recipe's π₀ (:func:`cache_problem`) is ignored with one warning line.  A
+    cache folder that cannot be written is found before the build: π₀ is then built, kept in memory for this
+    process (later builds of the recipe reuse it) and not written, which one warning line says."""
     for path in (world.cache_path, PACKAGED_DIR / world.cache_path.name):
-        cached = read_cached(path, world.recipe)
-        if cached is not None:
-            return cached
-    recipe_json = json.dumps(asdict(world.recipe), sort_keys=True)
-    path = world.cache_path
+        found = _load_cached(path, world.recipe)
+        if isinstance(found, str):
+            warn_once(f"ignoring the π₀ cache file {path} ({found})")
+        elif found is not None:
+            return found
+    if world.cache_path in _BUILT:
+        return _BUILT[world.cache_path]
+    unwritable = _unwritable(world.cache_dir)
+    if unwritable:
+        warn_once(f"π₀ cannot be cached in {world.cache_dir} ({unwritable}); it is built for this process only "
+                  "and rebuilt next time: set OFFPOLICYLAB_CACHE (or the world parameter cache_dir) to a writable "
+                  "folder to keep it")
+    check_build_memory(world.recipe)
     with torch.random.fork_rng(devices=[]):
         student = sharpen(distill(world.recipe, world.teacher), world.recipe.pi0_temperature)
         threshold = format_threshold(world, student)
     state = student.state_dict()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(f".{os.getpid()}.tmp")
-    torch.save({"recipe": recipe_json, "version": RECIPE_VERSION, "state": state, "threshold": threshold}, partial)
-    os.replace(partial, path)
+    if unwritable or not _write_cache(world.cache_path, world.recipe, state, threshold):
+        _BUILT[world.cache_path] = (state, threshold)
     return state, threshold
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why π₀ cannot be written into ``folder`` (created if missing), or None when it can."""
+    try:
+        check_writable(folder, "cache_dir")
+    except ValueError as exc:
+        return str(exc).split(": ", 1)[-1].split("; valid:")[0]
+    return None
+
+
+def _write_cache(path: Path, recipe: Recipe, state: dict[str, Tensor], threshold: float) -> bool:
+    """Write π₀ atomically (a temporary file renamed into place); False, after one warning line, when the disk
+    refuses (the build is then kept in memory)."""
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"recipe": json.dumps(asdict(recipe), sort_keys=True), "version": RECIPE_VERSION,
+                    "state": state, "threshold": threshold}, partial)
+        os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        warn_once(f"π₀ could not be cached at {path} ({' '.join(str(exc).split())}); it is kept for this process "
+                  "only: set OFFPOLICYLAB_CACHE (or the world parameter cache_dir) to a writable folder to keep it")
+        return False
+    return True
+
+
+def check_build_memory(recipe: Recipe) -> None:
+    """Refuse a recipe whose distillation cannot fit in this machine's memory, before building: a lower bound, the
+    teacher corpus of :data:`CORPUS_CHUNK` steps (its tokens and full log p_T, 4 bytes per vocabulary entry, held
+    twice while sampled: [CORPUS_CHUNK · distill_batch, T, V] floats)."""
+    need = 2 * CORPUS_CHUNK * recipe.distill_batch * recipe.response_len * recipe.vocab_size * 4
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > total:
+        raise ValueError(f"building π₀ needs at least {need / 2**30:,.1f} GiB (distill_batch × response_len × "
+                         f"vocab_size = {recipe.distill_batch} × {recipe.response_len} × {recipe.vocab_size} teacher "
+                         f"distributions, {CORPUS_CHUNK} steps at a time) but this machine has {total / 2**30:,.1f} "
+                         "GiB; valid: a smaller distill_batch, response_len or vocab_size")
 
 
 def build_synthetic_lm(preset: str = "seed_scale", cache_dir: str | None = None, **recipe: Any) -> SyntheticLM:

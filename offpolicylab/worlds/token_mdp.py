@@ -30,6 +30,8 @@ from offpolicylab.contracts import Prompts
 from offpolicylab.worlds.exact import MAX_ENUMERATION, EnumerableWorld
 from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
+MAX_PROMPT_RESPONSES = 10_000_000  # num_prompts × V^T: the exact return's table of every prompt's responses
+
 FAMILIES = ("target", "arithmetic", "forking")
 CREDITS = ("partial", "exact")
 
@@ -51,9 +53,13 @@ class TokenMDP(FixedPrompts, EnumerableWorld):
         _check_int("vocab_size", vocab_size, 2 + int(eos))
         _check_int("length", length, 1)
         _check_int("num_prompts", num_prompts, 1)
-        if vocab_size ** length > MAX_ENUMERATION:
+        if length * math.log(vocab_size) > math.log(MAX_ENUMERATION) + 1e-9:  # V^T without computing a huge V^T
             raise ValueError(f"vocab_size^length = {vocab_size}^{length} exceeds {MAX_ENUMERATION}: the world must "
                              "stay enumerable")
+        if num_prompts * vocab_size ** length > MAX_PROMPT_RESPONSES:
+            raise ValueError(f"num_prompts × vocab_size^length = {num_prompts} × {vocab_size}^{length} exceeds "
+                             f"{MAX_PROMPT_RESPONSES:,}: exact returns enumerate every response of every prompt; "
+                             "valid: fewer prompts or a smaller vocab_size or length")
         self.family, self.credit, self.seed = family, credit, int(seed)
         self.vocab_size, self.max_response_len, self.num_prompts = int(vocab_size), int(length), int(num_prompts)
         self.eos_id: int | None = self.vocab_size - 1 if eos else None
