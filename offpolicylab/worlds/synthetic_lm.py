@@ -109,8 +109,8 @@ class Recipe:
             raise ValueError(f"delta={self.delta} is invalid; valid: a float in [0, 1)")
         if not 0.0 < self.ans_prob <= 1.0:
             raise ValueError(f"ans_prob={self.ans_prob} is invalid; valid: a float in (0, 1]")
-        if not 0.0 < self.pi0_temperature <= 10.0:
-            raise ValueError(f"pi0_temperature={self.pi0_temperature} is invalid; valid: a float in (0, 10]")
+        if not 0.05 <= self.pi0_temperature <= 10.0:  # below 0.05 the sharpened float32 logits overflow
+            raise ValueError(f"pi0_temperature={self.pi0_temperature} is invalid; valid: a float in [0.05, 10]")
         for name in ("alpha", "digit_scale", "key_scale"):
             if not 0.0 <= getattr(self, name) <= MAX_TEACHER_SCALE:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: a float in [0, {MAX_TEACHER_SCALE:g}]")

@@ -51,7 +51,7 @@ CASES = [
     (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "preset=qwen", "--out", "{tmp}/out"],
      "parameter preset='qwen' is invalid; valid: one of seed_scale, smollm2"),
     (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "pi0_temperature=0", "--out",
-      "{tmp}/out"], "parameter pi0_temperature=0.0 is out of range; valid: a float in (0, 10] or none"),
+      "{tmp}/out"], "parameter pi0_temperature=0.0 is out of range; valid: a float in [0.05, 10] or none"),
 ]
 
 
