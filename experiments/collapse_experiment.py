@@ -64,21 +64,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="output folder, one run directory per cell")
     parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     parser.add_argument("--table-only", action="store_true", help="only build the tables of an existing --out")
+    parser.add_argument("--small", action="store_true", help="run the grid shrunk to CI size (small_grid: a tiny "
+                                                                 "world, 12 updates, 2 seeds, staleness 6)")
+    parser.add_argument("--updates", type=int, default=None, help="run every cell for this many updates instead "
+                                                                   "of the grid's")
+    parser.add_argument("--only", action="append", default=[], metavar="AXIS=LABEL[,LABEL][;AXIS=...]",
+                        help="run only the cells matching this filter (repeatable: a cell matching any runs)")
+    parser.add_argument("--csv", type=Path, default=None, help="also write one row per run here (objective, "
+                                                              "staleness, seed, J0, peak_J, ..., mask_frac_mean)")
     args = parser.parse_args(argv)
     if not args.table_only:
         start = time.perf_counter()
-        grid = load_grid(args.grid)
+        grid = small_grid(load_grid(args.grid)) if args.small else load_grid(args.grid)
+        if args.updates is not None:
+            grid["base"]["updates"] = args.updates
         prepare_worlds(grid, args.out)
-        rows = run_in_priority_order(grid, args.out, args.workers)
+        rows = run_in_priority_order(grid, args.out, args.workers, [parse_filter(f) for f in args.only])
         wall = time.perf_counter() - start
         failed = sum(row["status"] == "failed" for row in rows)
         line = f"sweep: {len(rows)} cells, {failed} failed, wall {wall:.0f} s with {args.workers} workers"
         print(line)
         with open(args.out / "wall_times.txt", "a") as fh:
             fh.write(line + "\n")
-    report = build_report(args.out)
+    report = build_report(args.out, args.csv)
     print(report)
     return 0
+
+
+SMALL_BASE = {
+    "world_params": {"vocab_size": 32, "response_len": 8, "num_keys": 8, "num_train_prompts": 32, "d_model": 16,
+                     "num_layers": 1, "num_heads": 2, "distill_steps": 30, "distill_batch": 16},
+    "updates": 12, "prompts_per_update": 4, "group_size": 4, "eval_every": 4, "eval_samples": 2, "sample_every": 0,
+    "checkpoint_every": 100, "lr": 0.003,
+}
+SMALL_STALENESS = 6
+SMALL_SEEDS = 2
+
+
+def small_grid(grid: dict[str, Any]) -> dict[str, Any]:
+    """The same objectives and schedule forms at CI size: the base takes :data:`SMALL_BASE` (a tiny synthetic-LM
+    recipe, 12 updates of 4 prompts × 4), every ``stale_k:K`` becomes ``stale_k:6`` (labels kept), and the first two
+    seeds run."""
+    small = json.loads(json.dumps(grid))
+    small["base"] = {**small.get("base", {}), **json.loads(json.dumps(SMALL_BASE))}
+    axes = small.setdefault("axes", {})
+
+    def shrink(value: Any) -> Any:
+        if isinstance(value, dict) and str(value.get("schedule", "")).startswith("stale_k:"):
+            return {**value, "schedule": f"stale_k:{SMALL_STALENESS}"}
+        if isinstance(value, str) and value.startswith("stale_k:"):
+            return f"stale_k:{SMALL_STALENESS}"
+        return value
+
+    if "schedule" in axes:
+        axes["schedule"] = [shrink(v) for v in axes["schedule"]]
+    if "seed" in axes:
+        axes["seed"] = axes["seed"][:SMALL_SEEDS]
+    return small
 
 
 def priority(cell: Cell, high: int) -> int:
@@ -94,10 +136,33 @@ def priority(cell: Cell, high: int) -> int:
     return 2 if staleness > 0 else 3
 
 
-def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list[dict[str, Any]]:
-    """:func:`offpolicylab.sweep.run_sweep` with the cells ordered by :func:`priority` (stable within a class);
-    writes ``grid.json`` and ``sweep_results.csv`` in the grid's own cell order."""
-    cells = expand_grid(grid, out)
+def parse_filter(text: str) -> dict[str, set[str]]:
+    """``"schedule=stale_k:256;objective=grpo,m2po"`` → {axis: allowed labels} (a cell matches when each named
+    axis's label is one of the allowed ones; labels as in the cell directory names' unescaped form)."""
+    out: dict[str, set[str]] = {}
+    for part in filter(None, text.split(";")):
+        axis, sep, labels = part.partition("=")
+        if not sep or not labels:
+            raise ValueError(f"--only {text!r} is invalid; valid: AXIS=LABEL[,LABEL][;AXIS=LABEL...]")
+        out[axis.strip()] = {label.strip() for label in labels.split(",")}
+    return out
+
+
+def matches(cell: Cell, filters: list[dict[str, set[str]]]) -> bool:
+    """Whether ``cell`` matches one of ``filters`` (every cell when there is none).  A schedule filter reads the
+    cell's schedule string, other axes their label."""
+    def value(axis: str) -> str:
+        return str(cell.config.get("schedule")) if axis == "schedule" else cell.labels.get(axis, "")
+
+    return not filters or any(all(value(axis) in allowed for axis, allowed in f.items()) for f in filters)
+
+
+def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int,
+                          filters: list[dict[str, set[str]]] | None = None) -> list[dict[str, Any]]:
+    """:func:`offpolicylab.sweep.run_sweep` with the cells ordered by :func:`priority` (stable within a class), only
+    the cells matching ``filters`` (:func:`matches`); writes ``grid.json`` and ``sweep_results.csv`` in the grid's
+    own cell order."""
+    cells = [cell for cell in expand_grid(grid, out) if matches(cell, filters or [])]
     high = max(_schedule_staleness(c.config.get("schedule", "on_policy")) for c in cells)
     order = sorted(range(len(cells)), key=lambda i: priority(cells[i], high))
     write_grid(out, grid)
@@ -109,7 +174,16 @@ def run_in_priority_order(grid: dict[str, Any], out: Path, workers: int) -> list
 
 
 def _schedule_staleness(schedule: str) -> int:
-    return 0 if schedule == "on_policy" else int(schedule.split(":")[1])
+    """The nominal staleness s of a schedule as the papers name it: 0 for ``on_policy`` and for ``stages:M`` /
+    ``sync:M,0`` (M minibatch updates per rollout batch: the M2PO paper's s = 0 takes 4, staleness 0–3), K for
+    ``stale_k:K``."""
+    name, _, arg = schedule.partition(":")
+    if name == "on_policy" or name == "stages" or (name == "sync" and arg.split(",")[-1] == "0"):
+        return 0
+    if name == "stale_k":
+        return int(arg)
+    raise ValueError(f"schedule {schedule!r} has no nominal staleness; valid: on_policy, stages:M, sync:M,0, "
+                     f"stale_k:K")
 
 
 def prepare_worlds(grid: dict[str, Any], out: Path) -> None:
@@ -143,7 +217,7 @@ def j_curve(run: plots.Run) -> pd.DataFrame:
 
 
 def staleness_of(run: plots.Run) -> int:
-    """0 for on_policy, K for stale_k:K (the grids of this experiment use only these two forms)."""
+    """The run's nominal staleness (:func:`_schedule_staleness`)."""
     return _schedule_staleness(run.staleness)
 
 
@@ -171,6 +245,8 @@ def run_stats(run: plots.Run) -> dict[str, Any]:
         "entropy_end": _mean(metrics["entropy"].tail(edge)) if "entropy" in metrics else math.nan,
         "kl_init_final": float(kl.iloc[-1]) if len(kl) else math.nan,
         "kl_init_max": float(kl.max()) if len(kl) else math.nan,
+        "clip_frac_mean": _mean(metrics["clip_frac"]) if "clip_frac" in metrics else math.nan,
+        "mask_frac_mean": _mean(metrics["mask_frac"]) if "mask_frac" in metrics else math.nan,
     }
 
 
@@ -254,9 +330,26 @@ def _prosperity_then_collapse(runs: pd.DataFrame, curves: dict[tuple[str, int, i
 
 
 # ============================================================================================ Markdown
-def build_report(out: Path) -> str:
-    """Write table.md, runs.csv and criteria.json under ``out``; returns the Markdown."""
+GRID_CSV_COLUMNS = ("objective", "staleness", "seed", "J0", "peak_J", "peak_update", "final_J", "final_se",
+                    "collapsed", "clip_frac_mean", "mask_frac_mean")
+
+
+def grid_csv(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with :data:`GRID_CSV_COLUMNS`: the grid label, nominal staleness, seed, first / peak (and its
+    update) / final evaluated J, the final J's standard error, whether the collapse detector flagged the run, and the
+    mean over updates of the objective's clip and mask fractions (empty where the objective reports none)."""
+    table = runs.rename(columns={"label": "objective", "peak": "peak_J", "final": "final_J"})
+    table["collapsed"] = table["collapse_update"] >= 0
+    return table[list(GRID_CSV_COLUMNS)]
+
+
+def build_report(out: Path, csv_path: Path | None = None) -> str:
+    """Write table.md, runs.csv and criteria.json under ``out`` (and the per-run :func:`grid_csv` at ``csv_path``);
+    returns the Markdown."""
     runs, curves = load_stats(out)
+    if csv_path is not None:
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        grid_csv(runs).to_csv(csv_path, index=False)
     cells = cell_table(runs)
     verdict = criteria(runs[runs["status"].isin(FINISHED)], curves)
     runs.to_csv(out / "runs.csv", index=False)

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
     demo.add_argument("--world", default="synthetic_lm", choices=DEMO_WORLDS,
-                      help="synthetic_lm (default: stale_k:256 on the calibrated LM world) or token_mdp")
+                      help="synthetic_lm (default: grpo vs m2po at stale_k:256, 3 seeds, on the seed-scale LM world) or "
+                           "token_mdp")
     demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
     demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
@@ -344,22 +345,23 @@ DEMO_WORLDS = tuple(DEMO_STALENESS)
 
 def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
               world_params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The demo's runs.  ``synthetic_lm``: grpo (ε = 0.2), grpo without trust region and gspo at staleness 256, and
-    on-policy grpo as the reference, with the world's transformer π₀ and training defaults and its Monte-Carlo
-    return — the world's clearest result within a few minutes: no trust region collapses at once, ε-clipped grpo
-    learns slowly, the sequence-level gspo keeps pace with on-policy grpo (``experiments/RESULTS.md`` §4; M2PO's
-    rise and late collapse there needs 1000 updates).  ``token_mdp``: grpo (ε = 0.2), grpo without trust region and
-    m2po on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
+    """The demo's runs.  ``synthetic_lm``: ε-clipped grpo (ε = 0.2) and m2po (τ = 0.04) at staleness 256, seeds
+    0–2, 350 updates, with the world's transformer π₀ and training defaults (the seeds' drift: grpo clips ≈ 1 % of the
+    tokens at s = 256, as in the M2PO paper) and its Monte-Carlo return — the world's clearest result within three
+    minutes: the clip removes the tokens that moved, the answer tokens where learning happens, and ε-clipped grpo
+    gains a fraction of what m2po gains (``experiments/RESULTS.md`` §4).  ``token_mdp``: grpo (ε = 0.2), grpo without
+    trust region and m2po on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
     if world not in DEMO_STALENESS:
         raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
-    objectives: list[dict[str, Any]] = [
-        {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}},
-        {"label": "grpo_no_trust_region", "objective": "grpo",
-         "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
-        {"label": "m2po", "objective": "m2po"},
-    ]
+    clipped = {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}}
     stale = f"stale_k:{DEMO_STALENESS[world]}"
     if world == "token_mdp":
+        objectives: list[dict[str, Any]] = [
+            clipped,
+            {"label": "grpo_no_trust_region", "objective": "grpo",
+             "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
+            {"label": "m2po", "objective": "m2po"},
+        ]
         base: dict[str, Any] = {
             "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
                                                    "num_prompts": 4},
@@ -367,42 +369,59 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
             "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
         }
         return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
-    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": 400 if updates is None else updates,
-            "eval_every": 50, "sample_every": 0, "checkpoint_every": 300, "seed": 0, "schedule": stale}
-    reference = {**objectives[0], "label": "grpo_on_policy", "schedule": "stale_k:0"}
-    gspo = {"label": "gspo", "objective": "gspo", "objective_params": {"eps_low": 3e-4, "eps_high": 4e-4}}
-    return {"base": base, "axes": {"objective": [reference, *objectives[:2], gspo]}}
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": 350 if updates is None else updates,
+            "eval_every": 50, "sample_every": 0, "checkpoint_every": 350, "schedule": stale}
+    m2po = {"label": "m2po", "objective": "m2po", "objective_params": {"tau": 0.04}}
+    return {"base": base, "axes": {"objective": [clipped, m2po], "seed": [0, 1, 2]}}
 
 
 def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
-    """Return per update, one line per cell of the demo sweep (named by its grid label): the exact return where the
-    world enumerates its responses, else the Monte-Carlo evaluation return, else the batch reward."""
+    """Return per update, one line per grid label of the demo sweep: the mean over its seeds with a band (± 1 sd
+    over seeds, where there are several), and an ✕ on the line wherever the collapse detector flagged a run.  The
+    return is the exact return where the world enumerates its responses, else the Monte-Carlo evaluation return,
+    else the batch reward."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
     import pandas as pd
     import seaborn as sns
 
     from offpolicylab.runs import load_runs
 
-    frames, used = [], set()
+    frames, flags, used, schedules = [], [], set(), set()
     for run in load_runs([sweep_dir]):
+        schedules.add(run.staleness)
         frame = run.metrics
         column = next(c for c in (*_DEMO_RETURNS, "reward_mean") if c in frame and frame[c].notna().any())
         used.add(column)
         frame = frame[["update", column]].dropna().rename(columns={column: "return"})
-        frame["objective"] = run.labels.get("objective", run.path.name)
-        frame["schedule"] = run.staleness
+        label = run.labels.get("objective", run.path.name)
+        frame["objective"], frame["seed"] = label, run.seed
         frames.append(frame)
+        for update in run.collapse_updates():
+            flags.append({"objective": label, "update": update,
+                          "return": float(np.interp(update, frame["update"], frame["return"]))})
     sns.set_theme(style="whitegrid")
     fig, ax = plt.subplots(figsize=(8.5, 4))
     if frames:
         data = pd.concat(frames, ignore_index=True)
-        sns.lineplot(data=data, x="update", y="return", hue="objective", style="schedule", ax=ax)
-        sns.move_legend(ax, "center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+        order = list(dict.fromkeys(data["objective"]))
+        palette = dict(zip(order, sns.color_palette(n_colors=len(order)), strict=True))
+        sns.lineplot(data=data, x="update", y="return", hue="objective", hue_order=order, palette=palette,
+                     errorbar="sd", ax=ax)
+        for flag in flags:
+            ax.plot(flag["update"], flag["return"], marker="X", markersize=9, color=palette[flag["objective"]],
+                    markeredgecolor="black", linestyle="none")
+        if flags:
+            ax.plot([], [], marker="X", color="grey", markeredgecolor="black", linestyle="none",
+                    label="collapse detector flag")
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    seeds = len({f["seed"].iloc[0] for f in frames}) if frames else 0
     ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(used)) or "return")
-    ax.set_title("on-policy vs stale data")
+    title = "on-policy vs stale data" if len(schedules) != 1 else f"all at {next(iter(schedules))}"
+    ax.set_title(title + (f" (mean over {seeds} seeds, band ± 1 sd)" if seeds > 1 else ""))
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -16,6 +16,8 @@ from typing import Any
 
 from offpolicylab.registry import Param
 
+BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
+
 OPTIMIZERS = ("adam", "adamw", "sgd")
 ADVANTAGE_CHOICES = ("auto", "mean", "std")
 KL_INIT_MODES = ("auto", "on", "off")
@@ -69,11 +71,13 @@ class TrainConfig:
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
                                   "one used"))
-    recompute_behavior_logp: bool = _f(Param(False, bool, doc="score each generated batch with the training forward "
-                                                              "(no grad) and use that as behavior_logp (verl's "
-                                                              "recompute of old_log_prob); the sampler's numbers are "
-                                                              "kept as sampler_logp, so log_ratio measures staleness "
-                                                              "alone and sampler_log_ratio the numeric mismatch"))
+    behavior_logp: str = _f(Param("auto", str, choices=BEHAVIOR_SOURCES,
+                                  doc="where each batch's behavior_logp (the ratios' denominator) comes from: "
+                                      "trainer = the trainer's own forward (fp32; for hf one extra forward per "
+                                      "batch, verl's recompute of old_log_prob), sampler = the sampling engine's "
+                                      "numbers (a reduced sampler_precision's mismatch then enters every ratio), "
+                                      "auto = trainer for the toy policies, sampler for hf; the engine's numbers "
+                                      "are kept as sampler_logp either way (tis_cap)"))
     optimizer: str = _f(Param(None, str, choices=OPTIMIZERS, optional=True, doc="optimizer"))
     lr: float = _f(Param(None, float, **_POSITIVE, optional=True,
                          doc="learning rate (0.05 for the toy policies, 1e-4 for the LoRA policy hf)"))
@@ -155,6 +159,7 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
         Fields the mapping leaves out take their defaults as in the constructor (:func:`chosen_defaults`)."""
+        data = upgrade_config(data)
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
@@ -163,6 +168,18 @@ class TrainConfig:
 
 
 _PARAMS: dict[str, Param] = {f.name: f.metadata["param"] for f in fields(TrainConfig)}
+LEGACY_RECOMPUTE = "recompute_behavior_logp"  # the bool that behavior_logp replaced (true = trainer)
+
+
+def upgrade_config(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the keys of earlier versions renamed: ``recompute_behavior_logp`` (true / false) becomes
+    ``behavior_logp`` (``trainer`` / ``auto``), so earlier runs' config.json still load and compare equal."""
+    if LEGACY_RECOMPUTE not in data:
+        return data
+    data = dict(data)
+    recompute = Param(False, bool).validate(LEGACY_RECOMPUTE, data.pop(LEGACY_RECOMPUTE))
+    data.setdefault("behavior_logp", "trainer" if recompute else "auto")
+    return data
 
 
 def chosen_defaults(world: str, policy: str | None) -> dict[str, tuple[Any, str]]:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.batched import MEMBER_FIELDS, train_together
-from offpolicylab.config import TrainConfig
+from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.grid import Cell, expand_grid
 from offpolicylab.locations import output_folder
 from offpolicylab.policies import policy_ability
@@ -107,7 +107,7 @@ def changed_cells(cells: list[Cell]) -> dict[str, str]:
         if not run.config_path.exists() or (summary is not None and summary.get("status") == "failed"):
             continue
         try:
-            stored = run.read_config()
+            stored = upgrade_config(run.read_config())  # earlier versions' keys renamed
         except RunError:
             changed[cell.name] = "config.json unreadable"
             continue

@@ -2,6 +2,7 @@
 
     python -m offpolicylab.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
                                             [--lrs 1e-4,3e-4,1e-3] [--kl-updates 30] [--success-samples 32]
+    python experiments/synthetic_lm_drift.py --lrs 3e-5,1e-4,3e-4 --out runs/drift [--updates 300] [--workers 2]
 
 prints (1) π₀'s token profile on temperature-1 samples (one per training prompt) side by side with a reference
 profile (``offpolicylab.diagnostics.profile``, the same statistics code as ``offpolicylab calibrate``), (2) π₀'s
@@ -12,6 +13,21 @@ policies of short on-policy GRPO runs with the world's training defaults:
     KL_u = mean over the batch's response tokens of Σ_v π_u(v | x, y_{<t}) [log π_u(v | ·) − log π_{u+1}(v | ·)]
 
 (exact over the vocabulary at each sampled position, the batch the update was computed on).
+
+The drift measurement (``experiments/synthetic_lm_drift.py`` runs its sweep; this module holds its grid and rule)
+measures drift the way the M2PO paper reports it (Zheng et al. 2025, "Prosperity
+before Collapse", arXiv:2510.01161, Fig. 6d): the share of tokens whose ε = 0.2 GRPO clip is active,
+
+    clip_frac = mean over updates u < U of  (1/N_u) Σ_t 1[(A_t > 0 ∧ r_t > 1 + ε) ∨ (A_t < 0 ∧ r_t < 1 − ε)]
+
+for each learning rate in two short runs of U updates from π₀: the papers' s = 0 (``stages:4`` — one rollout batch
+of 4 × 8 prompts split into 4 minibatches, one optimizer update each, staleness 0–3, as the paper's 256 prompts in
+minibatches of 64) and ``stale_k:256``; :func:`drift_table` prints them next to the paper's numbers, and the rate is chosen by
+:func:`choose_lr`.  Only clip fractions are read from these runs.
+
+π₀'s profile is printed next to Qwen3-8B's chain of thought (Wang et al. 2025, "Beyond the 80/20 Rule",
+arXiv:2506.01939: 50.64 % of tokens below 0.01 nat, 80th percentile 0.672 nat; no rare-token share published) and
+the SmolLM2 profile (:func:`seed_scale_table`).
 """
 
 from __future__ import annotations
@@ -20,12 +36,19 @@ import argparse
 import json
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from offpolicylab.config import TrainConfig, parse_assignments
-from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, load_profile, token_profile
+from offpolicylab.diagnostics.profile import (
+    compare_profiles,
+    format_comparison,
+    load_profile,
+    side_by_side,
+    token_profile,
+)
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, SyntheticLM
 
@@ -37,6 +60,102 @@ def policy_token_profile(world: SyntheticLM, policy: Any, samples_per_prompt: in
     with torch.no_grad():
         logp, entropy = policy.score(rollout)
     return token_profile(entropy, logp, rollout.response_mask)
+
+
+SEED_SCALE_TARGETS = {"share_entropy_below_0.01": (0.45, 0.60), "entropy_p80": (0.5, 0.85)}
+"""The ranges the default recipe's π₀ must meet (around Qwen3-8B's published chain-of-thought statistics,
+``load_profile("qwen3_8b_cot")``), by profile key."""
+
+
+def world_profile_document(world: SyntheticLM, policy: Any, name: str = "synthetic_lm π₀") -> dict[str, Any]:
+    """``policy``'s :func:`policy_token_profile` as a profile document (source ``measured``, temperature 1), ready
+    for :func:`~offpolicylab.diagnostics.profile.side_by_side` next to packaged profiles."""
+    return {"source": "measured", "model": name, "sampling": {"temperature": 1.0},
+            "profile": policy_token_profile(world, policy)}
+
+
+def seed_scale_table(world: SyntheticLM, policy: Any) -> str:
+    """Markdown: ``policy``'s profile beside Qwen3-8B's chain of thought (published) and SmolLM2-135M's (measured),
+    then each of :data:`SEED_SCALE_TARGETS` with its range and verdict."""
+    document = world_profile_document(world, policy)
+    table = side_by_side({"Qwen3-8B CoT": load_profile("qwen3_8b_cot"),
+                          "SmolLM2-135M": load_profile("smollm2_135m_instruct_gsm8k"), "synthetic_lm π₀": document})
+    checks = [f"- {key}: {document['profile'][key]:.4f} in [{low:g}, {high:g}]: "
+              f"{'yes' if low <= document['profile'][key] <= high else 'no'}"
+              for key, (low, high) in SEED_SCALE_TARGETS.items()]
+    return table + "\n\n" + "\n".join(checks)
+
+
+# ================================================================================================ drift
+PAPER_CLIP_FRACTIONS = {  # M2PO paper (Zheng et al. 2025, arXiv:2510.01161), Fig. 6d, averaged over training
+    "Qwen3-1.7B-Base": {"s0": 0.0007, "s256": 0.0066, "m2po_s256_masked": 0.0002},
+    "Qwen2.5-32B": {"s0": 0.0005, "s256": 0.0122, "m2po_s256_masked": 0.0006},
+}
+S0_WINDOW = (3e-4, 1.5e-3)
+"""Item range of ε = 0.2 GRPO's clip fraction at the papers' s = 0 (4 minibatch updates per rollout batch)."""
+STALE_WINDOW = (3e-3, 2.5e-2)
+"""Item range of ε = 0.2 GRPO's clip fraction over the first 300 updates at ``stale_k:256``."""
+S0_TARGET = math.sqrt(0.0007 * 0.0005)
+STALE_TARGET = math.sqrt(0.0066 * 0.0122)
+"""Geometric means of the paper's two models (0.059 % and 0.90 %): the points :func:`choose_lr` aims at."""
+DRIFT_SCHEDULES = {"s0": "stages:4", "s256": "stale_k:256"}
+
+
+def drift_grid(lrs: list[float], updates: int = 300, world_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The sweep grid of the drift measurement: ε = 0.2 GRPO, each learning rate × {``stages:4``, ``stale_k:256``},
+    ``updates`` updates from π₀, the world's other defaults (evaluation only at the end)."""
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "objective": "grpo",
+            "objective_params": {"eps_low": 0.2, "eps_high": 0.2}, "updates": updates, "eval_every": updates,
+            "sample_every": 0, "checkpoint_every": updates, "seed": 0}
+    return {"base": base, "axes": {"lr": [{"label": f"{lr:g}", "lr": lr} for lr in lrs],
+                                   "schedule": [{"label": k, "schedule": v} for k, v in DRIFT_SCHEDULES.items()]}}
+
+
+def clip_fractions(sweep_dir: str | Path) -> list[dict[str, float]]:
+    """Per learning rate of a finished :func:`drift_grid` sweep: the mean ``clip_frac`` over its updates at s = 0 and
+    at s = 256 (nothing else of those runs is read)."""
+    from offpolicylab.runs import load_runs
+
+    by_lr: dict[float, dict[str, float]] = {}
+    for run in load_runs([sweep_dir]):
+        lr = float(run.config["lr"])
+        by_lr.setdefault(lr, {"lr": lr})[run.labels["schedule"]] = float(run.metrics["clip_frac"].mean())
+    return [by_lr[lr] for lr in sorted(by_lr)]
+
+
+def _log_distance(value: float, target: float) -> float:
+    return abs(math.log(max(value, 1e-12) / target))
+
+
+def choose_lr(rows: list[dict[str, float]]) -> tuple[float, str]:
+    """The learning rate by the rule fixed before any stale run (``docs/synthetic_lm.md``): among the rates whose s = 0
+    and s = 256 clip fractions both lie in their windows, the one minimising the larger of |log(c₀ / 0.059 %)| and
+    |log(c₂₅₆ / 0.90 %)|; if none meets both, the stale one decides: among the rates inside the stale window (else
+    all), the one with c₂₅₆ closest to 0.90 % on a log scale.  Returns (lr, which branch decided)."""
+    def inside(value: float, window: tuple[float, float]) -> bool:
+        return window[0] <= value <= window[1]
+
+    both = [r for r in rows if inside(r["s0"], S0_WINDOW) and inside(r["s256"], STALE_WINDOW)]
+    if both:
+        best = min(both, key=lambda r: max(_log_distance(r["s0"], S0_TARGET), _log_distance(r["s256"], STALE_TARGET)))
+        return best["lr"], "both windows met"
+    stale = [r for r in rows if inside(r["s256"], STALE_WINDOW)]
+    best = min(stale or rows, key=lambda r: _log_distance(r["s256"], STALE_TARGET))
+    return best["lr"], ("no rate meets both windows; the stale window decides" if stale else
+                        "no rate meets the stale window; closest stale clip fraction")
+
+
+def drift_table(rows: list[dict[str, float]], updates: int) -> str:
+    """Markdown: each learning rate's two clip fractions beside the paper's, with the windows."""
+    papers = "; ".join(f"{name} {v['s0']:.2%} / {v['s256']:.2%}" for name, v in PAPER_CLIP_FRACTIONS.items())
+    lines = [f"ε = 0.2 GRPO clip fraction, mean over updates 0–{updates - 1} (paper, Fig. 6d, mean over training: "
+             f"{papers} at s = 0 / s = 256)", "",
+             "| lr | s = 0 (stages:4) | in [0.03 %, 0.15 %] | s = 256 (stale_k:256) | in [0.3 %, 2.5 %] |",
+             "|---:|---:|:---:|---:|:---:|"]
+    for r in rows:
+        yes = ["yes" if w[0] <= r[k] <= w[1] else "no" for k, w in (("s0", S0_WINDOW), ("s256", STALE_WINDOW))]
+        lines.append(f"| {r['lr']:g} | {r['s0']:.3%} | {yes[0]} | {r['s256']:.3%} | {yes[1]} |")
+    return "\n".join(lines)
 
 
 def initial_success(world: SyntheticLM, policy: Any, samples: int = 32, seed: int = 0) -> dict[str, float]:
@@ -108,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     world_params = parse_assignments(args.world_param, "--world-param")
     world = make_world("synthetic_lm", **world_params)
     pi0 = world.pretrained_policy()
+    print(seed_scale_table(world, pi0))
     profile = policy_token_profile(world, pi0)
     if args.profile:
         rows = compare_profiles(load_profile(args.profile), profile)

@@ -45,7 +45,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.config import TrainConfig
+from offpolicylab.behavior import sample_rollout
+from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.contracts import (
     ClonablePolicy,
     ExactWorld,
@@ -228,11 +229,10 @@ def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
 
 
 def sample(policy: Policy, prompts: Any, config: TrainConfig, generator: Any) -> Rollout:
-    """``policy.sample`` of ``prompts`` (``generator``: one, or one per row block of a stacked policy); with
-    ``recompute_behavior_logp`` the behaviour log-probs come from the training forward
-    (:func:`recompute_behavior_logp`)."""
-    rollout = policy.sample(prompts, config.group_size, config.temperature, generator)
-    return recompute_behavior_logp(policy, rollout) if config.recompute_behavior_logp else rollout
+    """``policy.sample`` of ``prompts`` (``generator``: one, or one per row block of a stacked policy), with
+    ``behavior_logp`` from ``config.behavior_logp``: the trainer's numbers or the sampler's
+    (:func:`offpolicylab.behavior.sample_rollout`)."""
+    return sample_rollout(policy, prompts, config.group_size, config.temperature, generator, config.behavior_logp)
 
 
 def stamped(rollout: Rollout, version: int) -> Rollout:
@@ -246,18 +246,6 @@ def with_rewards(run: Run, rollout: Rollout) -> Rollout:
     rewards = run.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
                                generator=run.generator)
     return rollout.with_(rewards=rewards.to(torch.float32))
-
-
-def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
-    """behavior_logp ← log π(y_t | x, y_<t) from the policy's training forward (``score``, no grad), as verl's
-    recompute of old_log_prob; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
-    reported one).  The objective's log-ratio logp − behavior_logp then measures staleness alone and
-    behavior_logp − sampler_logp the sampler/trainer numeric mismatch (Yao et al. 2025, "Your efficient RL framework
-    secretly brings you off-policy RL training")."""
-    with torch.no_grad():
-        logp, _ = policy.score(rollout)
-    sampler = rollout.sampler_logp if rollout.sampler_logp is not None else rollout.behavior_logp
-    return rollout.with_(behavior_logp=logp.detach() * rollout.response_mask, sampler_logp=sampler)
 
 
 def make_batch(run: Run, rollout: Rollout, logp: Tensor, entropy: Tensor, update: int) -> TokenBatch:
@@ -539,7 +527,7 @@ def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainCon
     """The checkpoint a resume of ``directory`` continues from (None: killed before the first one), after checking
     everything that can refuse it — the stored configuration (which may differ in ``report_to``, and in ``updates``
     when the run can be extended: :mod:`offpolicylab.resume`), the summary, the update counter — without writing."""
-    stored = directory.read_config()
+    stored = upgrade_config(directory.read_config())  # earlier versions' keys renamed (behavior_logp)
     changed = config_changes(stored, resolved)
     extending = changed == ["updates"]
     if changed and not extending:

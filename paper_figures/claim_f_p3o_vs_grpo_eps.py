@@ -4,10 +4,14 @@ while P3O, which has no ε (its ratio cap is the batch's own ESS), needs no such
 Toy analogue: world ``token_mdp`` (family ``forking``), tabular policy, Adam lr 0.05, 8 prompts × 8 responses per
 update, GRPO-style std-normalised advantages for both.  Settings: ``stale_k:64`` (stale data, one pass per batch),
 ``epochs:8`` (PPO-style: each batch is consumed by 8 consecutive updates), and the P3O paper's own kinds of
-off-policy data: ``mixture:0.5`` (half of each batch's prompts answered by another policy, the frozen π_0) and
-``mismatch`` (on-policy schedule sampled at temperature 1.2 by a noisy engine, ``sampler_noise_std = 1``: the
-sampler draws from softmax(z/1.2 + ε), ε ~ N(0, 1), while the ratios use the trainer's log-probs — the FP8-rollout /
-high-temperature mismatch of the paper, exaggerated so that it is visible at T = 5; fixed before any run).
+off-policy data: ``mixture:0.5`` (half of each batch's prompts answered by another policy, the frozen π_0) and two
+engine mismatches at staleness 0 (on-policy schedule, temperature 1.2), whose ratios are taken against the engine's
+own log-probs (``behavior_logp = sampler``, so the mismatch enters every ratio — the paper's setting):
+``mismatch_T1.2_noise1`` (the engine draws from softmax(z/1.2 + ε), ε ~ N(0, 1): the FP8-rollout / high-temperature
+mismatch of the paper, exaggerated so that it is visible at T = 5; fixed before any run) and ``mismatch_T1.2_fp8``
+(the engine stores the table in FP8 E4M3 and computes its softmax in bf16, ``sampler_precision = fp8_e4m3``: the
+rounding an FP8 engine does).  The first case was earlier run with the trainer's log-probs as behaviour, which
+hid the engine from both objectives.
 GRPO with symmetric ε ∈ {0.2, 0.4, 0.6} against P3O.  Measured: exact return J(π) at the middle, peak and end of
 training (P3O's rise-then-fall is peak − final), mean clipped-token fraction and ESS, and for GRPO the spread
 (max − min over ε) of the seed-mean returns, to set against P3O's value.
@@ -21,9 +25,13 @@ import common
 import pandas as pd
 
 EPSILONS = (0.2, 0.4, 0.6)
-#: the engine-mismatch setting (label, config overrides)
-MISMATCH = ("mismatch_T1.2_noise1", {"schedule": "on_policy", "temperature": 1.2,
-                                     "policy_params": {"sampler_noise_std": 1.0}})
+#: the engine-mismatch settings (label, config overrides)
+MISMATCHES = (
+    ("mismatch_T1.2_noise1", {"schedule": "on_policy", "temperature": 1.2, "behavior_logp": "sampler",
+                              "policy_params": {"sampler_noise_std": 1.0}}),
+    ("mismatch_T1.2_fp8", {"schedule": "on_policy", "temperature": 1.2, "behavior_logp": "sampler",
+                           "policy_params": {"sampler_precision": "fp8_e4m3"}}),
+)
 
 
 def objectives(small: bool) -> list[dict]:
@@ -43,9 +51,9 @@ def grid(small: bool) -> dict:
     }
 
 
-def mismatch_grid(small: bool) -> dict:
+def mismatch_grid(small: bool, overrides: dict) -> dict:
     settings = grid(small)
-    return {"base": {**settings["base"], **MISMATCH[1]},
+    return {"base": {**settings["base"], **overrides},
             "axes": {"objective": settings["axes"]["objective"], "seed": settings["axes"]["seed"]}}
 
 
@@ -53,13 +61,15 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__.split("\n")[0], argv)
     out = common.claim_dir(args, "f_p3o_vs_grpo_eps")
     runs = common.sweep(grid(args.small), out / "runs", args.workers)
-    mismatch_runs = common.sweep(mismatch_grid(args.small), out / "runs_mismatch", args.workers)
-    table = common.run_table(runs, ("clip_frac", "ess"))
-    mismatch = common.run_table(mismatch_runs, ("clip_frac", "ess")).assign(staleness=MISMATCH[0])
-    table = pd.concat([table, mismatch], ignore_index=True)
-    runs = runs + mismatch_runs
+    tables = [common.run_table(runs, ("clip_frac", "ess"))]
+    for label, overrides in MISMATCHES:
+        mismatch_runs = common.sweep(mismatch_grid(args.small, overrides), out / f"runs_{label}", args.workers)
+        tables.append(common.run_table(mismatch_runs, ("clip_frac", "ess", "log_ratio_abs_mean")).assign(
+            staleness=label))
+        runs = runs + mismatch_runs
+    table = pd.concat(tables, ignore_index=True)
     mean = common.seed_mean(table)
-    keys = ("return_at_half", "peak", "final", "clip_frac", "ess")
+    keys = ("return_at_half", "peak", "final", "clip_frac", "ess", "log_ratio_abs_mean")
     result: dict = common.rounded_by_cell(mean, keys)
     for schedule, group in mean.groupby("staleness"):
         grpo = group[group["label"].str.startswith("grpo")]

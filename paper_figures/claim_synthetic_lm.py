@@ -4,7 +4,8 @@ collapse.
 
 - (b) M2PO "Prosperity before Collapse": at staleness 256, GRPO without a trust region first beats ε-clipped GRPO,
   then collapses, while M2PO stays stable.  Runs: grpo ε = 0.2, grpo with ε = inf and m2po (τ = 0.04) at
-  ``stale_k:256`` and on-policy grpo, 3 seeds — the same cells as ``experiments/synthetic_lm_grid.json``.
+  ``stale_k:256`` and grpo at the grid's staleness 0 (``stages:4``, the papers' s = 0), 3 seeds — the same cells as
+  ``experiments/synthetic_lm_grid.json``.
 - (d) M2PO is insensitive to τ: m2po τ ∈ {0.01, 0.04, 0.16} at ``stale_k:256``.
 - (g) Mu-GRPO: in few large generation–optimisation stages (``stages:256``) the standard clip [0.8, 1.2] learns
   slowly, the relaxed clip [0, 5] faster, and the negative-advantage veto (κ = 2, suffix scope) keeps it stable.
@@ -14,7 +15,9 @@ the claim and the experiment share one definition).  J is the Monte-Carlo evalua
 on the world's fixed evaluation prompts.  ``--reuse DIR`` copies finished cells of an experiment output folder with
 the same names (identical configurations, so identical results) instead of re-running them.
 
-    python paper_figures/claim_synthetic_lm.py [--small] [--reuse runs/synthetic_lm] [--claims b,d,g]
+    python paper_figures/claim_synthetic_lm.py [--small] [--reuse runs/synthetic_lm] [--claims b,d,g] [--updates N]
+
+``--updates N`` runs every cell for N updates instead of the grid's (as ``collapse_experiment.py --updates``).
 """
 
 from __future__ import annotations
@@ -52,18 +55,23 @@ def stale_schedule(grid: dict[str, Any]) -> str:
     return max((s for s in grid["axes"]["schedule"] if s.startswith("stale_k:")), key=lambda s: int(s[8:]))
 
 
+def fresh_schedule(grid: dict[str, Any]) -> str:
+    """The grid's staleness-0 schedule (``on_policy``, or ``stages:M``: the papers' s = 0, M minibatch updates per
+    rollout batch)."""
+    return next(s for s in grid["axes"]["schedule"] if s == "on_policy" or s.startswith("stages:"))
+
+
 def objective(grid: dict[str, Any], label: str) -> dict[str, Any]:
     return next(o for o in grid["axes"]["objective"] if isinstance(o, dict) and o.get("label") == label)
 
 
 def grid_b(grid: dict[str, Any]) -> list[dict[str, Any]]:
-    """ε-clipped grpo on-policy and stale; grpo without trust region and m2po stale (on-policy, one update per batch,
-    all three have the same gradient: ratio ≡ 1)."""
+    """ε-clipped grpo at staleness 0 and stale; grpo without trust region and m2po stale."""
     def sub(labels: tuple[str, ...], schedules: list[str]) -> dict[str, Any]:
         return {"base": grid["base"], "axes": {"objective": [objective(grid, label) for label in labels],
                                                "schedule": schedules, "seed": grid["axes"]["seed"]}}
     stale = stale_schedule(grid)
-    return [sub(("grpo",), ["on_policy", stale]), sub(("grpo_no_tr", "m2po"), [stale])]
+    return [sub(("grpo",), [fresh_schedule(grid), stale]), sub(("grpo_no_tr", "m2po"), [stale])]
 
 
 def grid_d(grid: dict[str, Any]) -> dict[str, Any]:
@@ -132,10 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     reuse = Path(_pop_option(argv, "--reuse")) if "--reuse" in argv else None
     chosen = _pop_option(argv, "--claims").split(",") if "--claims" in argv else ["b", "d", "g"]
+    updates = int(_pop_option(argv, "--updates")) if "--updates" in argv else None
     if not chosen or set(chosen) - {"b", "d", "g"}:
         raise ValueError(f"--claims {','.join(chosen)} is invalid; valid: a comma-separated subset of b,d,g")
     args = common.parse_args(__doc__.split("\n")[0], argv)
     grid = experiment_grid(args.small)
+    if updates is not None:
+        grid["base"]["updates"] = updates
     if "b" in chosen:
         claim("b", grid_b(grid), args, reuse, ("return_at_half", "peak", "final", "collapses", "grad_norm_max",
                                                  "ratio_max"))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from offpolicylab.batched.loop import run_stack
-from offpolicylab.batched.stack import Stack, stackable
+from offpolicylab.batched.stack import Stack, stack_policies, stackable
 from offpolicylab.config import MAX_SEED, TrainConfig
 from offpolicylab.policies import policy_ability
 from offpolicylab.profiling import Stopwatch
@@ -71,6 +71,7 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
     check_together(configs)
     directories = [RunDir(path, fsync=configs[0].fsync) for path in run_dirs]
     runs, rng_states = build_runs(configs)
+    stack_policies(configs[0].policy, [run.policy for run in runs])  # a stack the kind refuses, before writing
     check_memory(runs[0].config, runs[0].world, len(runs))
     check_directories(directories, runs, resume)
     with contextlib.ExitStack() as locks:

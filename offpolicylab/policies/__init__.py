@@ -14,6 +14,7 @@ from typing import Any
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
 from offpolicylab.policies.hf import PLANNED_PARAMS, hf_policy_params, make_hf_policy
+from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
 from offpolicylab.policies.transformer import TransformerPolicy
@@ -29,6 +30,9 @@ in), ``frozen_copy`` (whether evaluation keeps a frozen copy of π_0 by default:
 MAX_LOGIT_SCALE = 1000.0  # logit_scale and sampler_noise_std: beyond it float32 logits need not stay finite
 _SAMPLER_NOISE = Param(0.0, float, low=0.0, high=MAX_LOGIT_SCALE,
                        doc="std of the sampler's logit noise (0 = exact sampler)")
+_SAMPLER_PRECISION = Param("fp32", str, choices=PRECISIONS,
+                           doc="precision the sampling engine computes its logits and softmax in (weights stored in "
+                               "it; fp8 simulated, docs/sampler_precision.md); the trainer scores in fp32")
 
 
 def _shape(kind: str, world: World) -> dict[str, Any]:
@@ -39,7 +43,8 @@ def _shape(kind: str, world: World) -> dict[str, Any]:
     return {"vocab_size": world.vocab_size, "response_len": world.max_response_len, "eos_id": world.eos_id}
 
 
-def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: float) -> TabularSoftmaxPolicy:
+def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: float,
+                  sampler_precision: str) -> TabularSoftmaxPolicy:
     """A logits table per prompt (and context) sized for ``world``; ``init="world"`` starts from the world's
     suggested logits when it has them."""
     shape = _shape("tabular", world)
@@ -47,7 +52,7 @@ def build_tabular(world: World, *, context: str, init: str, sampler_noise_std: f
     init_logits = world.initial_logits() if wants_init else None
     context = "none" if world.max_response_len == 1 and world.eos_id is None else context
     return TabularSoftmaxPolicy(num_prompts=world.num_prompts, context=context, init_logits=init_logits,
-                                sampler_noise_std=sampler_noise_std, **shape)
+                                sampler_noise_std=sampler_noise_std, sampler_precision=sampler_precision, **shape)
 
 
 def _check_prompt_len(max_prompt_len: int, world: World) -> None:
@@ -66,7 +71,7 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
-                      **sizes: int | None) -> TransformerPolicy:
+                      sampler_precision: str, **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
@@ -75,7 +80,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
         sizes = {key: defaults[key] if value is None else value for key, value in sizes.items()}
         return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
                                  max_prompt_len=max_prompt_len, seed=seed, sampler_noise_std=sampler_noise_std,
-                                 **sizes, **shape)
+                                 sampler_precision=sampler_precision, **sizes, **shape)
     policy = world.pretrained_policy()
     pretrained = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
                   "num_heads": policy.shape.num_heads}
@@ -84,7 +89,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     if clash:
         raise ValueError(f"transformer {', '.join(clash)} differs from the world's pretrained π₀; valid: leave the "
                          "sizes unset, or init=random")
-    policy.sampler_noise_std = sampler_noise_std
+    policy.sampler_noise_std, policy.sampler_precision = sampler_noise_std, sampler_precision
     return policy
 
 
@@ -93,6 +98,7 @@ POLICIES.register("tabular", build_tabular, {
     "init": Param("world", str, choices=("world", "uniform"),
                   doc="world = the world's suggested initial policy (e.g. π_b of the pitfall) when it has one"),
     "sampler_noise_std": _SAMPLER_NOISE,
+    "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a softmax logits table per prompt and context", stack=StackedTabularPolicy, stack_in_sweeps=True)
 POLICIES.register("sequence_model", build_sequence_model, {
     "embed_dim": Param(32, int, low=1, doc="token embedding width"),
@@ -103,6 +109,7 @@ POLICIES.register("sequence_model", build_sequence_model, {
                          doc="logits = logit_scale/√features · head(features); smaller explores longer"),
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt the prompt code accepts"),
     "sampler_noise_std": _SAMPLER_NOISE,
+    "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a small GRU sequence model", stack=StackedSequenceModelPolicy, stack_in_sweeps=True)
 POLICIES.register("transformer", build_transformer, {
     "init": Param("pretrained", str, choices=("pretrained", "random"),
@@ -113,6 +120,7 @@ POLICIES.register("transformer", build_transformer, {
     "max_prompt_len": Param(64, int, low=1, doc="longest prompt (random init; π₀ keeps its own)"),
     "seed": Param(0, int, low=0, high=MAX_SEED, doc="initial-weight seed (random init)"),
     "sampler_noise_std": _SAMPLER_NOISE,
+    "sampler_precision": _SAMPLER_PRECISION,
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,
     stack_in_sweeps=False)  # its stacked work grows with the rows: ≈ separate runs' cost (benchmarks/README.md)
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),

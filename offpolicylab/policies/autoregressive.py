@@ -15,13 +15,22 @@ prefix, by default from one ``response_logits`` call over the V^(T−1) prefixes
 After an EOS the remaining positions are padded with the EOS id and masked out (``response_mask`` = 0 there,
 EOS itself counts).
 
-Sampler noise (rollout/trainer numeric mismatch, as in the TIS / P3O settings): with ``sampler_noise_std = σ > 0``
-the sampling engine draws from ``softmax(z/τ + σ·ε)``, ε ~ N(0, 1) fresh per token, and reports that
-log-prob as ``sampler_logp``; ``behavior_logp`` stays the trainer-side log softmax(z/τ) of the sampled token.
+The sampling engine (rollout/trainer numeric mismatch, as in the TIS / P3O settings) may differ from the trainer's
+arithmetic in two ways, and then reports its own log-prob of each drawn token as ``sampler_logp``:
+
+- ``sampler_precision = p`` (:mod:`offpolicylab.policies.precision`): the engine runs the network with its weights
+  stored in p and computes the logits and the softmax in p, ℓ = log softmax_p(z^p/τ);
+- ``sampler_noise_std = σ > 0``: the engine draws from ``softmax(ℓ + σ·ε)``, ε ~ N(0, 1) fresh per token (a crude
+  knob: a real engine rounds, it does not add noise).
+
+``behavior_logp`` stays the policy's own log softmax(z/τ) of the sampled token in float32 (from the same pass when
+p = fp32, else from one teacher-forced pass after decoding; ``sample(..., policy_logp=False)`` skips that pass and
+then reports the engine's numbers there too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from abc import ABC, abstractmethod
@@ -32,6 +41,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Prompts, Rollout
+from offpolicylab.policies.precision import check_precision, engine_log_softmax, sampler_weights
 
 
 class AutoregressivePolicy(ABC):
@@ -41,8 +51,10 @@ class AutoregressivePolicy(ABC):
     response_len: int
     eos_id: int | None
     sampler_noise_std: float
+    sampler_precision: str = "fp32"
 
-    def _init_common(self, vocab_size: int, response_len: int, eos_id: int | None, sampler_noise_std: float) -> None:
+    def _init_common(self, vocab_size: int, response_len: int, eos_id: int | None, sampler_noise_std: float,
+                     sampler_precision: str = "fp32") -> None:
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         if response_len < 1:
@@ -55,6 +67,7 @@ class AutoregressivePolicy(ABC):
         self.response_len = int(response_len)
         self.eos_id = eos_id
         self.sampler_noise_std = float(sampler_noise_std)
+        self.sampler_precision = check_precision(sampler_precision)
 
     # ------------------------------------------------------------------------------------------ to implement
     @abstractmethod
@@ -86,6 +99,12 @@ class AutoregressivePolicy(ABC):
         pass (a KV cache) overrides this and :meth:`start_decoding` and must give the same numbers."""
         return self.response_logits(prompt_ids, prompt_mask, prompt_index, response_ids)[:, t]
 
+    def sampler_engine(self) -> contextlib.AbstractContextManager[None]:
+        """The block in which decoding runs as the sampling engine: the weights stored in ``sampler_precision``
+        (:func:`~offpolicylab.policies.precision.sampler_weights`).  Default: the network ``self.model``; the
+        tabular policy names its logits table."""
+        return sampler_weights(getattr(self, "model", None), self.sampler_precision)
+
     # ------------------------------------------------------------------------------------------ shared path
     @property
     def pad_id(self) -> int:
@@ -97,11 +116,14 @@ class AutoregressivePolicy(ABC):
         return copy.deepcopy(self)
 
     def sample(self, prompts: Prompts, group_size: int, temperature: float = 1.0,
-               generator: torch.Generator | Sequence[torch.Generator] | None = None) -> Rollout:
+               generator: torch.Generator | Sequence[torch.Generator] | None = None, *,
+               policy_logp: bool = True) -> Rollout:
         """Draw ``group_size`` responses per prompt (rows of one prompt are consecutive), under ``no_grad``.
 
         ``generator`` may be a sequence of k generators: the rows are then k equal consecutive blocks and block i
-        draws from generator i (batched seeds: each seed's draws are those its separate run would make)."""
+        draws from generator i (batched seeds: each seed's draws are those its separate run would make).
+        ``policy_logp=False``: with a reduced-precision engine, ``behavior_logp`` holds the engine's numbers (as
+        ``sampler_logp``) and the policy's own are not computed (one forward pass less)."""
         _check_temperature(temperature)
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -114,19 +136,24 @@ class AutoregressivePolicy(ABC):
         alive = torch.ones(batch, dtype=torch.bool)
         mask = torch.zeros(batch, width)
         behavior = torch.zeros(batch, width)
-        sampler = torch.zeros(batch, width) if self.sampler_noise_std > 0 else None
+        exact = self.sampler_precision == "fp32"  # the engine computes with the policy's own numbers
+        noisy = self.sampler_noise_std > 0
+        sampler = torch.zeros(batch, width) if noisy or not exact else None
         race: Tensor | None = None  # every step's Exp(1) numbers, drawn at the first (see race_numbers)
-        with torch.no_grad():
+        with torch.no_grad(), self.sampler_engine():
             state = self.start_decoding(prompt_ids, prompt_mask, prompt_index)
             for t in range(width):
                 logits = self.next_logits(state, prompt_ids, prompt_mask, prompt_index, ids, t)
-                logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
+                if exact:
+                    logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
+                else:
+                    logp = engine_log_softmax(logits, temperature, self.sampler_precision)
                 engine_logp = logp
-                if sampler is not None:
+                if noisy:
                     noise = _randn(logp.shape, generator, logp.dtype)
                     engine_logp = torch.log_softmax(logp + self.sampler_noise_std * noise, -1)
                 probs = engine_logp.exp()
-                if t == 0 and sampler is None and _races(probs):  # nothing else draws between the steps
+                if t == 0 and not noisy and _races(probs):  # nothing else draws between the steps
                     race = race_numbers((width, *probs.shape), generator)
                 token = _multinomial(probs, generator, None if race is None else race[t])
                 token = torch.where(alive, token, torch.full_like(token, self.pad_id))
@@ -137,11 +164,18 @@ class AutoregressivePolicy(ABC):
                     sampler[:, t] = torch.where(alive, engine_logp.gather(1, token[:, None]).squeeze(1), 0.0)
                 if self.eos_id is not None:
                     alive = alive & (token != self.eos_id)
-        return Rollout(
+        rollout = Rollout(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids, response_mask=mask,
             behavior_logp=behavior, group_ids=rows, prompt_index=prompt_index, sampler_logp=sampler,
             temperature=float(temperature),
         )
+        if exact:
+            return rollout
+        if not policy_logp:
+            return rollout.with_(behavior_logp=sampler.clone())
+        with torch.no_grad():  # the policy's own numbers: one teacher-forced float32 pass (as score)
+            own, _ = self.score(rollout)
+        return rollout.with_(behavior_logp=torch.where(mask > 0, own, 0.0))
 
     def score(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """(logp [B, T], entropy [B, T]) of ``rollout.response_ids`` at ``rollout.temperature``, with grad.

@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from offpolicylab.contracts import Prompts, Rollout
+from offpolicylab.policies.precision import PRECISIONS, check_precision, engine_log_softmax, sampler_weights
 
 ADAPTER_FILE = "adapter_model.safetensors"
 # The share of the available memory an automatic scoring plan may fill (the rest: the rollout, the optimizer, the
@@ -85,6 +86,10 @@ class HFPolicy:
             whole batch (None: off until :meth:`plan_scoring` decides).
         quantized: the base model is bitsandbytes k-bit (runs ``peft.prepare_model_for_kbit_training``).
         eos_ids: token ids that end a response (default: the tokenizer's and generation_config's EOS).
+        sampler_precision: the precision the sampler computes in (:mod:`offpolicylab.policies.precision`: the
+            model's weights stored in it while sampling, logits and softmax in it); needs a float32 model, the
+            trainer's precision.  The sampled rollout's ``behavior_logp`` and ``sampler_logp`` are then the
+            sampler's numbers.
     """
 
     #: :meth:`score` returns the entropy without gradient (its graph would hold [B, T, V] more), so the entropy
@@ -104,6 +109,7 @@ class HFPolicy:
         score_recompute: bool | None = None,
         quantized: bool = False,
         eos_ids: Sequence[int] | None = None,
+        sampler_precision: str = "fp32",
     ) -> None:
         from peft import get_peft_model, prepare_model_for_kbit_training
 
@@ -113,6 +119,12 @@ class HFPolicy:
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} is invalid; valid: an integer >= 1 or none")
         lora = lora or LoraSpec()
+        self.sampler_precision = check_precision(sampler_precision)
+        weight_dtype = model.get_input_embeddings().weight.dtype
+        if sampler_precision != "fp32" and (quantized or weight_dtype != torch.float32):
+            raise ValueError(f"sampler_precision={sampler_precision} needs a float32 model (the trainer's precision), "
+                             f"got {'4-bit' if quantized else weight_dtype}; valid: dtype=float32 without "
+                             "load_in_4bit, or sampler_precision=fp32")
         if quantized:
             keep_trainable_4bit_layout(model)
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
@@ -242,9 +254,10 @@ class HFPolicy:
         generator = device_generator(generator, device)
         order, chunks = length_batches(mask, self.sample_micro_batch)
         parts = []
-        with self._adapter(use_adapter), _eval_mode(self.model):
+        precision = "fp32" if greedy else self.sampler_precision  # greedy decoding is evaluation: the policy's own
+        with self._adapter(use_adapter), _eval_mode(self.model), sampler_weights(self.model, precision):
             for rows in chunks:
-                parts.append(self._generate(ids[rows], mask[rows], temperature, generator, greedy))
+                parts.append(self._generate(ids[rows], mask[rows], temperature, generator, greedy, precision))
         width = max(p[0].shape[1] for p in parts)
         response_ids = torch.cat([_pad_right(p[0], width, self.pad_id) for p in parts])
         response_mask = torch.cat([_pad_right(p[1], width, 0.0) for p in parts])
@@ -258,12 +271,16 @@ class HFPolicy:
             prompt_ids=ids, prompt_mask=mask.to(torch.float32), response_ids=response_ids,
             response_mask=response_mask, behavior_logp=behavior_logp, group_ids=group_ids,
             prompt_index=prompts.index.to(device).repeat_interleave(group_size), temperature=float(temperature),
+            sampler_logp=None if precision == "fp32" else behavior_logp.clone(),
         )
 
     def _generate(
-        self, ids: Tensor, mask: Tensor, temperature: float, generator: torch.Generator, greedy: bool
+        self, ids: Tensor, mask: Tensor, temperature: float, generator: torch.Generator, greedy: bool,
+        precision: str = "fp32",
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """KV-cache decoding of one micro-batch → (tokens [b, t], mask [b, t], behavior_logp [b, t]).
+        """KV-cache decoding of one micro-batch → (tokens [b, t], mask [b, t], behavior_logp [b, t]); with a
+        reduced ``precision`` (inside :func:`~offpolicylab.policies.precision.sampler_weights`) the log-softmax runs
+        in it too.
 
         Work saved without changing the distribution: columns that are padding in every row are cut; identical
         prompt rows (a group's G copies) are prefilled once and their cache is copied; a row that has emitted EOS
@@ -275,8 +292,8 @@ class HFPolicy:
         out = self.model(input_ids=ids[first], attention_mask=mask[first], position_ids=positions[first],
                          use_cache=True, logits_to_keep=1)
         cache, logits = out.past_key_values, out.logits[:, -1]
-        if first.numel() < rows:
-            cache.batch_select_indices(source)
+        if not torch.equal(source, torch.arange(rows, device=source.device)):  # back to the rows' order (also
+            cache.batch_select_indices(source)                                  # when all rows are distinct)
             logits = logits[source]
         next_position = positions[:, -1:] + 1
         eos = self.eos_ids.to(ids.device)
@@ -285,7 +302,10 @@ class HFPolicy:
         lengths = torch.zeros(rows, dtype=torch.long, device=ids.device)
         active = torch.arange(rows, device=ids.device)  # the original row of each computed row
         for step in range(steps):
-            logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+            if precision == "fp32":
+                logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+            else:
+                logp_all = engine_log_softmax(logits, temperature, precision)
             if greedy:
                 token = logp_all.argmax(-1)
             else:
@@ -589,6 +609,9 @@ def hf_policy_params() -> dict[str, Any]:
         "score_recompute": Param(None, bool, optional=True, doc="recompute each scoring micro-batch in backward "
                                                                 "(none: chosen from the memory available)"),
         "sample_micro_batch": Param(None, int, low=1, optional=True, doc="rows per generation forward"),
+        "sampler_precision": Param("fp32", str, choices=PRECISIONS,
+                                   doc="precision the sampler computes its logits and softmax in (the weights stored "
+                                       "in it while sampling; fp8 simulated; needs dtype=float32)"),
         "score_micro_batch": Param(None, int, low=1, optional=True, doc="rows per scoring forward (none: chosen "
                                                                         "from the memory available)"),
     }

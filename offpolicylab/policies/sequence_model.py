@@ -125,8 +125,8 @@ class SequenceModelPolicy(ModulePolicy):
     def __init__(self, vocab_size: int, response_len: int, eos_id: int | None = None,
                  prompt_vocab_size: int | None = None, embed_dim: int = 32, hidden_size: int = 64,
                  num_layers: int = 1, sampler_noise_std: float = 0.0, seed: int = 0, max_prompt_len: int = 64,
-                 logit_scale: float = 0.4) -> None:
-        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std)
+                 logit_scale: float = 0.4, sampler_precision: str = "fp32") -> None:
+        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision)
         prompt_vocab_size = vocab_size if prompt_vocab_size is None else int(prompt_vocab_size)
         for name, value in (("prompt_vocab_size", prompt_vocab_size), ("embed_dim", embed_dim),
                             ("hidden_size", hidden_size), ("num_layers", num_layers),
@@ -373,6 +373,11 @@ class StackedSequenceModelPolicy(SequenceModelPolicy):
         if any(shape != shapes[0] for shape in shapes) or any(key != keys[0] for key in keys):
             raise ValueError("stacked sequence models must share their architecture, vocabulary, eos_id and "
                              "sampler noise")
+        if any(m.sampler_precision != "fp32" for m in members):
+            raise ValueError(f"batched sequence_model seeds need sampler_precision=fp32, got "
+                             f"{first.sampler_precision!r}: the stacked GRU sums in another order than nn.GRU, which "
+                             "a reduced-precision sampler turns into different draws; valid: run the seeds "
+                             "separately (--seed S), or sampler_precision=fp32")
         self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std)
         self.pad_token, self.bos_token = first.pad_token, first.bos_token
         self.prompt_vocab_size, self.max_prompt_len, self.size = first.prompt_vocab_size, first.max_prompt_len, \

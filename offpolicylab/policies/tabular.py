@@ -13,6 +13,7 @@ prev-token context also lets the policy learn EOS-then-stop and "filler follows 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.policies.autoregressive import AutoregressivePolicy
+from offpolicylab.policies.precision import sampler_weights
 
 CONTEXTS = ("prev_token", "none")
 
@@ -30,8 +32,8 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
 
     def __init__(self, num_prompts: int, vocab_size: int, response_len: int = 1, eos_id: int | None = None,
                  context: str = "prev_token", init_logits: Tensor | None = None, sampler_noise_std: float = 0.0,
-                 dtype: torch.dtype = torch.float32) -> None:
-        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std)
+                 dtype: torch.dtype = torch.float32, sampler_precision: str = "fp32") -> None:
+        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision)
         if context not in CONTEXTS:
             raise ValueError(f"context must be one of {', '.join(CONTEXTS)}, got {context!r}")
         if num_prompts < 1:
@@ -75,6 +77,10 @@ class TabularSoftmaxPolicy(AutoregressivePolicy):
                     response_ids: Tensor, t: int) -> Tensor:
         """θ[x, t, c_t] of position ``t`` alone (the column ``t`` of :meth:`response_logits`, one small gather)."""
         return self.logits[self._cells_at(prompt_index, response_ids, t)]
+
+    def sampler_engine(self) -> contextlib.AbstractContextManager[None]:
+        """The sampling engine's table: θ stored in ``sampler_precision`` (FP8: one scale per logits vector θ[x, t, c])."""
+        return sampler_weights(None, self.sampler_precision, tables=[self.logits])
 
     def prefix_tree_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> Tensor:
         """Logits [N, K, V] after every response prefix (see ``AutoregressivePolicy.prefix_tree_log_probs``): node
@@ -155,10 +161,12 @@ class StackedTabularPolicy(TabularSoftmaxPolicy):
     def __init__(self, members: Sequence[TabularSoftmaxPolicy]) -> None:
         first = members[0]
         for other in members[1:]:
-            if (other.logits.shape, other.context, other.eos_id, other.sampler_noise_std) != (
-                    first.logits.shape, first.context, first.eos_id, first.sampler_noise_std):
-                raise ValueError("stacked tabular policies must share table shape, context, eos_id and sampler noise")
-        self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std)
+            if (other.logits.shape, other.context, other.eos_id, other.sampler_noise_std, other.sampler_precision) != (
+                    first.logits.shape, first.context, first.eos_id, first.sampler_noise_std, first.sampler_precision):
+                raise ValueError("stacked tabular policies must share table shape, context, eos_id, sampler noise and "
+                                 "sampler precision")
+        self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std,
+                          first.sampler_precision)
         self.num_prompts, self.context, self.size = first.num_prompts, first.context, len(members)
         self.logits = torch.nn.Parameter(torch.stack([member.logits.detach() for member in members]))
         for index, member in enumerate(members):

@@ -175,8 +175,9 @@ class CausalTransformer(nn.Module):
         """Buffers for the prompt and up to ``max_len`` new positions (each new real token takes a position id)."""
         heads = self.shape.num_heads
         shape = (batch, heads, prompt_len + self.shape.max_len, self.shape.d_model // heads)
-        cache.keys = [torch.empty(shape, device=device) for _ in self.blocks]
-        cache.values = [torch.empty(shape, device=device) for _ in self.blocks]
+        dtype = self.token.weight.dtype  # a reduced-precision sampler's (policies.precision)
+        cache.keys = [torch.empty(shape, device=device, dtype=dtype) for _ in self.blocks]
+        cache.values = [torch.empty(shape, device=device, dtype=dtype) for _ in self.blocks]
         cache.real = torch.zeros(batch, shape[2], dtype=torch.bool, device=device)
 
 
@@ -190,8 +191,8 @@ class TransformerPolicy(ModulePolicy):
     def __init__(self, vocab_size: int, response_len: int, eos_id: int | None = None,
                  prompt_vocab_size: int | None = None, max_prompt_len: int = 16, d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, sampler_noise_std: float = 0.0, seed: int = 0,
-                 state: dict[str, Tensor] | None = None) -> None:
-        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std)
+                 state: dict[str, Tensor] | None = None, sampler_precision: str = "fp32") -> None:
+        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision)
         prompt_vocab_size = vocab_size if prompt_vocab_size is None else int(prompt_vocab_size)
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")

@@ -39,6 +39,8 @@ def _stack(members: Sequence[nn.Module], name: str) -> nn.Parameter:
 class StackedLinear(nn.Module):
     """S ``nn.Linear`` layers: weight [S, out, in], bias [S, out]; block s of the input's rows uses slice s."""
 
+    is_linear_map = True  # a reduced-precision sampler rounds its weight rows and inputs as an nn.Linear's
+
     def __init__(self, members: Sequence[nn.Linear]) -> None:
         super().__init__()
         if any(m.bias is None for m in members):
@@ -125,10 +127,14 @@ class StackedTransformerPolicy(TransformerPolicy):
 
     def __init__(self, members: Sequence[TransformerPolicy]) -> None:
         first = members[0]
-        key = (first.shape, first.eos_id, first.sampler_noise_std, first.pad_token, first.max_prompt_len)
-        if any((m.shape, m.eos_id, m.sampler_noise_std, m.pad_token, m.max_prompt_len) != key for m in members):
-            raise ValueError("stacked transformer policies must share shape, eos_id, sampler noise and prompt length")
-        self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std)
+        key = (first.shape, first.eos_id, first.sampler_noise_std, first.sampler_precision, first.pad_token,
+               first.max_prompt_len)
+        if any((m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len) != key
+               for m in members):
+            raise ValueError("stacked transformer policies must share shape, eos_id, sampler noise, sampler precision "
+                             "and prompt length")
+        self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std,
+                          first.sampler_precision)
         self.pad_token, self.max_prompt_len, self.shape = first.pad_token, first.max_prompt_len, first.shape
         self.size = len(members)
         self.model = stack_modules([member.model for member in members])

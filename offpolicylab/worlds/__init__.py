@@ -19,6 +19,7 @@ from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
 from offpolicylab.worlds.synthetic_lm import (
     MAX_SHARPNESS_SPREAD,
     MAX_TEACHER_SCALE,
+    PRESETS,
     Recipe,
     SyntheticLM,
     build_synthetic_lm,
@@ -78,10 +79,18 @@ WORLDS.register(
         "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
         "vocab_size": Param(Recipe.vocab_size, int, low=16,
                             doc="vocabulary V (10 digits, ANS, text): at least num_keys + 12"),
-        "alpha": Param(Recipe.alpha, float, low=0.0, low_open=True, high=MAX_TEACHER_SCALE,
-                       doc="teacher sharpness: more near-deterministic positions as it grows"),
-        "delta": Param(Recipe.delta, float, low=0.0, high=1.0, high_open=True,
-                       doc="teacher tail share: weight of the broad softmax in p_T"),
+        "preset": Param("seed_scale", str, choices=tuple(PRESETS),
+                        doc="named recipe: seed_scale (a reasoning LLM's token entropies) or smollm2 "
+                            "(SmolLM2-135M's); the parameters below override it"),
+        "alpha": Param(None, float, low=0.0, low_open=True, high=MAX_TEACHER_SCALE, optional=True,
+                       doc="teacher sharpness: more near-deterministic positions as it grows (default: the "
+                           "preset's, 64 / 7)"),
+        "delta": Param(None, float, low=0.0, high=1.0, high_open=True, optional=True,
+                       doc="teacher tail share: weight of the broad softmax in p_T (default: the preset's, "
+                           "0 / 0.125)"),
+        "pi0_temperature": Param(None, float, low=0.0, high=10.0, low_open=True, optional=True,
+                                 doc="pi0 = the distilled student at this temperature (< 1 sharpens; default: the "
+                                     "preset's, 0.8 / 1)"),
         "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0, high=MAX_SHARPNESS_SPREAD,
                                   doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
         "ans_prob": Param(Recipe.ans_prob, float, low=0.0, high=1.0, low_open=True,
@@ -99,7 +108,7 @@ WORLDS.register(
         "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
     },
     doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",
-    train_defaults={"optimizer": "adamw", "lr": 1.5e-3, "advantage": "std", "grad_clip": 1.0,
+    train_defaults={"optimizer": "adamw", "lr": 3e-5, "advantage": "std", "grad_clip": 1.0,
                     "prompts_per_update": 8, "group_size": 8, "temperature": 1.0, "policy": "transformer"},
 
 )

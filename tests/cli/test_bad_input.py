@@ -44,6 +44,14 @@ CASES = [
     ([*RUN, "--seed", str(10**30), "--out", "{tmp}/out"], "valid: an int in [0, 4294967295]"),
     ([*RUN, "--prompts-per-update", "100000000", "--out", "{tmp}/out"], "GiB but this machine has"),
     ([*RUN, "--resume", "--config", "{tmp}/other.json", "--out", "{tmp}/out"], "cannot be combined with --config"),
+    ([*RUN, "--behavior-logp", "engine", "--out", "{tmp}/out"],
+     "behavior_logp='engine' is invalid; valid: one of auto, trainer, sampler"),
+    ([*RUN, "--policy-param", "sampler_precision=fp4", "--out", "{tmp}/out"],
+     "sampler_precision='fp4' is invalid; valid: one of fp32, bf16, fp16, fp8_e4m3, fp8_e5m2"),
+    (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "preset=qwen", "--out", "{tmp}/out"],
+     "parameter preset='qwen' is invalid; valid: one of seed_scale, smollm2"),
+    (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "pi0_temperature=0", "--out",
+      "{tmp}/out"], "parameter pi0_temperature=0.0 is out of range; valid: a float in (0, 10] or none"),
 ]
 
 

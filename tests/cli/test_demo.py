@@ -24,26 +24,49 @@ def test_token_mdp_demo_from_the_command_line(tmp_path: Path, capsys: pytest.Cap
 
 
 def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The synthetic-LM demo (a small recipe): grpo, grpo without trust region and gspo at stale_k:256 and
-    on-policy grpo, the figure from the Monte-Carlo evaluation return, the table's eval-return columns from each
+    """The synthetic-LM demo (a small recipe): ε-clipped grpo and m2po at stale_k:256 over seeds 0–2, the figure
+    from the Monte-Carlo evaluation return (seed band, flags marked), the table's eval-return columns from each
     summary."""
     monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
     grid = cli.demo_grid(4, world_params=SMALL_LM)
     grid["base"].update(eval_every=2, prompts_per_update=2, group_size=2)
     rows = run_sweep(grid, tmp_path / "demo", workers=1)
-    assert [row["status"] for row in rows] == ["completed"] * 4
-    schedules = [json.loads((tmp_path / "demo" / row["cell"] / "config.json").read_text())["schedule"]
-                 for row in rows]
-    assert schedules == ["stale_k:0", "stale_k:256", "stale_k:256", "stale_k:256"]
-    objectives = [json.loads((tmp_path / "demo" / row["cell"] / "config.json").read_text())["objective"]
-                  for row in rows]
-    assert objectives == ["grpo", "grpo", "grpo", "gspo"]
+    assert [row["status"] for row in rows] == ["completed"] * 6
+    configs = [json.loads((tmp_path / "demo" / row["cell"] / "config.json").read_text()) for row in rows]
+    assert {c["schedule"] for c in configs} == {"stale_k:256"}
+    assert [(c["objective"], c["seed"]) for c in configs] == [(o, s) for o in ("grpo", "m2po") for s in (0, 1, 2)]
+    assert configs[0]["objective_params"]["eps_low"] == 0.2 and configs[3]["objective_params"]["tau"] == 0.04
     summary = RunDir(tmp_path / "demo" / rows[0]["cell"]).read_summary()
     returns = cli._demo_returns(summary)
     assert returns == {"peak_eval_return": summary["peak_eval_reward_sampled"],
                        "final_eval_return": summary["final_eval_reward_sampled"]}
     figure = cli.demo_figure(tmp_path / "demo", tmp_path / "demo.png")
     assert figure.stat().st_size > 10_000
+
+
+def test_demo_figure_marks_the_detectors_flags(tmp_path: Path) -> None:
+    """A collapse event in a run's events.jsonl is drawn as a marker on that run's line (the figure's axes hold one
+    marker per flag, at the flagged update and the return interpolated there)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    grid = {"base": {"world": "bandit", "policy": "tabular", "updates": 6, "eval_every": 2, "lr": 0.1},
+            "axes": {"objective": ["grpo"], "seed": [0, 1]}}
+    rows = run_sweep(grid, tmp_path / "demo", workers=1)
+    flagged = RunDir(tmp_path / "demo" / rows[1]["cell"])
+    with open(flagged.path / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"event": "collapse", "update": 3}) + "\n")
+    figures = []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(plt, "close", figures.append)
+    try:
+        cli.demo_figure(tmp_path / "demo", tmp_path / "demo.png")
+    finally:
+        monkey.undo()
+    markers = [line for line in figures[0].axes[0].lines if line.get_marker() == "X" and len(line.get_xdata())]
+    assert len(markers) == 1 and list(markers[0].get_xdata()) == [3]
 
 
 def test_unknown_demo_world_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:

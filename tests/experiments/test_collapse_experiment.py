@@ -152,8 +152,10 @@ def test_small_grid_end_to_end(small_experiment: Path) -> None:
         assert runs[column].between(0.0, 1.0).all(), column
     assert (runs["peak"] >= runs["final"]).all() and (runs["final_se"] >= 0).all()
     assert (runs["ratio_p999"] <= runs["ratio_max"] + 1e-6).all()
-    on_policy = runs[runs["staleness"] == 0]
-    assert np.allclose(on_policy["ratio_max"], 1.0, atol=1e-3)  # one update per fresh batch: r ≡ 1
+    for run in plots.load_runs([out]):  # s = 0 is stages:4: a fresh rollout batch every 4 updates, where r ≡ 1
+        if experiment.staleness_of(run) == 0:
+            fresh = run.metrics[run.metrics["update"] % 4 == 0]
+            assert run.config["schedule"] == "stages:4" and np.allclose(fresh["ratio_max"], 1.0, atol=1e-5)
     assert (runs[runs["staleness"] > 0]["ratio_max"] > 1.0).all()
     table = (out / "table.md").read_text()
     assert table.count("| grpo_no_tr |") == 2 * len(axes["schedule"])  # results and mechanism tables
@@ -184,7 +186,7 @@ def test_claim_script_small_reuses_the_experiment(small_experiment: Path, monkey
     runs = pd.read_csv(small_experiment / "out" / "runs.csv").set_index(["label", "staleness", "seed"])
     claimed = pd.read_csv(out / "synthetic_lm_b_small" / "claim_b_runs.csv")
     for _, row in claimed.iterrows():
-        staleness = 0 if row["staleness"] == "on_policy" else int(row["staleness"].split(":")[1])
+        staleness = experiment._schedule_staleness(row["staleness"])
         assert row["final"] == runs.loc[(row["label"], staleness, row["seed"]), "final"]
 
 
@@ -206,8 +208,30 @@ def test_cells_the_criteria_read_run_first() -> None:
     cells = experiment.expand_grid(grid, "/nowhere")
     ranks = [experiment.priority(c, 256) for c in cells]
     first = {(c.labels["objective"], c.config["schedule"]) for c, r in zip(cells, ranks, strict=True) if r == 0}
-    assert first == {("grpo", "on_policy"), ("grpo", "stale_k:256"), ("grpo_no_tr", "stale_k:256"),
+    assert first == {("grpo", "stages:4"), ("grpo", "stale_k:256"), ("grpo_no_tr", "stale_k:256"),
                      ("m2po", "stale_k:256")}
-    assert sum(r == 1 for r in ranks) == 6 * 3  # the other six objectives at s = 256, three seeds
-    assert sum(r == 2 for r in ranks) == 9 * 3  # every objective at s = 64
-    assert sum(r == 3 for r in ranks) == 8 * 3  # the other objectives on-policy
+    assert sum(r == 1 for r in ranks) == 9 * 3  # the other nine objectives at s = 256, three seeds
+    assert sum(r == 2 for r in ranks) == 0  # no other stale schedule
+    assert sum(r == 3 for r in ranks) == 11 * 3  # the other objectives at s = 0
+
+
+def test_the_small_grid_is_the_full_grid_shrunk() -> None:
+    """experiments/synthetic_lm_grid_small.json (what CI runs) is ``--small`` of the full grid: same objectives and
+    schedule forms, the tiny world, 12 updates, stale_k:6, seeds 0 and 1."""
+    full = json.loads((ROOT / "experiments" / "synthetic_lm_grid.json").read_text())
+    small = experiment.small_grid(full)
+    assert small == json.loads(SMALL_GRID.read_text())
+    assert small["axes"]["objective"] == full["axes"]["objective"]
+    assert small["axes"]["schedule"] == ["stages:4", "stale_k:6"] and small["axes"]["seed"] == [0, 1]
+    assert small["base"]["updates"] == 12 and small["base"]["world_params"]["vocab_size"] == 32
+
+
+@pytest.mark.parametrize(("schedule", "nominal"), [("on_policy", 0), ("stages:4", 0), ("sync:4,0", 0),
+                                                   ("stale_k:256", 256)])
+def test_nominal_staleness_of_a_schedule(schedule: str, nominal: int) -> None:
+    assert experiment._schedule_staleness(schedule) == nominal
+
+
+def test_nominal_staleness_refuses_a_schedule_without_one() -> None:
+    with pytest.raises(ValueError, match="no nominal staleness"):
+        experiment._schedule_staleness("sync:4,2")

@@ -391,3 +391,72 @@ def test_convert_gguf_writes_a_plain_model_directory(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["convert-gguf", str(tmp_path / "plain" / "config.json"), str(tmp_path / "other")])
     assert not (tmp_path / "other").exists()
+
+
+# ------------------------------------------------------------------------------------------ reduced-precision sampler
+def _mean_gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a - b).abs() * mask).sum() / mask.sum())
+
+
+def test_a_bf16_sampler_reports_a_bf16_models_numbers_and_leaves_the_fp32_weights(make_policy, prompts):
+    """sampler_precision=bf16: the draws and their log-probs are those of the model converted by
+    ``Module.to(bfloat16)`` (its buffers, the rotary tables, kept in float32 as the sampler keeps them) sampling
+    with a bf16 softmax, bit for bit; ``behavior_logp`` holds the same numbers (the hf sampler reports its own),
+    and the trainer's recompute (``behavior_logp=trainer``) puts the fp32 scoring there and keeps the sampler's
+    numbers in ``sampler_logp``."""
+    import copy
+
+    from offpolicylab.behavior import resolve_behavior
+
+    policy = make_policy(max_new_tokens=10, sampler_precision="bf16")
+    _nudge_lora(policy)
+    before = {name: param.detach().clone() for name, param in policy.model.named_parameters()}
+    rollout = policy.sample(prompts, 3, 1.0, torch.Generator().manual_seed(4))
+    reference = copy.copy(policy)
+    reference.model = copy.deepcopy(policy.model).to(torch.bfloat16)
+    for name, buffer in policy.model.named_buffers():
+        owner, _, attr = name.rpartition(".")
+        reference.model.get_submodule(owner)._buffers[attr] = buffer
+    expected = reference.sample(prompts, 3, 1.0, torch.Generator().manual_seed(4))
+    assert torch.equal(rollout.response_ids, expected.response_ids)
+    assert torch.equal(rollout.sampler_logp, expected.sampler_logp)
+    assert torch.equal(rollout.sampler_logp, rollout.behavior_logp)
+    for name, param in policy.model.named_parameters():
+        assert param.dtype == torch.float32 and torch.equal(param, before[name]), name
+    trainer = reference_logp(policy.model, prompts, rollout, 1.0)
+    assert _mean_gap(rollout.sampler_logp, trainer, rollout.response_mask) > 1e-3
+    resolved = resolve_behavior(policy, rollout, "trainer")
+    assert torch.equal(resolved.sampler_logp, rollout.sampler_logp)
+    assert (resolved.behavior_logp - trainer).abs().max() < 1e-4
+    assert torch.equal(resolve_behavior(policy, rollout, "auto").behavior_logp, rollout.sampler_logp)
+
+
+def test_one_response_per_prompt_of_different_lengths_keeps_each_rows_numbers(make_policy, prompts):
+    """Regression: with every row distinct (group size 1: greedy decoding, one evaluation sample per prompt) the
+    prefill's rows came back in the order of torch.unique, so a row continued another row's prompt."""
+    policy = make_policy(max_new_tokens=6)
+    _nudge_lora(policy)
+    for rollout in (policy.sample(prompts, 1, 1.0, torch.Generator().manual_seed(0)), policy.greedy(prompts)):
+        assert (rollout.behavior_logp - reference_logp(policy.model, prompts, rollout, 1.0)).abs().max() < 1e-4
+
+
+def test_an_fp8_sampler_strays_further_than_bf16_and_greedy_decoding_stays_fp32(make_policy, prompts):
+    gaps = {}
+    for precision in ("bf16", "fp8_e4m3"):
+        policy = make_policy(max_new_tokens=10, sampler_precision=precision)
+        _nudge_lora(policy)
+        rollout = policy.sample(prompts, 3, 1.0, torch.Generator().manual_seed(5))
+        gaps[precision] = _mean_gap(rollout.sampler_logp, reference_logp(policy.model, prompts, rollout, 1.0),
+                                    rollout.response_mask)
+        greedy = policy.greedy(prompts)
+        assert greedy.sampler_logp is None
+        assert (greedy.behavior_logp - reference_logp(policy.model, prompts, greedy, 1.0)).abs().max() < 1e-4
+    assert 0 < gaps["bf16"] < gaps["fp8_e4m3"]
+
+
+def test_a_reduced_precision_sampler_needs_a_float32_model(tokenizer):
+    from offpolicylab.policies.hf import HFPolicy
+
+    model = build_model(len(tokenizer), 0).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="sampler_precision=bf16 needs a float32 model .* got torch.bfloat16; valid"):
+        HFPolicy(model, tokenizer, sampler_precision="bf16")

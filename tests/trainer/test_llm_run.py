@@ -255,7 +255,7 @@ def test_recomputed_behavior_logp_separates_staleness_from_numeric_mismatch(file
     objective's |log ratio| at update 0 is that numeric mismatch; with recompute it is 0 (the same training forward
     on both sides) and the mismatch moves to sampler_log_ratio_abs_mean, equal to the first run's |log ratio|."""
     runs = {}
-    for name, extra in (("plain", []), ("recompute", ["--recompute-behavior-logp", "true"])):
+    for name, extra in (("plain", []), ("recompute", ["--behavior-logp", "trainer"])):
         out = tmp_path / name
         args = run_args(files, out, schedule="on_policy", updates=1)
         assert cli.main([*args, "--policy-param", "dtype=bfloat16", *extra]) == 0

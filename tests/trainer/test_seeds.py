@@ -398,3 +398,12 @@ def test_a_rollout_split_into_blocks_joins_back_field_by_field(tmp_path: Path) -
         assert torch.equal(getattr(joined, name), getattr(whole, name)), name
     with pytest.raises(ValueError, match="equal blocks"):
         whole.split(7)
+
+
+def test_a_stack_the_policy_refuses_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """The stacked GRU takes only an fp32 sampler: --seeds with a reduced-precision GRU sampler is one ValueError
+    before any seed directory (config, lock) exists."""
+    config = dataclasses.replace(GRU, policy_params={**GRU.policy_params, "sampler_precision": "bf16"})
+    with pytest.raises(ValueError, match="sampler_precision=fp32"):
+        batched.train_seeds(config, SEEDS, tmp_path / "batched")
+    assert not (tmp_path / "batched").exists()

@@ -19,7 +19,8 @@ from offpolicylab.worlds import make_world, world_train_defaults
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, NUM_DIGITS, Recipe, SyntheticLM
 
 TINY = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16, "num_heads": 2,
-        "num_layers": 1, "distill_steps": 40, "distill_batch": 16}
+        "num_layers": 1, "distill_steps": 40, "distill_batch": 16, "alpha": 7.0, "delta": 0.125}
+# (alpha, delta: the smollm2 preset's broad teacher, so that a 40-step student samples text the teacher finds likely)
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +246,26 @@ def test_pi0_profile_shares_against_numpy(world):
     assert profile["share_sampled_prob_below_1e-3"] == pytest.approx(float((sampled < np.log(1e-3)).mean()),
                                                                      abs=1e-9)
     assert profile["median_entropy"] == pytest.approx(float(np.median(entropy)), abs=1e-5)
+    assert profile["share_entropy_below_0.01"] == pytest.approx(float((entropy < 0.01).mean()), abs=1e-9)
+    ordered = np.sort(entropy.ravel())  # the 0.8 quantile by linear interpolation between order statistics
+    rank = 0.8 * (ordered.size - 1)
+    below = int(np.floor(rank))
+    expected = ordered[below] + (rank - below) * (ordered[min(below + 1, ordered.size - 1)] - ordered[below])
+    assert profile["entropy_p80"] == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_pi0_temperature_divides_the_distilled_students_logits(cache, world):
+    """π₀ = softmax(z / t_π₀): the same distilled student (the recipe differs only in t_π₀), logits at t = 0.5 are
+    twice those at t = 1 on any response (checked on random ones, so not only where π₀ samples)."""
+    plain = make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "pi0_temperature": 1.0})
+    sharp = make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "pi0_temperature": 0.5})
+    prompts = plain._prompts(torch.arange(6))
+    response = torch.randint(plain.vocab_size, (6, plain.max_response_len), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        z_plain, z_sharp = (w.pretrained_policy().response_logits(prompts.ids, prompts.mask, prompts.index, response)
+                            for w in (plain, sharp))
+    assert torch.allclose(z_sharp, 2.0 * z_plain, atol=1e-5)
+    assert sharp.threshold > plain.threshold  # θ is π₀'s own 1st percentile: a sharper π₀ scores higher
 
 
 def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
@@ -260,22 +281,97 @@ def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
 
 
-# ------------------------------------------------------------------ the default recipe against the real-LM profile
-def test_default_world_matches_the_committed_smollm2_profile(tmp_path, capsys):
-    """The default recipe's π₀ (the copy shipped with the package, built by this module's recipe) has each headline
-    share of the committed SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
-    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
-    from offpolicylab.synthetic_lm_calibration import policy_token_profile
-    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, Recipe, read_cached
+# ------------------------------------------------------------------ the shipped recipes against the real-LM profiles
+def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
+    """The default (``seed_scale``) recipe's π₀ — the copy shipped with the package — has the token entropies of a
+    reasoning LLM's chain of thought: 45–60 % of its temperature-1 tokens below 0.01 nat and the 80th percentile in
+    [0.5, 0.85] nat (Qwen3-8B: over 50 % and 0.672 nat, Wang et al. 2025, arXiv:2506.01939), a rare-token tail
+    (sampled π(y) < 1e-3) kept, and the answer digit (where the reward is decided) a fork; printed beside Qwen3-8B's
+    published numbers and SmolLM2-135M's measured profile."""
+    from offpolicylab.diagnostics.profile import load_profile
+    from offpolicylab.synthetic_lm_calibration import (
+        SEED_SCALE_TARGETS,
+        seed_scale_table,
+        world_profile_document,
+    )
+    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, read_cached
 
     shipped = PACKAGED_DIR / f"{Recipe().digest()[:32]}.pt"
     assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold the default recipe's π₀"
     world = make_world("synthetic_lm", cache_dir=str(tmp_path))  # empty cache: the shipped copy is used
     assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
+    pi0 = world.pretrained_policy()
+    print(seed_scale_table(world, pi0))
+    stats = world_profile_document(world, pi0)["profile"]
+    assert SEED_SCALE_TARGETS == {"share_entropy_below_0.01": (0.45, 0.60), "entropy_p80": (0.5, 0.85)}
+    qwen = load_profile("qwen3_8b_cot")["profile"]  # the published numbers the ranges are drawn around
+    assert (qwen["share_entropy_below_0.01"], qwen["entropy_p80"]) == (0.5064, 0.672)
+    assert 0.45 <= stats["share_entropy_below_0.01"] <= 0.60
+    assert 0.5 <= stats["entropy_p80"] <= 0.85
+    assert stats["share_sampled_prob_below_1e-3"] >= 1e-3
+    rollout = pi0.sample(world.eval_prompts(), 16, 1.0, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, entropy = pi0.score(rollout)
+    answered = rollout.response_ids[:, -2] == ANS
+    assert float(entropy[answered, -1].mean()) > 1.0  # the answer digit stays a fork (nats, over 10 digits)
+
+
+def test_smollm2_preset_matches_the_committed_smollm2_profile(tmp_path, capsys):
+    """The ``smollm2`` preset's π₀ (shipped with the package) has each headline share of the committed
+    SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
+    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
+    from offpolicylab.synthetic_lm_calibration import policy_token_profile
+    from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, PRESETS, read_cached
+
+    recipe = PRESETS["smollm2"]
+    assert (recipe.alpha, recipe.delta, recipe.pi0_temperature) == (7.0, 0.125, 1.0)
+    shipped = PACKAGED_DIR / f"{recipe.digest()[:32]}.pt"
+    assert read_cached(shipped, recipe) is not None, f"{shipped} must hold the smollm2 preset's π₀"
+    world = make_world("synthetic_lm", preset="smollm2", cache_dir=str(tmp_path))
+    assert world.recipe == recipe and not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
     reference = load_profile("smollm2_135m_instruct_gsm8k")
     rows = compare_profiles(reference, policy_token_profile(world, world.pretrained_policy()))
-    print(format_comparison(rows, names=("SmolLM2-135M", "synthetic_lm π₀")))
+    print(format_comparison(rows, names=("SmolLM2-135M", "synthetic_lm π₀ (smollm2 preset)")))
     checked = {row.name: row for row in rows if row.within is not None}
     assert set(checked) == set(SHARE_KEYS)
     for row in checked.values():
         assert abs(row.candidate - row.reference) <= 0.05, (row.name, row.reference, row.candidate)
+
+
+def test_a_preset_is_overridden_by_the_parameters_given(cache):
+    shape = {k: v for k, v in TINY.items() if k not in ("alpha", "delta")}
+    world = make_world("synthetic_lm", preset="smollm2", cache_dir=str(cache), **{**shape, "alpha": 3.0})
+    assert (world.recipe.alpha, world.recipe.delta, world.recipe.pi0_temperature) == (3.0, 0.125, 1.0)
+    assert (Recipe().alpha, Recipe().delta, Recipe().pi0_temperature) == (64.0, 0.0, 0.8)  # the default preset
+    with pytest.raises(ValueError, match="preset"):
+        make_world("synthetic_lm", preset="qwen", cache_dir=str(cache), **TINY)
+
+
+# ------------------------------------------------------------------------------------------ drift calibration
+def test_choose_lr_by_the_clip_fraction_windows():
+    """The rule fixed before any stale run, on hand-made clip fractions (targets √(0.07 %·0.05 %) = 0.0592 % and
+    √(0.66 %·1.22 %) = 0.897 %, worked out by hand)."""
+    from offpolicylab.synthetic_lm_calibration import S0_TARGET, STALE_TARGET, choose_lr
+
+    assert S0_TARGET == pytest.approx(5.916e-4, rel=1e-3) and STALE_TARGET == pytest.approx(8.973e-3, rel=1e-3)
+    # both windows met by 2e-4 (distances 0.169, 0.003) and 4e-4 (0.707, 0.80): the smaller larger-distance wins
+    rows = [{"lr": 1e-4, "s0": 2e-4, "s256": 4e-3}, {"lr": 2e-4, "s0": 5e-4, "s256": 9e-3},
+            {"lr": 4e-4, "s0": 1.2e-3, "s256": 2e-2}]
+    assert choose_lr(rows) == (2e-4, "both windows met")
+    # no s = 0 value in [0.03 %, 0.15 %]: the stale window decides, |log(0.5 / 0.897)| = 0.58 > |log(1.5 / 0.897)| = 0.51
+    rows = [{"lr": 1e-4, "s0": 2e-3, "s256": 2e-3}, {"lr": 2e-4, "s0": 3e-3, "s256": 5e-3},
+            {"lr": 4e-4, "s0": 5e-3, "s256": 1.5e-2}]
+    assert choose_lr(rows) == (4e-4, "no rate meets both windows; the stale window decides")
+    rows = [{"lr": 1e-4, "s0": 2e-3, "s256": 0.05}, {"lr": 2e-4, "s0": 3e-3, "s256": 0.2}]
+    assert choose_lr(rows) == (1e-4, "no rate meets the stale window; closest stale clip fraction")
+
+
+def test_drift_grid_is_eps_clipped_grpo_at_the_papers_two_staleness_settings():
+    from offpolicylab.grid import expand_grid
+    from offpolicylab.synthetic_lm_calibration import drift_grid
+
+    cells = expand_grid(drift_grid([1e-4, 3e-4], updates=300), "/nowhere")
+    assert [(c.config["lr"], c.config["schedule"]) for c in cells] == [
+        (1e-4, "stages:4"), (1e-4, "stale_k:256"), (3e-4, "stages:4"), (3e-4, "stale_k:256")]
+    assert all(c.config["objective"] == "grpo" and c.config["objective_params"] == {"eps_low": 0.2, "eps_high": 0.2}
+               and c.config["updates"] == 300 for c in cells)
