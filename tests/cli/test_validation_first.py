@@ -106,7 +106,7 @@ def test_calibrate_names_what_a_model_folder_lacks(inputs: dict[str, Path], no_l
     (b'{"question": 5, "answer": "#### 1"}\n', "test.jsonl:1: a GSM8k row's question must be a string, got int"),
     (b'{"question": "q", "answer": 7}\n', "test.jsonl:1: a GSM8k row's answer must be a string, got int"),
     (b"[" * 100_000 + b"]" * 100_000 + b"\n", "test.jsonl:1: not valid JSON (nested too deeply)"),
-])
+], ids=["not UTF-8", "question an int", "answer an int", "nested too deeply"])
 def test_damaged_gsm8k_data_names_the_file_and_line(inputs: dict[str, Path], no_loading: list[str],
                                                     tmp_path: Path, content: bytes, message: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
