@@ -88,7 +88,7 @@ WORLDS.register(
         "delta": Param(None, float, low=0.0, high=1.0, high_open=True, optional=True,
                        doc="teacher tail share: weight of the broad softmax in p_T (default: the preset's, "
                            "0 / 0.125)"),
-        "pi0_temperature": Param(None, float, low=0.0, high=10.0, low_open=True, optional=True,
+        "pi0_temperature": Param(None, float, low=1e-6, high=10.0, optional=True,
                                  doc="pi0 = the distilled student at this temperature (< 1 sharpens; default: the "
                                      "preset's, 0.8 / 1)"),
         "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0, high=MAX_SHARPNESS_SPREAD,
