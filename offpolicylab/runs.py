@@ -79,6 +79,22 @@ class RunLocked(RunError):
     """Another process holds the run directory's lock."""
 
 
+def take_lock(fd: int, error: type[Exception], in_use: str, record_pid: bool = True) -> None:
+    """Take the exclusive ``fcntl.flock`` of the open file ``fd`` without waiting, and (``record_pid``) write this
+    process's pid into it; when another process holds it, raise ``error(in_use + its pid + what to do)``.  The OS
+    releases the lock when ``fd`` is closed or the process ends, however it ends."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        raise error(f"{in_use}{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
+                    "then try again") from None
+    if record_pid:
+        with contextlib.suppress(OSError):  # the pid only makes the message above clearer
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
 class RunDir:
     """Reads and writes the files of one run directory."""
 
@@ -123,16 +139,10 @@ class RunDir:
             return
         fd = os.open(self.path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            take_lock(fd, RunLocked, f"run directory {self.path} is in use by another process")
+        except RunLocked:
             os.close(fd)
-            raise RunLocked(f"run directory {self.path} is in use by another process"
-                            f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
-                            "then try again") from None
-        with contextlib.suppress(OSError):  # the pid only makes the message above clearer
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            raise
         _HELD_LOCKS[key] = [fd, 1]
         try:
             self.remove_orphans()
@@ -151,12 +161,7 @@ class RunDir:
             return
         fd = os.open(lock, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            raise RunLocked(f"run directory {self.path} is in use by another process"
-                            f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
-                            "then try again") from None
+            take_lock(fd, RunLocked, f"run directory {self.path} is in use by another process", record_pid=False)
         finally:
             os.close(fd)  # releases the trial lock
 

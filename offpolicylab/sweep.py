@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import contextlib
-import fcntl
 import importlib
 import json
 import multiprocessing
@@ -52,7 +51,7 @@ from offpolicylab.locations import output_folder
 from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
 from offpolicylab.resume import config_changes
-from offpolicylab.runs import RunDir, RunError, RunLocked, write_grid, write_sweep_results
+from offpolicylab.runs import RunDir, RunError, RunLocked, take_lock, write_grid, write_sweep_results
 from offpolicylab.trainer import resolve_config, train
 
 RESULT_KEYS = ("status", "updates_done", "peak_reward_mean", "final_reward_mean", "peak_exact_return",
@@ -348,16 +347,7 @@ def sweep_locked(out: Path) -> Iterator[None]:
     sweep into ``out`` gets :class:`SweepLocked` at once, before it writes anything."""
     fd = os.open(out / SWEEP_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            raise SweepLocked(f"sweep folder {out} is in use by another sweep"
-                              f"{f' (pid {holder})' if holder.isdigit() else ''}; wait for it to end or stop it, "
-                              "then try again") from None
-        with contextlib.suppress(OSError):  # the pid only makes the message above clearer
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        take_lock(fd, SweepLocked, f"sweep folder {out} is in use by another sweep")
         yield
     finally:
         os.close(fd)  # releases the lock
