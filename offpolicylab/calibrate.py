@@ -29,7 +29,7 @@ from offpolicylab.diagnostics.profile import (
     token_profile,
     validate_profile,
 )
-from offpolicylab.locations import output_file
+from offpolicylab.locations import output_file, physical_memory
 
 _LIBRARIES = ("torch", "transformers", "peft", "numpy", "gguf", "tokenizers")
 
@@ -149,7 +149,7 @@ def check_memory(rows: int, max_new_tokens: int, vocab_size: int) -> None:
     responses' own tensors (ids, mask, log-probabilities: 24 bytes per token, as the trainer counts them) and one
     step's float32 logits and probabilities over the vocabulary for every row (8 · V bytes per row)."""
     need = rows * (24 * max_new_tokens + 8 * vocab_size)
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = physical_memory()
     if need > total:
         raise ValueError(f"n_prompts × samples_per_prompt = {rows:,} responses of up to {max_new_tokens:,} tokens "
                          f"over a vocabulary of {vocab_size:,} need at least {need / 2**30:,.1f} GiB but this machine "

@@ -49,3 +49,8 @@ def _read_only(path: Path) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory on this machine (what the memory guards compare a lower bound of the need with)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -35,7 +35,6 @@ import copy
 import cProfile
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -58,6 +57,7 @@ from offpolicylab.contracts import (
 )
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
+from offpolicylab.locations import physical_memory
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
 from offpolicylab.profiling import LoopProfile, Stopwatch
@@ -436,7 +436,7 @@ def check_memory(config: TrainConfig, world: World, runs: int = 1) -> None:
     rows = config.prompts_per_update * config.group_size * runs
     tokens = rows * int(world.max_response_len)
     need = tokens * 24
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = physical_memory()
     if need > total:
         what = f"{runs} seeds × " if runs > 1 else ""
         raise ValueError(f"{what}prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at "

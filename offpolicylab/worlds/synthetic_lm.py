@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Prompts
-from offpolicylab.locations import check_writable
+from offpolicylab.locations import check_writable, physical_memory
 from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
 from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
@@ -494,7 +494,7 @@ def check_build_memory(recipe: Recipe) -> None:
     teacher corpus of :data:`CORPUS_CHUNK` steps (its tokens and full log p_T, 4 bytes per vocabulary entry, held
     twice while sampled: [CORPUS_CHUNK · distill_batch, T, V] floats)."""
     need = 2 * CORPUS_CHUNK * recipe.distill_batch * recipe.response_len * recipe.vocab_size * 4
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = physical_memory()
     if need > total:
         raise ValueError(f"building π₀ needs at least {need / 2**30:,.1f} GiB (distill_batch × response_len × "
                          f"vocab_size = {recipe.distill_batch} × {recipe.response_len} × {recipe.vocab_size} teacher "
