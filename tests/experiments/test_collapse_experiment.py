@@ -235,3 +235,27 @@ def test_nominal_staleness_of_a_schedule(schedule: str, nominal: int) -> None:
 def test_nominal_staleness_refuses_a_schedule_without_one() -> None:
     with pytest.raises(ValueError, match="no nominal staleness"):
         experiment._schedule_staleness("sync:4,2")
+
+
+def test_the_committed_grid_results_hold_one_finished_row_per_cell() -> None:
+    """experiments/results/synthetic_lm_grid.csv is the full grid of experiments/synthetic_lm_grid.json: the
+    columns asked for, one row per (objective label, nominal staleness, seed) cell and nothing else, every value in
+    its range (J is a mean reward in [0, 1]; the peak is the largest evaluated J, so ≥ J₀ and ≥ the final J; a
+    fraction is blank where the objective does not report it)."""
+    grid = json.loads((ROOT / "experiments" / "synthetic_lm_grid.json").read_text())
+    rows = pd.read_csv(ROOT / "experiments" / "results" / "synthetic_lm_grid.csv")
+    assert list(rows.columns) == ["objective", "staleness", "seed", "J0", "peak_J", "peak_update", "final_J",
+                                  "final_se", "collapsed", "clip_frac_mean", "mask_frac_mean"]
+    cells = {(o["label"], experiment._schedule_staleness(s), seed) for o in grid["axes"]["objective"]
+             for s in grid["axes"]["schedule"] for seed in grid["axes"]["seed"]}
+    got = list(zip(rows["objective"], rows["staleness"], rows["seed"], strict=True))
+    assert len(got) == len(set(got)) and set(got) == cells
+    for column in ("J0", "peak_J", "final_J"):
+        assert rows[column].between(0, 1).all(), column
+    for column in ("clip_frac_mean", "mask_frac_mean"):  # blank where the objective does not report it (m2po: mask)
+        assert rows[column].dropna().between(0, 1).all() and rows[column].notna().any(), column
+    assert (rows["peak_J"] >= rows[["J0", "final_J"]].max(axis=1)).all()
+    assert rows["peak_update"].between(0, grid["base"]["updates"] - 1).all()
+    varied = rows["final_J"].between(0, 1, inclusive="neither")  # a run whose every sample scored alike has SE 0
+    assert (rows["final_se"] >= 0).all() and (rows.loc[varied, "final_se"] > 0).all()
+    assert rows["collapsed"].isin([True, False]).all()
