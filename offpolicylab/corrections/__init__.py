@@ -70,7 +70,7 @@ class Correction:
         """From a mapping with an ``engine`` key (YAML / JSON config) or a spec string (:func:`parse_spec`);
         parameters are validated now."""
         if isinstance(config, str):
-            return parse_spec(config)
+            config = correction(config)
         if not isinstance(config, Mapping) or "engine" not in config:
             raise ValueError(f"a correction is a mapping with an 'engine' key (one of {', '.join(ENGINES)}) and the "
                              f"engine's parameters; got {config!r}")
@@ -88,18 +88,29 @@ class Correction:
         return ":".join([self.engine] + [f"{key}={value}" for key, value in self.params.items()])
 
 
+def correction(value: Mapping[str, Any] | str) -> dict[str, Any]:
+    """A correction setting as a plain mapping ``{"engine": ..., <engine params>}``, from a mapping (YAML / JSON:
+    ``correction: {engine: verl, rollout_is: sequence}``) or a spec string (command line:
+    ``--param correction=verl:rollout_is=sequence``): the kind of the objectives' ``correction`` parameter.  Only
+    the shape is checked here; :meth:`Correction.from_config` checks the engine and its parameters."""
+    if isinstance(value, str):
+        name, *pairs = [part.strip() for part in value.strip().split(":")]
+        parsed: dict[str, Any] = {"engine": name}
+        for pair in pairs:
+            key, sep, item = pair.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"correction spec {value!r}: {pair!r} is not key=value")
+            parsed[key.strip()] = item.strip()
+        return parsed
+    if not isinstance(value, Mapping) or "engine" not in value:
+        raise TypeError(value)
+    return dict(value)
+
+
 def parse_spec(text: str) -> Correction:
     """``"engine:key=value:key=value"`` → :class:`Correction` (values may hold commas and underscores, as verl's
     ``rollout_rs=token_k1,seq_mean_k3``; they are parsed by the engine's parameter kinds)."""
-    name, *pairs = [part.strip() for part in text.strip().split(":")]
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"correction spec {text!r}: {pair!r} is not key=value")
-        params[key.strip()] = value.strip()
-    engine(name).resolve(params)
-    return Correction(name, params)
+    return Correction.from_config(correction(text))
 
 
 def parse_specs(text: str) -> list[Correction]:
@@ -115,4 +126,4 @@ def parse_specs(text: str) -> list[Correction]:
     return [parse_spec(piece) for piece in pieces if piece.strip()]
 
 
-__all__ = ["ENGINES", "Correction", "Engine", "apply", "engine", "parse_spec", "parse_specs"]
+__all__ = ["ENGINES", "Correction", "Engine", "apply", "correction", "engine", "parse_spec", "parse_specs"]

@@ -104,4 +104,5 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     return finish(weights, keep, logp, mask)
 
 
-ENGINE = Engine("areal", PARAMS, correct, "areal/utils/functional/functional.py", check=_check)
+ENGINE = Engine("areal", PARAMS, correct, "areal/utils/functional/functional.py", check=_check,
+                edits_mask=True)

@@ -33,6 +33,9 @@ class Engine:
     fn: CorrectionFn
     source: str
     aliases: dict[str, str] = field(default_factory=dict)
+    #: The engine rejects by editing its loss mask, so a rejected token also leaves the loss's denominator
+    #: (verl, SkyRL, AReaL); otherwise it multiplies the loss by 0 and the denominator keeps the token.
+    edits_mask: bool = False
     #: Cross-parameter check on the resolved values; raises ``ValueError`` as the engine does.
     check: Callable[[dict[str, Any]], None] | None = None
 

@@ -98,4 +98,4 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
 
 
 ENGINE = Engine("skyrl", PARAMS, correct, "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py",
-                check=_check)
+                check=_check, edits_mask=True)

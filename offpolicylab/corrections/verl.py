@@ -210,4 +210,5 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     return finish(weights, keep, logp, mask)
 
 
-ENGINE = Engine("verl", PARAMS, correct, "verl/trainer/ppo/rollout_corr_helper.py", check=_check)
+ENGINE = Engine("verl", PARAMS, correct, "verl/trainer/ppo/rollout_corr_helper.py", check=_check,
+                edits_mask=True)
