@@ -35,7 +35,7 @@ with sampler log-probs).  Per correction, over the valid tokens (``replay_correc
 
 and the raw, pre-truncation log-ratios — trainer vs sampler (log r) and current vs behaviour (Δ) — as histograms
 by version lag × token-entropy tercile × advantage sign (``replay_raw_log_ratios.csv``), whatever the engines
-then clip or mask.
+then clip or mask; ``replay_corrections.png`` shows both.
 """
 
 from __future__ import annotations
@@ -474,6 +474,47 @@ def figure(rows: list[dict[str, Any]], deciles: list[dict[str, Any]], title: str
     return path
 
 
+def corrections_figure(rows: list[dict[str, Any]], raw: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Left: the raw (pre-truncation) log-ratio histograms, trainer vs sampler and current vs behaviour, all lags,
+    terciles and signs pooled, with the ratio bounds the engines' defaults use (TIS 2 / 3 / 5, IcePop 0.5) marked.
+    Right: per correction the share of tokens dropped and its ESS, with verl's health floor ESS ≥ 0.3."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.2))
+    centers = np.arange(RAW_EDGES.size - 1)
+    for offset, ratio in ((-0.2, "sampler"), (0.2, "staleness")):
+        counts = np.zeros(centers.size)
+        for row in raw:
+            if row["ratio"] == ratio:
+                counts[int(np.searchsorted(RAW_EDGES, row["bin_low"]))] += row["count"]
+        label = "log π_trainer − log π_sampler" if ratio == "sampler" else "log π_θ − log π_behaviour (Δ)"
+        axes[0].bar(centers + offset, counts / max(counts.sum(), 1), width=0.4, label=label)
+    names = [f"{lo:g}..{hi:g}" for lo, hi in zip(RAW_EDGES[:-1], RAW_EDGES[1:], strict=True)]
+    axes[0].set_xticks(centers, names, rotation=90, fontsize=7)
+    for bound in (0.5, 2.0, 3.0, 5.0):
+        x = np.interp(math.log(bound), RAW_EDGES[1:-1], centers[:-1] + 0.5)
+        axes[0].axvline(x, color="grey", lw=0.8, ls=":")
+        axes[0].text(x, axes[0].get_ylim()[1] * 0.95, f"r={bound:g}", fontsize=7, rotation=90, va="top")
+    axes[0].set(ylabel="share of tokens", title="raw log-ratios, before any truncation or mask")
+    axes[0].legend(fontsize=8)
+    labels = [row["correction"] if len(row["correction"]) <= 28 else row["correction"][:26] + "…" for row in rows]
+    x = np.arange(len(rows))
+    axes[1].bar(x - 0.2, [row["tokens_dropped"] for row in rows], width=0.4, label="share of tokens dropped")
+    axes[1].bar(x + 0.2, [row["ess"] for row in rows], width=0.4, label="ESS of w·keep")
+    axes[1].axhline(VERL_MIN_ESS, color="red", lw=0.8, ls="--", label=f"verl's ESS floor {VERL_MIN_ESS:g}")
+    axes[1].set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+    axes[1].set(ylim=(0, 1.05), title="what each correction does here")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _json_number(value: Any) -> Any:
     """NaN as null (strict JSON has no NaN)."""
     return None if isinstance(value, float) and math.isnan(value) else value
@@ -534,6 +575,9 @@ def run_command(args: argparse.Namespace) -> int:
     if fixes is not None:
         write_csv(out / "replay_corrections.csv", fixes[0])
         write_csv(out / "replay_raw_log_ratios.csv", fixes[1])
+        corrections_figure(fixes[0], fixes[1], f"what each mismatch correction does here: {fixes[0][0]['tokens']} "
+                           f"tokens with sampler log-probs, {len(files)} updates ({updates[0]}..{updates[-1]})",
+                           out / "replay_corrections.png")
         record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes[0]]
     write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
     print(title)
@@ -542,6 +586,6 @@ def run_command(args: argparse.Namespace) -> int:
         import pandas as pd
 
         print(pd.DataFrame(fixes[0]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"-> {out}/replay_corrections.csv, replay_raw_log_ratios.csv")
+        print(f"-> {out}/replay_corrections.csv, replay_raw_log_ratios.csv, replay_corrections.png")
     print(f"-> {out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
     return 0

@@ -69,6 +69,7 @@ def test_replay_corrections_table_by_hand(tmp_path: Path, capsys: pytest.Capture
     assert cli.main(["replay", str(path), "--objectives", "grpo", "--corrections", f"{trl},{verl},areal",
                      "--out", str(out)]) == 0
     assert "replay_corrections.csv" in capsys.readouterr().out
+    assert (out / "replay_corrections.png").stat().st_size > 0
     rows = json.loads((out / "replay.json").read_text())["corrections"]
     assert [row["correction"] for row in rows] == [trl, verl, "areal"]
     for row, edits in zip(rows[:2], (False, True), strict=True):
