@@ -35,7 +35,7 @@ COMMON_PARAMS: dict[str, Param] = {
         doc="an engine's sampler/trainer mismatch correction (docs/corrections.md), applied when sampler_logp is "
             "given: a mapping {engine: verl, rollout_is: sequence, ...} or engine:key=value:... with the engine's own "
             f"parameter names; engines {', '.join(ENGINES)}; tis_cap=C is {{engine: slime, use_tis: true, "
-            "tis_clip: C}}",
+            "tis_clip: C}",
     ),
     "kl_coef": Param(0.0, float, low=0.0, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
                                                "frozen initial policy π_0 (0 = no penalty; verl kl_loss_coef, TRL beta)"),
