@@ -11,7 +11,8 @@
     offpolicylab calibrate --model PATH_OR_GGUF --data DIR [--n-prompts 64] [--max-new-tokens N] --out PROFILE.json
     offpolicylab profiles list | show NAME_OR_FILE [NAME_OR_FILE ...]
     offpolicylab analyze LOG --out DIR            (a verl / TRL / TensorBoard log or a run directory)
-    offpolicylab replay SAMPLES [--objectives m2po,grpo,...] [--param OBJ.K=V] [--updates A:B] --out DIR
+    offpolicylab replay SAMPLES [--objectives m2po,grpo,...] [--param OBJ.K=V] [--updates A:B]
+                        [--corrections ENGINE:K=V:...,...] --out DIR
 
 Bad input prints one line on stderr naming what is valid and exits with code 2; nothing is written before the
 whole configuration has been validated (docs/bad_input.md lists every case and its message).  A run that fails

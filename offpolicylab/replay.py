@@ -20,6 +20,22 @@ tokens i of all replayed batches, with g_i = −∂L/∂log π_i the objective's
 
 A stateful objective (``ac_mispo``) starts fresh and advances once per replayed update, so it matches the run only
 when every update was recorded from the start.
+
+``--corrections SPEC,...`` (``engine:key=value:...``, docs/corrections.md) also replays engines' mismatch
+corrections on the recorded trainer/sampler log-ratios log r = log π_behaviour − log π_sampler (batches recorded
+with sampler log-probs).  Per correction, over the valid tokens (``replay_corrections.csv``):
+
+    tokens_dropped  share of tokens the correction rejects (keep = 0)
+    seqs_dropped / seqs_touched   share of responses with every / at least one token rejected
+    weight_mean, weight_p50, weight_p99, weight_max   of the applied factor w·keep
+    ess             Kish ESS (Σw)² / (n Σw²) of w·keep per micro-batch, averaged weighted by tokens
+    grad_norm_ratio ‖g‖ / ‖g₀‖ over all replayed tokens, g the REINFORCE (token-mean) gradient with the
+                    correction, g₀ without
+    verl_health     the ranges verl's docs give (IS mean in [0.5, 2], ESS ≥ 0.3): "ok" or what is outside
+
+and the raw, pre-truncation log-ratios — trainer vs sampler (log r) and current vs behaviour (Δ) — as histograms
+by version lag × token-entropy tercile × advantage sign (``replay_raw_log_ratios.csv``), whatever the engines
+then clip or mask; ``replay_corrections.png`` shows both.
 """
 
 from __future__ import annotations
@@ -34,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from offpolicylab.corrections import Correction, parse_specs
 from offpolicylab.objectives import Objective, TokenBatch, get_objective, objective_params
 from offpolicylab.runs import RunDir, load_samples, sample_update, write_text_atomically
 
@@ -196,6 +213,121 @@ def kish_ess(values: np.ndarray, log: bool = False) -> float:
     return float(np.sum(w) ** 2 / (values.size * square)) if square > 0 else 0.0
 
 
+# ------------------------------------------------------------------------------------------------ corrections
+#: Bin edges of the raw log-ratio histograms (nats), symmetric about 0.
+RAW_EDGES = np.array([-np.inf, -2.0, -1.0, -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, -0.001, 0.001, 0.01, 0.02, 0.05,
+                      0.1, 0.2, 0.5, 1.0, 2.0, np.inf])
+#: verl's documented health ranges (docs/algo/rollout_corr.md): IS weight mean in [0.5, 2], ESS ≥ 0.3.
+VERL_IS_MEAN, VERL_MIN_ESS = (0.5, 2.0), 0.3
+
+
+@dataclass
+class CorrectionPool:
+    """One correction's numbers pooled over the replayed micro-batches."""
+
+    factor: list[np.ndarray] = field(default_factory=list)  # w·keep on valid tokens
+    dropped: list[np.ndarray] = field(default_factory=list)
+    seq_all: list[np.ndarray] = field(default_factory=list)
+    seq_any: list[np.ndarray] = field(default_factory=list)
+    ess: list[tuple[float, int]] = field(default_factory=list)
+    grad_sq: float = 0.0
+
+
+def replay_corrections(files: list[Path], chosen: list[Correction]
+                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one row per correction, raw log-ratio histogram rows) over the micro-batches of ``files`` that carry
+    sampler log-probs; none carrying them raises :class:`ReplayError`."""
+    pools = {c.label(): CorrectionPool() for c in chosen}
+    scorers = {c.label(): get_objective("reinforce", correction={"engine": c.engine, **c.params}) for c in chosen}
+    plain = get_objective("reinforce")
+    base_sq = 0.0
+    raw: dict[str, list[np.ndarray]] = {"sampler": [], "delta": [], "adv": [], "lag": [], "entropy": []}
+    for path in files:
+        for part in micro_batches(path):
+            if "sampler_log_ratio" not in part:
+                continue
+            batch, logp = token_batch(part)
+            assert batch.sampler_logp is not None
+            valid = batch.mask > 0
+            rows = valid.any(dim=1)
+            _, g0 = gradient_weights(plain, batch, logp)
+            base_sq += float((g0.double() ** 2).sum())
+            for correction in chosen:
+                label = correction.label()
+                weights, keep = correction(batch.behavior_logp, batch.sampler_logp, batch.mask,
+                                           advantages=batch.advantages, current_logp=batch.logp.detach())
+                batch, logp = token_batch(part)
+                _, grad = gradient_weights(scorers[label], batch, logp)
+                pool = pools[label]
+                factor = (weights * keep).double()[valid].numpy()
+                rejected = (keep <= 0) & valid
+                pool.factor.append(factor)
+                pool.dropped.append(rejected[valid].numpy())
+                pool.seq_all.append((rejected.sum(dim=1) == valid.sum(dim=1))[rows].numpy())
+                pool.seq_any.append(rejected.any(dim=1)[rows].numpy())
+                pool.ess.append((kish_ess(factor), int(valid.sum())))
+                pool.grad_sq += float((grad.double() ** 2).sum())
+            lag = part.get("staleness")
+            raw["sampler"].append(part["sampler_log_ratio"].double()[valid].numpy())
+            raw["delta"].append(batch.delta().double()[valid].numpy())
+            raw["adv"].append(batch.advantages.double()[valid].numpy())
+            raw["lag"].append((torch.full_like(batch.mask, -1.0) if lag is None else
+                               lag.to(batch.mask.dtype)[:, None].expand_as(batch.mask))[valid].numpy())
+            raw["entropy"].append((torch.full_like(batch.mask, math.nan) if batch.entropy is None
+                                   else batch.entropy)[valid].double().numpy())
+    if not raw["sampler"]:
+        raise ReplayError("--corrections needs batches recorded with the sampler's log-probs (batch_sampler_log_ratio); "
+                          "these samples have none: record a run whose sampler computes differently from the trainer")
+    rows_out = []
+    for label, pool in pools.items():
+        factor = np.concatenate(pool.factor)
+        ess = np.array(pool.ess, dtype=np.float64)
+        mean, ess_value = float(factor.mean()), _weighted(ess[:, 0], ess[:, 1])
+        problems = []
+        if not VERL_IS_MEAN[0] <= mean <= VERL_IS_MEAN[1]:
+            problems.append(f"IS mean {mean:.3g}")
+        if not ess_value >= VERL_MIN_ESS:
+            problems.append(f"ESS {ess_value:.3g}")
+        rows_out.append({
+            "correction": label, "tokens": int(factor.size),
+            "tokens_dropped": float(np.concatenate(pool.dropped).mean()),
+            "seqs_dropped": float(np.concatenate(pool.seq_all).mean()),
+            "seqs_touched": float(np.concatenate(pool.seq_any).mean()),
+            "weight_mean": mean, "weight_p50": float(np.quantile(factor, 0.5)),
+            "weight_p99": float(np.quantile(factor, 0.99)), "weight_max": float(factor.max()),
+            "ess": ess_value,
+            "grad_norm_ratio": math.sqrt(pool.grad_sq / base_sq) if base_sq > 0 else math.nan,
+            "verl_health": "ok" if not problems else "; ".join(problems),
+        })
+    return rows_out, raw_histograms({key: np.concatenate(value) for key, value in raw.items()})
+
+
+def raw_histograms(raw: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Counts of the raw log-ratios in :data:`RAW_EDGES` bins, by ratio (``sampler``: log π_behaviour −
+    log π_sampler; ``staleness``: Δ = log π_θ − log π_behaviour), version lag (−1: not recorded), token-entropy
+    tercile (0: not recorded) and advantage sign."""
+    entropy = raw["entropy"]
+    known = np.isfinite(entropy)
+    tercile = np.zeros(entropy.shape, dtype=np.int64)
+    if known.any():
+        edges = np.quantile(entropy[known], [1 / 3, 2 / 3])
+        tercile[known] = np.searchsorted(edges, entropy[known], side="right") + 1
+    sign = np.sign(raw["adv"]).astype(np.int64)
+    rows = []
+    for ratio, values in (("sampler", raw["sampler"]), ("staleness", raw["delta"])):
+        for lag in np.unique(raw["lag"]):
+            for third in np.unique(tercile):
+                for s in (-1, 0, 1):
+                    pick = (raw["lag"] == lag) & (tercile == third) & (sign == s)
+                    if not pick.any():
+                        continue
+                    counts, _ = np.histogram(values[pick], bins=RAW_EDGES)
+                    rows += [{"ratio": ratio, "lag": float(lag), "entropy_tercile": int(third), "advantage_sign": s,
+                              "bin_low": float(RAW_EDGES[i]), "bin_high": float(RAW_EDGES[i + 1]),
+                              "count": int(counts[i])} for i in range(counts.size)]
+    return rows
+
+
 # ------------------------------------------------------------------------------------------------ tables
 def entropy_deciles(pooled: dict[str, Pooled]) -> np.ndarray | None:
     """Decile index 0..9 of each token's entropy among all replayed tokens (None when no entropy was recorded)."""
@@ -284,6 +416,21 @@ def parse_objectives(names: str, assignments: list[str], run: tuple[str, dict[st
     return objectives, shown, own
 
 
+def parse_corrections(text: str | None) -> list[Correction]:
+    """The corrections of ``--corrections`` (none when not given); a bad one is a :class:`ReplayError`."""
+    if text is None:
+        return []
+    try:
+        chosen = parse_specs(text)
+    except ValueError as exc:
+        raise ReplayError(f"--corrections {text!r} is invalid: {exc}") from None
+    labels = [c.label() for c in chosen]
+    if not chosen or len(set(labels)) != len(labels):
+        raise ReplayError(f"--corrections {text!r} is invalid; valid: distinct engine:key=value:... specs, "
+                          "comma-separated")
+    return chosen
+
+
 def parse_updates(text: str | None) -> tuple[int, int] | None:
     if text is None:
         return None
@@ -327,6 +474,47 @@ def figure(rows: list[dict[str, Any]], deciles: list[dict[str, Any]], title: str
     return path
 
 
+def corrections_figure(rows: list[dict[str, Any]], raw: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Left: the raw (pre-truncation) log-ratio histograms, trainer vs sampler and current vs behaviour, all lags,
+    terciles and signs pooled, with the ratio bounds the engines' defaults use (TIS 2 / 3 / 5, IcePop 0.5) marked.
+    Right: per correction the share of tokens dropped and its ESS, with verl's health floor ESS ≥ 0.3."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.2))
+    centers = np.arange(RAW_EDGES.size - 1)
+    for offset, ratio in ((-0.2, "sampler"), (0.2, "staleness")):
+        counts = np.zeros(centers.size)
+        for row in raw:
+            if row["ratio"] == ratio:
+                counts[int(np.searchsorted(RAW_EDGES, row["bin_low"]))] += row["count"]
+        label = "log π_trainer − log π_sampler" if ratio == "sampler" else "log π_θ − log π_behaviour (Δ)"
+        axes[0].bar(centers + offset, counts / max(counts.sum(), 1), width=0.4, label=label)
+    names = [f"{lo:g}..{hi:g}" for lo, hi in zip(RAW_EDGES[:-1], RAW_EDGES[1:], strict=True)]
+    axes[0].set_xticks(centers, names, rotation=90, fontsize=7)
+    for bound in (0.5, 2.0, 3.0, 5.0):
+        x = np.interp(math.log(bound), RAW_EDGES[1:-1], centers[:-1] + 0.5)
+        axes[0].axvline(x, color="grey", lw=0.8, ls=":")
+        axes[0].text(x, axes[0].get_ylim()[1] * 0.95, f"r={bound:g}", fontsize=7, rotation=90, va="top")
+    axes[0].set(ylabel="share of tokens", title="raw log-ratios, before any truncation or mask")
+    axes[0].legend(fontsize=8)
+    labels = [row["correction"] if len(row["correction"]) <= 28 else row["correction"][:26] + "…" for row in rows]
+    x = np.arange(len(rows))
+    axes[1].bar(x - 0.2, [row["tokens_dropped"] for row in rows], width=0.4, label="share of tokens dropped")
+    axes[1].bar(x + 0.2, [row["ess"] for row in rows], width=0.4, label="ESS of w·keep")
+    axes[1].axhline(VERL_MIN_ESS, color="red", lw=0.8, ls="--", label=f"verl's ESS floor {VERL_MIN_ESS:g}")
+    axes[1].set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+    axes[1].set(ylim=(0, 1.05), title="what each correction does here")
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _json_number(value: Any) -> Any:
     """NaN as null (strict JSON has no NaN)."""
     return None if isinstance(value, float) and math.isnan(value) else value
@@ -355,6 +543,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an objective parameter, e.g. m2po.tau=0.02 (repeatable; the run's own objective "
                              "gets the run's parameters unless given)")
     parser.add_argument("--updates", default=None, metavar="FIRST:LAST", help="replay only these updates")
+    parser.add_argument("--corrections", default=None, metavar="SPEC,...",
+                        help="engines' mismatch corrections to replay on the recorded sampler log-probs, each "
+                             "engine:key=value:... (docs/corrections.md), e.g. verl:rollout_is=token,trl,"
+                             "skyrl:sequence_mask_metric=geometric; writes replay_corrections.csv and "
+                             "replay_raw_log_ratios.csv")
     parser.add_argument("--out", required=True, metavar="DIR", help="folder for replay.csv, replay_deciles.csv, "
                                                                     "replay.png")
 
@@ -365,7 +558,9 @@ def run_command(args: argparse.Namespace) -> int:
         raise ReplayError(f"--out {args.out!r} is invalid; valid: a folder path (created if missing)")
     files = sample_files(args.samples, parse_updates(args.updates))
     objectives, shown, own = parse_objectives(args.objectives, args.param, run_objective(args.samples))
+    chosen = parse_corrections(args.corrections)
     pooled = replay(files, objectives, own)
+    fixes = replay_corrections(files, chosen) if chosen else None
     rows, deciles = summary_table(pooled, shown), decile_table(pooled)
     updates = [sample_update(f) for f in files]
     title = (f"which tokens each objective silences here: {rows[0]['tokens']} tokens, "
@@ -377,8 +572,20 @@ def run_command(args: argparse.Namespace) -> int:
     figure(rows, deciles, title, out / "replay.png")
     record = {"samples": str(args.samples), "files": len(files), "updates": [updates[0], updates[-1]],
               "run_objective": own, "rows": [{k: _json_number(v) for k, v in row.items()} for row in rows]}
+    if fixes is not None:
+        write_csv(out / "replay_corrections.csv", fixes[0])
+        write_csv(out / "replay_raw_log_ratios.csv", fixes[1])
+        corrections_figure(fixes[0], fixes[1], f"what each mismatch correction does here: {fixes[0][0]['tokens']} "
+                           f"tokens with sampler log-probs, {len(files)} updates ({updates[0]}..{updates[-1]})",
+                           out / "replay_corrections.png")
+        record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes[0]]
     write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
     print(title)
     print(format_table(rows))
+    if fixes is not None:
+        import pandas as pd
+
+        print(pd.DataFrame(fixes[0]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"-> {out}/replay_corrections.csv, replay_raw_log_ratios.csv, replay_corrections.png")
     print(f"-> {out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
     return 0

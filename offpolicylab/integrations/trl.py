@@ -7,7 +7,7 @@ keeps TRL's generation, rewards, advantages and logging and replaces only the lo
                        behavior_logp = old_per_token_logps, # π_old; = per_token_logps.detach() when TRL skips it
                        advantages = advantages,             # [B] broadcast, or [B, T]
                        mask = completion_mask · tool_mask,
-                       sampler_logp = sampling_per_token_logps (vLLM only; used by the objective's tis_cap),
+                       sampler_logp = sampling_per_token_logps (vLLM only; used by the objective's tis_cap or correction),
                        entropy = per-token entropy)
     loss = objective(batch).loss [+ β · agg(KL_k3(π_θ ‖ π_ref))] / gradient_accumulation_steps
 
@@ -105,7 +105,8 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
         )
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         behavior = inputs.get("old_per_token_logps")
-        sampler = inputs.get("sampling_per_token_logps") if self.objective.tis_cap is not None else None
+        corrects = self.objective.tis_cap is not None or self.objective.correction is not None
+        sampler = inputs.get("sampling_per_token_logps") if corrects else None
         return TokenBatch(
             logp=logp,
             behavior_logp=logp.detach() if behavior is None else behavior,

@@ -129,7 +129,8 @@ class VerlPolicyLoss:
             raise ValueError(
                 "offpolicylab losses do their own importance weighting and refuse verl's rollout_is_weights; "
                 "valid: disable verl's rollout correction (algorithm.rollout_correction.rollout_is=null) and use "
-                "the objective's tis_cap parameter"
+                "the objective's tis_cap or correction parameter (correction={engine: verl, rollout_is: ...} "
+                "reproduces verl's own weights)"
             )
         self._set_agg(loss_agg_mode)
         mask = response_mask.to(log_prob.dtype)

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from offpolicylab.corrections import ENGINES, Correction
+from offpolicylab.corrections import correction as correction_kind
 from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.objectives.regularization import KL_ESTIMATORS, kl_penalty
@@ -27,6 +29,13 @@ COMMON_PARAMS: dict[str, Param] = {
     "tis_cap": Param(
         None, float, low=0.0, low_open=True, optional=True,
         doc="truncated importance sampling: weight min(π_trainer/π_sampler, tis_cap) when sampler_logp is given",
+    ),
+    "correction": Param(
+        None, correction_kind, optional=True,
+        doc="an engine's sampler/trainer mismatch correction (docs/corrections.md), applied when sampler_logp is "
+            "given: a mapping {engine: verl, rollout_is: sequence, ...} or engine:key=value:... with the engine's own "
+            f"parameter names; engines {', '.join(ENGINES)}; tis_cap=C is {{engine: slime, use_tis: true, "
+            "tis_clip: C}",
     ),
     "kl_coef": Param(0.0, float, low=0.0, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
                                                "frozen initial policy π_0 (0 = no penalty; verl kl_loss_coef, TRL beta)"),
@@ -61,6 +70,12 @@ class Objective:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)
         for key, value in self.config.items():
             setattr(self, key, value)
+        self._correction: Correction | None = None
+        if self.correction is not None:
+            if self.tis_cap is not None:
+                raise ValueError(f"objective {self.name!r}: give tis_cap or correction, not both (tis_cap=C is "
+                                 "correction={engine: slime, use_tis: true, tis_clip: C})")
+            self._correction = Correction.from_config(self.correction)
         self.check_params()
 
     @classmethod
@@ -83,9 +98,12 @@ class Objective:
         standard metrics plus the objective's own."""
         per_token, token_mask, extra = self.token_loss(batch)
         token_mask = token_mask * batch.mask
+        loss_mask = batch.mask
         if self.tis_cap is not None and batch.sampler_logp is not None:
             per_token = per_token * tis_weight(batch, self.tis_cap)
-        loss = aggregate(per_token, batch.mask, self.agg, finite_padding=True)
+        elif self._correction is not None and batch.sampler_logp is not None:
+            per_token, token_mask, loss_mask = corrected(self._correction, batch, per_token, token_mask)
+        loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True)
         loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
@@ -136,6 +154,19 @@ def tis_weight(batch: TokenBatch, cap: float) -> Tensor:
     framework secretly brings you off-policy RL training"): corrects the sampler/trainer numeric mismatch."""
     assert batch.sampler_logp is not None
     return torch.exp(batch.behavior_logp - batch.sampler_logp).clamp(max=cap).detach()
+
+
+def corrected(correction: Correction, batch: TokenBatch, per_token: Tensor,
+              token_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """ℓ_t · w_t · keep_t with (w, keep) = the engine's correction of log π_b − log π_sampler (``behavior_logp`` vs
+    ``sampler_logp``; the current policy and the advantages for the corrections that read them), the token mask
+    ∧ keep, and the mask the loss is aggregated over: ∧ keep for the engines whose rejection edits their loss mask
+    (verl, SkyRL, AReaL), the batch mask for those that zero the loss instead (TRL, OpenRLHF, slime)."""
+    assert batch.sampler_logp is not None
+    weights, keep = correction(batch.behavior_logp, batch.sampler_logp, batch.mask, advantages=batch.advantages,
+                               current_logp=batch.logp.detach())
+    loss_mask = batch.mask * keep if ENGINES[correction.engine].edits_mask else batch.mask
+    return per_token * (weights * keep), token_mask * keep, loss_mask
 
 
 def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]:

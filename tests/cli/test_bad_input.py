@@ -52,6 +52,12 @@ CASES = [
      "parameter preset='qwen' is invalid; valid: one of seed_scale, smollm2"),
     (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "pi0_temperature=0", "--out",
       "{tmp}/out"], "parameter pi0_temperature=0.0 is out of range; valid: a float in [0.05, 10] or none"),
+    ([*RUN, "--param", "correction=vllm", "--out", "{tmp}/out"],
+     "unknown correction engine 'vllm'; valid: verl, trl, openrlhf, slime, skyrl, areal"),
+    ([*RUN, "--param", "correction=verl:rollout_iss=token", "--out", "{tmp}/out"],
+     "correction engine 'verl' has no parameter rollout_iss; valid: rollout_is, rollout_is_threshold"),
+    ([*RUN, "--param", "correction=trl", "--param", "tis_cap=2", "--out", "{tmp}/out"],
+     "give tis_cap or correction, not both"),
 ]
 
 

@@ -1,0 +1,65 @@
+"""OpenRLHF's vLLM importance-sampling correction (``PolicyLoss`` with ``enable_vllm_is_correction``).
+
+Source: ``openrlhf/models/loss.py`` (``PolicyLoss.__init__`` / ``PolicyLoss.forward``, the block after "Your
+Efficient RL Framework Secretly Brings You Off-Policy RL Training"), options in ``openrlhf/cli/train_ppo_ray.py``
+(``--algo.advantage.is_correction_enable``, ``--algo.advantage.is_correction_threshold 0.5 5.0``,
+``--algo.advantage.is_correction_type tis|icepop|seq-mask-tis``; older releases: ``--enable_vllm_is_correction``,
+``--vllm_is_truncated_threshold``, ``--vllm_is_correction_type``).  OpenRLHF is not installed here: the values in
+``tests/corrections/test_by_hand.py`` are worked out by hand from this source.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from offpolicylab.corrections.base import Engine, Result, finish, zero_padding
+from offpolicylab.registry import Param
+
+TYPES = ("tis", "icepop", "seq-mask-tis")
+
+PARAMS: dict[str, Param] = {
+    "enable_vllm_is_correction": Param(True, bool, doc="apply the correction (the CLI flag defaults to off)"),
+    "vllm_is_truncated_threshold": Param((0.5, 5.0), list, length=2, doc="[low, high]"),
+    "vllm_is_correction_type": Param("tis", str, choices=TYPES, doc="tis | icepop | seq-mask-tis"),
+}
+ALIASES = {"is_correction_enable": "enable_vllm_is_correction",
+           "is_correction_threshold": "vllm_is_truncated_threshold",
+           "is_correction_type": "vllm_is_correction_type"}
+
+
+def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Tensor | None = None,
+            current_logp: Tensor | None = None, enable_vllm_is_correction: bool = True,
+            vllm_is_truncated_threshold: tuple[float, float] = (0.5, 5.0),
+            vllm_is_correction_type: str = "tis") -> Result:
+    """With ρ_t = exp(log π_old − log π_vllm): ``tis`` w_t = clip(ρ_t, low, high) (TIS, Yao et al. 2025, "Your
+    efficient RL framework secretly brings you off-policy RL training"); ``icepop`` w_t = ρ_t·1[low ≤ ρ_t ≤ high]
+    (IcePop, Ling Team 2025, "Every step evolves", arXiv:2510.18855); ``seq-mask-tis``
+    w_t = ρ_t·1[low ≤ exp(mean_t log ρ_t) ≤ high] — a geometric-mean sequence mask times the token ratio *unclipped*
+    (the code does not clamp, though its comment says "still use TIS").
+
+    Rejection multiplies the loss by 0; the token stays in the loss denominator (``keep`` marks it dropped).
+    Applied only with ``policy_loss_type="ppo"``.  Source: ``openrlhf/models/loss.py`` (``PolicyLoss.forward``).
+    """
+    logp, sampler_logp = zero_padding(logp, mask), zero_padding(sampler_logp, mask)
+    weights, keep = mask.to(logp.dtype), mask.bool()
+    if enable_vllm_is_correction:
+        low, high = vllm_is_truncated_threshold
+        log_ratio = logp - sampler_logp
+        if vllm_is_correction_type == "icepop":
+            weights = torch.exp(log_ratio)
+            inside = (weights >= low) & (weights <= high)
+            weights = weights * inside
+            keep = keep & inside
+        elif vllm_is_correction_type == "seq-mask-tis":
+            m = mask.to(logp.dtype)
+            seq_is = torch.exp((log_ratio * m).sum(dim=-1) / m.sum(dim=-1))  # masked_mean: 0/0 on an empty row
+            seq_mask = ((seq_is >= low) & (seq_is <= high)).unsqueeze(-1)
+            weights = seq_mask * torch.exp(log_ratio)
+            keep = keep & seq_mask
+        else:
+            weights = torch.exp(log_ratio).clamp(min=low, max=high)
+    return finish(weights, keep, logp, mask)
+
+
+ENGINE = Engine("openrlhf", PARAMS, correct, "openrlhf/models/loss.py", aliases=ALIASES)
