@@ -28,7 +28,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab.diagnostics.warning import (  # noqa: E402
-    DETECTORS, PARAMETER_GRIDS, Score, alarms, fall_update, make_detector, score_run, synthetic_history)
+    DETECTORS,
+    PARAMETER_GRIDS,
+    Score,
+    alarms,
+    fall_update,
+    make_detector,
+    score_run,
+    synthetic_history,
+)
 
 VISIBLE = ("reward_mean", "kl_k3", "grad_norm", "ess", "ratio_mean", "ratio_max", "clip_frac", "entropy",
            "response_len")
@@ -125,8 +133,12 @@ def better(a: Score, b: Score | None) -> bool:
         return a_ok
     if not a_ok:
         return a.false_per_1000 < b.false_per_1000
-    key = lambda s: (s.recall, -math.inf if math.isnan(s.median_lead) else s.median_lead, -s.false_per_1000)
-    return key(a) > key(b)
+    return rank(a) > rank(b)
+
+
+def rank(s: Score) -> tuple[float, float, float]:
+    """(recall, median lead, − false alarms): larger is better."""
+    return s.recall, -math.inf if math.isnan(s.median_lead) else s.median_lead, -s.false_per_1000
 
 
 def score(folder: Path) -> list[dict[str, Any]]:

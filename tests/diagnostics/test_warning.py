@@ -9,8 +9,19 @@ import pytest
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.diagnostics.warning import (
-    Alarm, EssGrad, KlSlope, RewardSpike, Score, VerlRanges, alarms, fall_update, make_detector, score_run,
-    synthetic_history, value)
+    Alarm,
+    EssGrad,
+    KlSlope,
+    RewardSpike,
+    Score,
+    VerlRanges,
+    alarms,
+    fall_update,
+    make_detector,
+    score_run,
+    synthetic_history,
+    value,
+)
 
 ALPHA = 2 / 21  # EMA with span 20
 
