@@ -57,6 +57,7 @@ from offpolicylab.contracts import (
 )
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
+from offpolicylab.diagnostics.warning import Detector, default_warning
 from offpolicylab.locations import physical_memory
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
@@ -98,6 +99,8 @@ class Run:
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start
     buffer: dict[int, Rollout] = field(default_factory=dict)  # rollouts generated, not yet consumed
+    warning: Detector = field(default_factory=default_warning)  # the live collapse warning (fed the metrics rows)
+    alarm: tuple[int, str] | None = None  # the latest warning: (update, reason)
     reference_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
 
 
@@ -166,7 +169,7 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
         with watch("eval"):
             row.update(evaluate(run, update) if evaluated else dict.fromkeys(eval_columns(run)))
         stops = record(run, directory, update, row, step, finite, (tick, clock), watch)   # 6. run directory
-        view.update([row], [""], update_warnings([row], [run.detector.collapsed_at]))
+        view.update([row], [""], update_warnings([row], [run.detector.collapsed_at], [run.alarm]))
         if stops:
             view.close()
             return "collapsed"
@@ -335,6 +338,10 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
                   run.detector.observe(update, detector_reward(row, run.schedule), row.get("kl_k3"),
                                        row["grad_norm"]))
         directory.append_metrics(row)
+        alarm = run.warning.observe(update, row) if finite else None
+        if alarm is not None:
+            run.alarm = (update, alarm)
+            directory.event("warning", update, detector=run.warning.name, reason=alarm)
         if not finite:
             directory.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
         if reason is not None:
@@ -511,6 +518,7 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
         start = int(state["next_update"])
         restore_state(run, state)
         directory.truncate_metrics(start, state)
+        replay_warning(run, directory.read_metrics())
     if directory.read_summary() is not None:  # a failed run goes on from its last checkpoint, an extended one too
         directory.summary_path.unlink()
     extended = stored["updates"] != resolved["updates"]
@@ -595,6 +603,13 @@ def checkpoint_state(run: Run, next_update: int, optimizer: dict[str, Any] | Non
         "buffer": Rollout.pack(run.buffer),
         "detector": run.detector.state_dict(),
     }
+
+
+def replay_warning(run: Run, rows: list[dict[str, str]]) -> None:
+    """Bring the live warning to where it was at the checkpoint: it is a function of the metrics rows recorded,
+    so feeding them again (silently) restores it."""
+    for row in rows:
+        run.warning.observe(int(row["update"]), row)
 
 
 def restore_state(run: Run, state: dict[str, Any]) -> None:

@@ -258,6 +258,16 @@ PARAMETER_GRIDS: dict[str, list[dict[str, Any]]] = {
 }
 
 
+#: the detector of ``analyze`` and of the live warning in training runs, chosen on the benchmark's training split
+DEFAULT_DETECTOR = "kl_slope"
+DEFAULT_PARAMS: dict[str, Any] = {}
+
+
+def default_warning() -> Detector:
+    """The live collapse warning of training runs: :data:`DEFAULT_DETECTOR` with :data:`DEFAULT_PARAMS`."""
+    return make_detector(DEFAULT_DETECTOR, **DEFAULT_PARAMS)
+
+
 def make_detector(name: str, **params: Any) -> Detector:
     """The detector ``name`` (one of :data:`DETECTORS`) with ``params``; ValueError naming the valid ones."""
     if name not in DETECTORS:
