@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from offpolicylab.objectives import Objective, TokenBatch, get_objective, objective_params
+from offpolicylab.output import OutputWriter
 from offpolicylab.runs import RunDir, load_samples, sample_update, write_text_atomically
 
 DEFAULT_OBJECTIVES = "reinforce,grpo,m2po,gspo"
@@ -359,10 +360,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                     "replay.png")
 
 
+OUTPUT_FILES = ("replay.csv", "replay_deciles.csv", "replay.png", "replay.json")
+
+
 def run_command(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if not str(args.out).strip() or (out.exists() and not out.is_dir()):
-        raise ReplayError(f"--out {args.out!r} is invalid; valid: a folder path (created if missing)")
+    target = OutputWriter(args.out, "replay", OUTPUT_FILES.__contains__, ", ".join(OUTPUT_FILES))  # checked first
     files = sample_files(args.samples, parse_updates(args.updates))
     objectives, shown, own = parse_objectives(args.objectives, args.param, run_objective(args.samples))
     pooled = replay(files, objectives, own)
@@ -370,15 +372,15 @@ def run_command(args: argparse.Namespace) -> int:
     updates = [sample_update(f) for f in files]
     title = (f"which tokens each objective silences here: {rows[0]['tokens']} tokens, "
              f"{len(files)} updates ({updates[0]}..{updates[-1]})")
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "replay.csv", rows)
-    if deciles:
-        write_csv(out / "replay_deciles.csv", deciles)
-    figure(rows, deciles, title, out / "replay.png")
     record = {"samples": str(args.samples), "files": len(files), "updates": [updates[0], updates[-1]],
               "run_objective": own, "rows": [{k: _json_number(v) for k, v in row.items()} for row in rows]}
-    write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
+    with target.staging() as out:  # written whole, swapped in at the end
+        write_csv(out / "replay.csv", rows)
+        if deciles:
+            write_csv(out / "replay_deciles.csv", deciles)
+        figure(rows, deciles, title, out / "replay.png")
+        write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
     print(title)
     print(format_table(rows))
-    print(f"-> {out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
+    print(f"-> {args.out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
     return 0

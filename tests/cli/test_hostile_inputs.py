@@ -1,0 +1,163 @@
+"""Hostile input, round three (docs/bad_input.md): a test per class of failure — damaged input gives one line that
+names the file, field or line and what is valid (exit 2), never a traceback; the output location is checked before
+the work; output is swapped in whole (no torn or stale files, nothing left after a kill); nothing of a run is lost;
+every parameter's range is checked before anything is written; nothing damaged is read silently; a YAML file
+cannot exhaust memory."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offpolicylab import analyze, cli, replay
+from offpolicylab.runs import RunDir
+
+
+def verl_log(path: Path, steps: int = 6, spikes: bool = True, reward: object = None) -> Path:
+    """A verl FileLogger log: one ``{"step": N, "data": {...}}`` line per step."""
+    lines = []
+    for step in range(1, steps + 1):
+        data: dict[str, object] = {"critic/score/mean": 0.1 * step if reward is None else reward}
+        if spikes:
+            data["actor/grad_norm"] = 1.0
+        lines.append(json.dumps({"step": step, "data": data}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one stderr line of a command refused with exit code 2."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    assert err.count("\n") == 1 and err.startswith("offpolicylab: error: "), err
+    return err.strip()
+
+
+def small_run(path: Path, rows: int = 3) -> Path:
+    """A finished run directory (config.json, metrics.csv, summary.json) of ``rows`` updates."""
+    run = RunDir(path)
+    run.create({"objective": "grpo"})
+    for update in range(rows):
+        run.append_metrics({"update": update, "loss": 0.1, "grad_norm": 0.5, "reward_mean": 0.1 * update})
+    run.write_summary("completed")
+    run.close()
+    return path
+
+
+def recorded(path: Path) -> Path:
+    """A recorded run (samples/update_XXXXXX.npz with whole batches) of one update."""
+    from tests.diagnostics.test_replay import random_batch, record
+
+    return record(path, "grpo", {}, [[random_batch(1), random_batch(2)]])
+
+
+def dead_pid() -> int:
+    """The id of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# ------------------------------------------------------------------------------- 3: output location checked first
+def test_analyze_and_replay_check_the_output_location_before_the_work(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "file"
+    file.write_text("x")
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the work started before the output location was checked")
+
+    monkeypatch.setattr(analyze, "analyze", never)
+    monkeypatch.setattr(replay, "replay", never)
+    log = verl_log(tmp_path / "run.jsonl")
+    err = refused(["analyze", str(log), "--out", str(file / "sub")], capsys)
+    assert f"--out {file / 'sub'} cannot be created: {file} is a file; valid: a path under a folder" in err
+    err = refused(["replay", str(recorded(tmp_path / "rec")), "--out", str(file / "sub")], capsys)
+    assert f"--out {file / 'sub'} cannot be created: {file} is a file" in err
+
+
+# ------------------------------------------------------------------------------- 4: no torn or stale output
+def test_a_full_disk_while_analyze_overwrites_leaves_the_earlier_output_whole(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              capsys: pytest.CaptureFixture[str]
+                                                                              ) -> None:
+    out = tmp_path / "a"
+    assert cli.main(["analyze", str(verl_log(tmp_path / "one.jsonl")), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = analyze.draw
+
+    def full_disk(analysis: analyze.Analysis, name: str, path: Path) -> Path:
+        if name != "reward":
+            path.write_bytes(b"\x89PNG torn")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(analysis, name, path)
+
+    monkeypatch.setattr(analyze, "draw", full_disk)
+    assert cli.main(["analyze", str(verl_log(tmp_path / "two.jsonl", steps=9)), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == f"offpolicylab: error: [Errno 28] No space left on device: '{out}/spikes.png'\n"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "one.jsonl", "two.jsonl"]
+
+
+def test_figures_of_an_earlier_analysis_do_not_stay_beside_a_new_summary(tmp_path: Path) -> None:
+    out = tmp_path / "a"
+    assert cli.main(["analyze", str(verl_log(tmp_path / "one.jsonl")), "--out", str(out)]) == 0
+    assert (out / "spikes.png").exists()
+    assert cli.main(["analyze", str(verl_log(tmp_path / "two.jsonl", spikes=False)), "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == sorted([*summary["figures"], "summary.json"])
+    assert "spikes.png" not in summary["figures"]
+
+
+def test_nothing_a_killed_writer_left_stays_after_a_rerun(tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    pid = dead_pid()
+    (tmp_path / f".p.tmp-{pid}").mkdir()  # the staging folder of an analyze killed mid-write
+    (tmp_path / f".p.tmp-{pid}" / f".summary.json.tmp-{pid}").write_text("{")
+    assert cli.main(["analyze", str(verl_log(tmp_path / "one.jsonl")), "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "p"]
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+def test_replay_and_plot_swap_their_output_in_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    rec, out = recorded(tmp_path / "rec"), tmp_path / "r"
+    assert cli.main(["replay", str(rec), "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full_disk(*args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(replay, "figure", full_disk)
+    assert cli.main(["replay", str(rec), "--out", str(out), "--objectives", "grpo"]) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+# ------------------------------------------------------------------------------- 5: nothing of a run is lost
+def test_analyze_never_writes_into_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = small_run(tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    err = refused(["analyze", str(run / "metrics.csv"), "--out", str(run)], capsys)
+    assert f"--out {run} is a run directory analyze did not create; valid: a folder outside any run directory" in err
+    err = refused(["analyze", str(run / "metrics.csv"), "--out", str(run / "analysis")], capsys)
+    assert f"lies inside the run directory {run}" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert not (run / "analysis").exists()
+
+
+def test_an_output_folder_holding_other_files_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    err = refused(["analyze", str(verl_log(tmp_path / "one.jsonl")), "--out", str(out)], capsys)
+    assert f"--out {out} holds files analyze does not write (notes.txt); valid: a new or empty folder" in err
+    assert (out / "notes.txt").read_text() == "keep me"
