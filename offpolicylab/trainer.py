@@ -543,6 +543,12 @@ def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainCon
         state = directory.load_checkpoint()
         state["next_update"] = checked_next_update(directory, state, config, stored["updates"])
     if extending:
+        recorded = len(directory.read_metrics()) if directory.metrics_path.exists() else 0
+        if config.updates < recorded:  # judged against the rows recorded, not the checkpoint: nothing is dropped
+            ended = (f" (it ended {previous['status']} there)" if previous is not None
+                     and previous.get("status") in ("collapsed", "failed") else "")
+            raise RunError(f"--updates {config.updates} is below the {recorded} updates {directory.metrics_path} "
+                           f"already records{ended}; valid: --updates {recorded} or more")
         buffered = state["buffer"].get("keys", torch.zeros(0)).tolist() if state else []
         check_extension(parse_schedule(config.schedule), stored["updates"], config.updates,
                         0 if state is None else state["next_update"], config.collapse_tail, set(buffered))
