@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.logs import Log, LogError, canonical, engine_of, read_log, unmapped
+from offpolicylab.logs import VALUE_LIMIT, Log, LogError, canonical, engine_of, read_log, unmapped
 from offpolicylab.output import OutputWriter
 
 REWARD = "reward_mean"
@@ -70,7 +70,11 @@ def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis
     metrics, sources = canonical(log)
     if not log.steps:
         raise LogError(f"{log.path} holds no logged step; valid: the log of a run that trained at least one step")
-    if REWARD not in metrics or not any(math.isfinite(v) for v in metrics[REWARD].values()):
+    if REWARD in metrics and not any(math.isfinite(v) for v in metrics[REWARD].values()):
+        raise LogError(f"{log.path} ({log.format}): {sources[REWARD]} holds no finite value within "
+                       f"±{VALUE_LIMIT:g} ({len(metrics[REWARD])} logged); valid: the log of an RL run with finite "
+                       "rewards")
+    if REWARD not in metrics:
         names = ", ".join(sorted(plain for plain in log.series)[:6]) or "none"
         raise LogError(f"{log.path} ({log.format}) logs no reward (looked for critic/score/mean, reward, "
                        f"reward_current, reward_mean; it has {names}, ...); valid: the log of an RL run")

@@ -195,3 +195,68 @@ def test_resume_to_fewer_updates_than_a_collapsed_run_recorded_is_refused(tmp_pa
                                          r"records \(it ended collapsed there\); valid: --updates 3 or more"):
         trainer.train(bandit_config(updates=2, checkpoint_every=1), tmp_path, resume=True)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+# ------------------------------------------------------------------------------- 1, 2: damaged logs in one line
+@pytest.mark.parametrize(("case", "message"), [
+    ("deep", "{log}:1: JSON nested too deeply; valid: a verl FileLogger .jsonl file"),
+    ("huge", "{log} (verl): critic/score/mean holds no finite value within ±1e+150 (4 logged); valid: the log of an "
+             "RL run with finite rewards"),
+    ("loop", "{log} cannot be read (Too many levels of symbolic links); valid: a verl FileLogger .jsonl file"),
+])
+def test_damaged_logs_are_one_line_naming_the_file(tmp_path: Path, case: str, message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "run.jsonl"
+    if case == "deep":
+        log.write_text('{"step": 1, "data": {"critic/score/mean": ' + "[" * 100_000 + "]" * 100_000 + "}}\n"
+                       + '{"step": 2, "data": {"critic/score/mean": 1}}\n')
+    elif case == "huge":
+        log.write_text("".join(json.dumps({"step": s, "data": {"critic/score/mean": (-1) ** s * 1e308}}) + "\n"
+                               for s in range(4)))
+    else:
+        log.symlink_to(log.name)
+    err = refused(["analyze", str(log), "--out", str(tmp_path / "a")], capsys)
+    assert message.format(log=log) in err
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_400_digit_or_overflowing_value_is_noted_not_a_traceback(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "run.jsonl"
+    values = ["0.1", "9" * 400, "1e308", "0.4", "0.5"]
+    log.write_text("".join(f'{{"step": {s}, "data": {{"critic/score/mean": {v}}}}}\n' for s, v in enumerate(values)))
+    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "a")]) == 0
+    note = f"{log}: critic/score/mean logs 2 value(s) beyond ±1e+150 (first at step 1), counted as not finite"
+    assert f"note: {note}" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["notes"] == [note] and summary["not_finite"] == {"reward_mean": 2}
+
+
+# ------------------------------------------------------------------------------- 7, 8: the YAML and JSON loader
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("dup.yaml", "world: bandit\nupdates: 2\nupdates: 3\n",
+     " is refused at line 3: duplicate key 'updates' (first at line 2); valid: each key once"),
+    ("dup.json", '{"world": "bandit", "updates": 2, "updates": 3}',
+     " is refused: duplicate key 'updates'; valid: each key once"),
+    ("on.yaml", "world: bandit\non: 3\n",
+     " is refused at line 2: key True is not a string (YAML 1.1 reads on, off, yes, no as booleans); valid: a "
+     "string key (quote it: 'on':)"),
+    ("long.yaml", "world: bandit\nlr: " + "9" * 400 + "\n",
+     " is refused at line 2: a number of 400 digits; valid: at most 100 digits"),
+    ("long.json", '{"world": "bandit", "lr": ' + "9" * 400 + "}",
+     " is refused: a number of 400 digits; valid: at most 100 digits"),
+    ("laughs.yaml", "world: bandit\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)),
+     ' is refused: its aliases expand to more than 100,000 values (nested anchors, as in a "billion laughs" '
+     "file); valid: a config without nested aliases"),
+    ("list.yaml", "world: bandit\nobjective: grpo\nworld_params: [1, 2]\n",
+     ": world_params holds a list; valid: a mapping of world parameters (name: value)"),
+])
+def test_config_files_refuse_duplicates_non_string_keys_long_numbers_and_alias_bombs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, text: str,
+        message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path(name).write_text(text)
+    err = refused(["run", "--config", name, "--out", "out"], capsys)
+    assert f"offpolicylab: error: --config {name}{message}" == err
+    assert not Path("out").exists()
