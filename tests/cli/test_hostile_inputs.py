@@ -10,6 +10,7 @@ import errno
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,66 @@ def test_config_files_refuse_duplicates_non_string_keys_long_numbers_and_alias_b
     err = refused(["run", "--config", name, "--out", "out"], capsys)
     assert f"offpolicylab: error: --config {name}{message}" == err
     assert not Path("out").exists()
+
+
+# ------------------------------------------------------------------------------- 1, 2, 7: damaged recorded batches
+def _set(name: str, value: object) -> object:
+    return lambda arrays: arrays.__setitem__(name, value(arrays) if callable(value) else value)
+
+
+REPLAY_CASES = {
+    "missing": (lambda a: a.pop("batch_advantage"), None,
+                "{file}: array 'batch_advantage' is missing; valid: the arrays a recorder writes"),
+    "fewer rows": (_set("micro_batch", lambda a: a["micro_batch"][:1]), None,
+                   "{file}: micro_batch has shape (1,) but batch_log_ratio (6, 6); valid: (6,)"),
+    "zero rows": (lambda a: a.update({k: v[:0] for k, v in a.items() if k.startswith(("batch_", "micro"))}), None,
+                  "{file}: batch_log_ratio has shape (0, 6) (no token to replay); valid: a [B, T] batch"),
+    "nan": (lambda a: a["batch_log_ratio"].__setitem__((0, 0), float("nan")), None,
+            "{file}: batch_log_ratio holds 1 value(s) that are not finite (NaN or inf) on valid tokens, the first "
+            "at row 0, token 0; valid: finite values"),
+    "all padding": (_set("batch_mask", lambda a: 0 * a["batch_mask"]), None,
+                    "{file}: the 1 replayed sample file(s) hold no valid token (every batch_mask is 0)"),
+    "config type": (None, {"objective_params": [1, 2]},
+                    "{run}/config.json: objective_params=[1, 2] is invalid; valid: a mapping"),
+    "config value": (None, {"objective_params": {"eps_high": "abc"}},
+                     "{run}/config.json: parameter eps_high='abc' is invalid; valid: a float in [0, inf] (the config "
+                     "file is damaged)"),
+}
+
+
+@pytest.mark.parametrize("case", list(REPLAY_CASES))
+def test_damaged_recorded_batches_are_one_line_naming_file_and_array(tmp_path: Path, case: str,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    change, config, message = REPLAY_CASES[case]
+    run = recorded(tmp_path / "rec")
+    file = sorted((run / "samples").glob("*.npz"))[0]
+    if change is not None:
+        with np.load(file) as data:
+            arrays = {key: data[key] for key in data.files}
+        change(arrays)
+        np.savez(file, **arrays)
+    if config is not None:
+        stored = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**stored, **config}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's "mean of empty slice" and friends
+        err = refused(["replay", str(run), "--out", str(tmp_path / "r")], capsys)
+    assert message.format(file=file, run=run) in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float16"])
+def test_integer_and_float16_batches_replay_as_float32(tmp_path: Path, dtype: str) -> None:
+    import numpy as np
+
+    run = recorded(tmp_path / "rec")
+    file = sorted((run / "samples").glob("*.npz"))[0]
+    with np.load(file) as data:
+        arrays = {key: data[key] for key in data.files}
+    for key in ("batch_log_ratio", "batch_mask", "batch_advantage"):
+        arrays[key] = np.round(arrays[key]).astype(dtype) if dtype == "int32" else arrays[key].astype(dtype)
+    np.savez(file, **arrays)
+    assert cli.main(["replay", str(run), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "replay.csv").exists()
