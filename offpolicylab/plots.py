@@ -33,8 +33,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from offpolicylab import runs as runs_io  # noqa: E402
 from offpolicylab.diagnostics import correlation  # noqa: E402
 from offpolicylab.diagnostics.ratios import entropy_by_ratio_deviation  # noqa: E402
-from offpolicylab.output import OutputWriter  # noqa: E402
 from offpolicylab.objectives import objective_params  # noqa: E402
+from offpolicylab.output import OutputWriter  # noqa: E402
 from offpolicylab.runs import Run, load_samples, sample_update  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- colours
