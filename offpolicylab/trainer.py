@@ -437,6 +437,14 @@ def check_memory(config: TrainConfig, world: World, runs: int = 1) -> None:
     tokens = rows * int(world.max_response_len)
     need = tokens * 24
     total = physical_memory()
+    if config.eval_samples is not None:  # the evaluation samples eval_samples responses per held-out prompt
+        eval_rows = len(world.eval_prompts()) * config.eval_samples * runs
+        eval_need = eval_rows * int(world.max_response_len) * 24
+        if eval_need > total:
+            raise ValueError(f"eval_samples={config.eval_samples:,} × {eval_rows // (config.eval_samples * runs):,} "
+                             f"evaluation prompts{f' × {runs} seeds' if runs > 1 else ''} = {eval_rows:,} responses "
+                             f"need at least {eval_need / 2**30:,.1f} GiB but this machine has "
+                             f"{total / 2**30:,.1f} GiB; valid: a smaller eval_samples")
     if need > total:
         what = f"{runs} seeds × " if runs > 1 else ""
         raise ValueError(f"{what}prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at "
@@ -499,16 +507,19 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
     """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do."""
     resolved = resolve_config(run.config, run.objective)
     if not resume:
+        if directory.holds_run():
+            directory.create(resolved)  # refuses it, naming --resume
+        tracker = open_tracker(run.config.report_to, directory.path, resolved, 0)  # --report-to, before any file
         directory.create(resolved)
-        directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, 0)  # --report-to
+        directory.tracker = tracker
         return 0
     stored = directory.read_config()
     state = checked_resume(directory, resolved, run.config)
+    start = 0 if state is None else int(state["next_update"])
+    tracker = open_tracker(run.config.report_to, directory.path, resolved, start)  # --report-to, before any file
     if state is None:  # killed before the first checkpoint: start over
-        start = 0
         directory.truncate_metrics(0)
     else:
-        start = int(state["next_update"])
         restore_state(run, state)
         directory.truncate_metrics(start, state)
     if directory.read_summary() is not None:  # a failed run goes on from its last checkpoint, an extended one too
@@ -519,7 +530,7 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
     directory.event("extend" if extended else "resume", start,
                     **({} if state else {"note": "no checkpoint yet, restarting"}),
                     **({"updates_before": stored["updates"]} if extended else {}))
-    directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, start)  # --report-to
+    directory.tracker = tracker
     return start
 
 

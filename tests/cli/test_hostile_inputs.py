@@ -324,3 +324,56 @@ def test_integer_and_float16_batches_replay_as_float32(tmp_path: Path, dtype: st
     np.savez(file, **arrays)
     assert cli.main(["replay", str(run), "--out", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "replay.csv").exists()
+
+
+# ------------------------------------------------------------------------------- 6: refused before anything is written
+BANDIT = ["run", "--world", "bandit", "--objective", "grpo", "--updates", "2"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--param", "kl_coef=inf"], "parameter kl_coef=inf is out of range; valid: a float in [0, inf)"),
+    (["--param", "entropy_coef=inf"], "parameter entropy_coef=inf is out of range; valid: a float in [0, inf)"),
+    (["--eval-samples", "100000000000"], "eval_samples=100,000,000,000 × 1 evaluation prompts = 100,000,000,000 "
+                                         "responses need at least"),
+])
+def test_parameters_out_of_their_range_are_refused_before_the_run_directory(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:
+    err = refused([*BANDIT, *flags, "--out", str(tmp_path / "run")], capsys)
+    assert message in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tracker_that_cannot_be_opened_is_refused_before_config_json(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from offpolicylab import tracking
+
+    def broken(*args: object) -> None:
+        raise ImportError("libtensorboard.so: cannot open shared object file")
+
+    monkeypatch.setattr(tracking, "TensorBoardSink", broken)
+    run = tmp_path / "run"
+    err = refused([*BANDIT, "--report-to", "tensorboard", "--out", str(run)], capsys)
+    assert err == ("offpolicylab: error: --report-to tensorboard cannot be opened (ImportError: libtensorboard.so: "
+                   "cannot open shared object file); valid: a run directory this user can write, or another "
+                   "--report-to")
+    assert not (run / "config.json").exists() and not (run / "tracking").exists()
+    assert cli.main([*BANDIT, "--out", str(run)]) == 0  # the same folder, without the tracker: no "already holds"
+
+
+def test_an_unreachable_mlflow_server_is_refused_within_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import time
+
+    pytest.importorskip("mlflow")
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    began = time.monotonic()
+    err = refused([*BANDIT, "--report-to", "mlflow", "--out", str(tmp_path / "run")], capsys)
+    assert time.monotonic() - began < 30
+    assert f"--report-to mlflow cannot be opened (ConnectionError: MLflow server http://127.0.0.1:{port} cannot " \
+           "be reached within 5 s" in err
+    assert not (tmp_path / "run" / "config.json").exists()
