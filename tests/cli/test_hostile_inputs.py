@@ -377,3 +377,29 @@ def test_an_unreachable_mlflow_server_is_refused_within_seconds(tmp_path: Path, 
     assert f"--report-to mlflow cannot be opened (ConnectionError: MLflow server http://127.0.0.1:{port} cannot " \
            "be reached within 5 s" in err
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+# ------------------------------------------------------------------------------- 1, 2: damaged profile files
+@pytest.mark.parametrize(("case", "message"), [
+    ("wrong type", "profile {file}: not_recorded=[['x']]; valid: a list of statistic names"),
+    ("long number", "profile {file}: a number of 401 digits; valid: at most 100 digits"),
+    ("deep", "profile {file}: not valid JSON (nested too deeply); valid: a JSON object (docs/calibration.md)"),
+    ("latin-1", "profile {file}: not UTF-8 text (invalid continuation byte at byte 1); valid: a JSON object in "
+                "UTF-8 (docs/calibration.md)"),
+])
+def test_damaged_profiles_are_one_line_naming_the_file(tmp_path: Path, case: str, message: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from offpolicylab.diagnostics.profile import list_profiles, load_profile
+
+    good = load_profile(list_profiles()[0])
+    file = tmp_path / "p.json"
+    if case == "wrong type":
+        file.write_text(json.dumps({**good, "not_recorded": [["x"]]}))
+    elif case == "long number":
+        file.write_text(json.dumps({**good, "profile": {**good["profile"], "mean_entropy": 10**400}}))
+    elif case == "deep":
+        file.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        file.write_bytes(b'{\xe9"model": 1}')
+    err = refused(["profiles", "show", str(file)], capsys)
+    assert err == f"offpolicylab: error: {message.format(file=file)}"
