@@ -338,11 +338,12 @@ def read_tensorboard(path: Path) -> Log:
     if len(folders) > 1:
         names = ", ".join(str(f.relative_to(path)) for f in folders[:3])
         raise LogError(f"{path} holds the event files of {len(folders)} runs ({names}); valid: the folder of one run")
+    notes = [note for file in sorted(folders[0].glob(f"{EVENT_PREFIX}*")) if (note := check_event_file(file))]
     accumulator = event_accumulator.EventAccumulator(
         str(folders[0]), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
     accumulator.Reload()
     tags = accumulator.Tags()
-    log = Log(folders[0], "tensorboard")
+    log = Log(folders[0], "tensorboard", notes=notes)
     for tag in tags.get("scalars", []):
         for event in accumulator.Scalars(tag):
             log.add(event.step, tag, event.value)
@@ -354,6 +355,35 @@ def read_tensorboard(path: Path) -> Log:
     if not log.series:
         raise LogError(f"{folders[0]} holds event files without scalars (empty or damaged); valid: {VALID_LOGS}")
     return log
+
+
+def check_event_file(path: Path) -> str | None:
+    """Read every record of the TensorBoard event file ``path`` with TensorBoard's own record reader (which checks
+    each record's CRC-32C; its event loader stops at the first bad record without a word).  A record cut short at
+    the end of the file (a writer killed mid-write) gives a note (returned); a record whose checksum fails — damage
+    in the middle, after which the accumulator would read a shorter run — raises :class:`LogError` naming the file
+    and the record."""
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    reader = PyRecordReader_New(str(path))
+    count, offset = 0, 0
+    try:
+        while True:
+            try:
+                reader.GetNext()
+            except errors.OutOfRangeError:
+                return None
+            except errors.DataLossError as exc:
+                if "truncated record" in str(exc):
+                    return f"{path}: a torn last record (cut short at byte {offset}) was left out"
+                raise LogError(f"{path}: record {count + 1} at byte {offset} is damaged (its CRC-32C checksum "
+                               "fails), so every later record would be lost; valid: event files a SummaryWriter "
+                               "wrote (a torn last record is left out with a note)") from None
+            count += 1
+            offset += 16 + len(reader.record())
+    finally:
+        reader.file_handle.close()
 
 
 def read_run(path: Path) -> Log:

@@ -403,3 +403,26 @@ def test_damaged_profiles_are_one_line_naming_the_file(tmp_path: Path, case: str
         file.write_bytes(b'{\xe9"model": 1}')
     err = refused(["profiles", "show", str(file)], capsys)
     assert err == f"offpolicylab: error: {message.format(file=file)}"
+
+
+# ------------------------------------------------------------------------------- 7: a damaged TensorBoard file
+def test_a_tensorboard_file_damaged_mid_way_is_refused_and_a_torn_end_noted(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step in range(40):
+        writer.add_scalar("critic/score/mean", 0.01 * step, step)
+    writer.close()
+    file = next((tmp_path / "tb").glob("events.out.tfevents.*"))
+    data = file.read_bytes()
+    middle = len(data) // 2
+    file.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    err = refused(["analyze", str(tmp_path / "tb"), "--out", str(tmp_path / "a")], capsys)
+    assert f"{file}: record " in err and "is damaged (its CRC-32C checksum fails), so every later record would be " \
+                                         "lost; valid: event files a SummaryWriter wrote" in err
+    file.write_bytes(data[:-7])  # a writer killed mid-record
+    assert cli.main(["analyze", str(tmp_path / "tb"), "--out", str(tmp_path / "a")]) == 0
+    assert f"note: {file}: a torn last record (cut short at byte" in capsys.readouterr().out
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 39
