@@ -426,3 +426,13 @@ def test_a_tensorboard_file_damaged_mid_way_is_refused_and_a_torn_end_noted(tmp_
     assert cli.main(["analyze", str(tmp_path / "tb"), "--out", str(tmp_path / "a")]) == 0
     assert f"note: {file}: a torn last record (cut short at byte" in capsys.readouterr().out
     assert json.loads((tmp_path / "a" / "summary.json").read_text())["steps"] == 39
+
+
+def test_batched_gru_seeds_with_a_reduced_precision_sampler_write_nothing(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/bad_input.md said the seeds' config.json was already written when this was refused; it is not."""
+    err = refused(["run", "--world", "token_mdp", "--objective", "grpo", "--policy", "sequence_model",
+                   "--policy-param", "sampler_precision=bf16", "--seeds", "0,1", "--updates", "2", "--out",
+                   str(tmp_path / "out")], capsys)
+    assert "batched sequence_model seeds need sampler_precision=fp32, got 'bf16'" in err
+    assert not (tmp_path / "out").exists()
