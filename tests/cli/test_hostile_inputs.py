@@ -128,8 +128,36 @@ def test_nothing_a_killed_writer_left_stays_after_a_rerun(tmp_path: Path) -> Non
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
 
 
-def test_replay_and_plot_swap_their_output_in_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_swaps_its_figures_in_whole_and_never_writes_into_a_run(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from matplotlib.figure import Figure
+
+    from offpolicylab import trainer
+    from tests.small_runs import mdp_config
+
+    run, out = tmp_path / "run", tmp_path / "figs"
+    trainer.train(mdp_config(updates=2, eval_every=1, sample_every=0), run)
+    assert cli.main(["plot", str(run), "--out", str(out), "--figures", "training_curves"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = Figure.savefig
+
+    def full_disk(self: Figure, path: object, *args: object, **kwargs: object) -> None:
+        real(self, path, *args, **kwargs)
+        Path(str(path)).write_bytes(b"\x89PNG torn")
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    assert cli.main(["plot", str(run), "--out", str(out), "--figures", "training_curves"]) == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    monkeypatch.setattr(Figure, "savefig", real)
+    assert cli.main(["plot", str(run), "--out", str(run)]) == 2
+    assert "is a run directory plot did not create" in capsys.readouterr().err
+
+
+def test_replay_swaps_its_output_in_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     rec, out = recorded(tmp_path / "rec"), tmp_path / "r"
     assert cli.main(["replay", str(rec), "--out", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -204,7 +232,7 @@ def test_resume_to_fewer_updates_than_a_collapsed_run_recorded_is_refused(tmp_pa
     ("huge", "{log} (verl): critic/score/mean holds no finite value within ±1e+150 (4 logged); valid: the log of an "
              "RL run with finite rewards"),
     ("loop", "{log} cannot be read (Too many levels of symbolic links); valid: a verl FileLogger .jsonl file"),
-])
+], ids=["deep", "huge", "loop"])
 def test_damaged_logs_are_one_line_naming_the_file(tmp_path: Path, case: str, message: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "run.jsonl"
@@ -234,7 +262,7 @@ def test_a_400_digit_or_overflowing_value_is_noted_not_a_traceback(tmp_path: Pat
 
 
 # ------------------------------------------------------------------------------- 7, 8: the YAML and JSON loader
-@pytest.mark.parametrize(("name", "text", "message"), [
+CONFIG_CASES = [
     ("dup.yaml", "world: bandit\nupdates: 2\nupdates: 3\n",
      " is refused at line 3: duplicate key 'updates' (first at line 2); valid: each key once"),
     ("dup.json", '{"world": "bandit", "updates": 2, "updates": 3}',
@@ -252,7 +280,10 @@ def test_a_400_digit_or_overflowing_value_is_noted_not_a_traceback(tmp_path: Pat
      "file); valid: a config without nested aliases"),
     ("list.yaml", "world: bandit\nobjective: grpo\nworld_params: [1, 2]\n",
      ": world_params holds a list; valid: a mapping of world parameters (name: value)"),
-])
+]
+
+
+@pytest.mark.parametrize(("name", "text", "message"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
 def test_config_files_refuse_duplicates_non_string_keys_long_numbers_and_alias_bombs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], name: str, text: str,
         message: str) -> None:
@@ -335,7 +366,7 @@ BANDIT = ["run", "--world", "bandit", "--objective", "grpo", "--updates", "2"]
     (["--param", "entropy_coef=inf"], "parameter entropy_coef=inf is out of range; valid: a float in [0, inf)"),
     (["--eval-samples", "100000000000"], "eval_samples=100,000,000,000 × 1 evaluation prompts = 100,000,000,000 "
                                          "responses need at least"),
-])
+], ids=["kl_coef", "entropy_coef", "eval_samples"])
 def test_parameters_out_of_their_range_are_refused_before_the_run_directory(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str) -> None:
     err = refused([*BANDIT, *flags, "--out", str(tmp_path / "run")], capsys)
@@ -386,7 +417,7 @@ def test_an_unreachable_mlflow_server_is_refused_within_seconds(tmp_path: Path, 
     ("deep", "profile {file}: not valid JSON (nested too deeply); valid: a JSON object (docs/calibration.md)"),
     ("latin-1", "profile {file}: not UTF-8 text (invalid continuation byte at byte 1); valid: a JSON object in "
                 "UTF-8 (docs/calibration.md)"),
-])
+], ids=["wrong type", "long number", "deep", "latin-1"])
 def test_damaged_profiles_are_one_line_naming_the_file(tmp_path: Path, case: str, message: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from offpolicylab.diagnostics.profile import list_profiles, load_profile
