@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 import re
@@ -135,8 +134,7 @@ def _alive(pid: int) -> bool:
 def _exchange(a: Path, b: Path) -> bool:
     """``renameat2(a, b, RENAME_EXCHANGE)``; False where the C library or the file system lacks it."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        renameat2 = libc.renameat2
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2  # the C library this interpreter runs on
     except (OSError, AttributeError, TypeError):
         return False
     renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]

@@ -467,3 +467,23 @@ def test_batched_gru_seeds_with_a_reduced_precision_sampler_write_nothing(tmp_pa
                    str(tmp_path / "out")], capsys)
     assert "batched sequence_model seeds need sampler_precision=fp32, got 'bf16'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_swap_without_renameat2_and_a_kill_between_its_renames(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel lacks RENAME_EXCHANGE the swap takes two renames; an output a kill left moved aside is put
+    back by the next writer before it stages anything."""
+    from offpolicylab import output
+
+    monkeypatch.setattr(output, "_exchange", lambda a, b: False)
+    out = tmp_path / "out"
+    writer = output.OutputWriter(out, "analyze", analyze.owns, "summary.json and figures")
+    for text in ("old", "new"):
+        with writer.staging() as folder:
+            (folder / "summary.json").write_text(text)
+    assert (out / "summary.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    pid = dead_pid()
+    out.rename(tmp_path / f".out.old-{pid}")  # killed after moving the old output aside
+    (tmp_path / f".out.tmp-{pid}").mkdir()
+    output.clean_leftovers(tmp_path, "out")
+    assert (out / "summary.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
