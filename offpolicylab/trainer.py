@@ -68,7 +68,7 @@ from offpolicylab.resume import check_extension, config_changes, tail_key, watch
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.samples import sample_arrays
 from offpolicylab.staleness import Schedule, parse_schedule
-from offpolicylab.tracking import check_installed, open_tracker, parse_report_to
+from offpolicylab.tracking import Tracker, check_installed, open_tracker, parse_report_to
 from offpolicylab.worlds import WORLDS, make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
@@ -503,20 +503,20 @@ def tracks_kl_init(config: TrainConfig) -> bool:
 
 
 # ================================================================================================ run directory
-def open_run(directory: RunDir, run: Run, resume: bool) -> int:
-    """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do."""
+def open_run(directory: RunDir, run: Run, resume: bool, tracker: Tracker | None | bool = True) -> int:
+    """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do.
+    The run's trackers (``--report-to``) are opened first, before any file is written, unless ``tracker`` gives
+    them already opened (:func:`open_trackers`; None: no tracker)."""
+    if tracker is True:
+        tracker = open_trackers([directory], [run], resume)[0]
     resolved = resolve_config(run.config, run.objective)
     if not resume:
-        if directory.holds_run():
-            directory.create(resolved)  # refuses it, naming --resume
-        tracker = open_tracker(run.config.report_to, directory.path, resolved, 0)  # --report-to, before any file
         directory.create(resolved)
         directory.tracker = tracker
         return 0
     stored = directory.read_config()
     state = checked_resume(directory, resolved, run.config)
     start = 0 if state is None else int(state["next_update"])
-    tracker = open_tracker(run.config.report_to, directory.path, resolved, start)  # --report-to, before any file
     if state is None:  # killed before the first checkpoint: start over
         directory.truncate_metrics(0)
     else:
@@ -532,6 +532,31 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
                     **({"updates_before": stored["updates"]} if extended else {}))
     directory.tracker = tracker
     return start
+
+
+def open_trackers(directories: list[RunDir], runs: list[Run], resume: bool) -> list[Tracker | None]:
+    """The trackers of every run (``--report-to``), opened before any run file is written — after the checks
+    that refuse a fresh run in a folder that holds one, or a resume — so that a tracker that cannot be opened
+    leaves every run directory as it was (one line, :class:`~offpolicylab.tracking.TrackerError`).  On a failure
+    the trackers already opened are closed."""
+    trackers: list[Tracker | None] = []
+    try:
+        for directory, run in zip(directories, runs, strict=True):
+            resolved = resolve_config(run.config, run.objective)
+            start = 0
+            if resume:
+                state = checked_resume(directory, resolved, run.config)
+                start = 0 if state is None else int(state["next_update"])
+            elif directory.holds_run():
+                directory.create(resolved)  # refuses it, naming --resume
+            trackers.append(open_tracker(run.config.report_to, directory.path, resolved, start))
+    except BaseException:
+        for opened in trackers:
+            if opened is not None:
+                with contextlib.suppress(Exception):
+                    opened.close({"status": "failed"})
+        raise
+    return trackers
 
 
 def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainConfig) -> dict[str, Any] | None:

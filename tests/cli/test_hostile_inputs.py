@@ -487,3 +487,25 @@ def test_the_swap_without_renameat2_and_a_kill_between_its_renames(tmp_path: Pat
     (tmp_path / f".out.tmp-{pid}").mkdir()
     output.clean_leftovers(tmp_path, "out")
     assert (out / "summary.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_batched_seed_whose_tracker_fails_leaves_every_seed_unwritten(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 1's tracker fails after seed 0's opened: no seed gets a config.json (the command checks all first)."""
+    from offpolicylab import tracking
+
+    real, opened = tracking.TensorBoardSink, []
+
+    def second_fails(*args: object) -> object:
+        if opened:
+            raise OSError(errno.EACCES, "Permission denied")
+        opened.append(real(*args))
+        return opened[-1]
+
+    monkeypatch.setattr(tracking, "TensorBoardSink", second_fails)
+    out = tmp_path / "out"
+    err = refused(["run", "--world", "bandit", "--objective", "grpo", "--updates", "2", "--seeds", "0,1",
+                   "--report-to", "tensorboard", "--out", str(out)], capsys)
+    assert "--report-to tensorboard cannot be opened (PermissionError: [Errno 13] Permission denied)" in err
+    assert not list(out.rglob("config.json"))
