@@ -19,7 +19,9 @@ trackio        ``trackio.init`` on Trackio's local database (``TRACKIO_DIR``, de
 Scalars are named ``train/<column>``, ``eval/<column>`` (``eval_*`` and ``exact_*`` columns) and ``time/<column>``,
 with the update (0-based, as in ``metrics.csv``) as the step; a value that is NaN (no evaluation at that update) is
 not logged.  The tracker's run name is the run directory's name, its group the parent folder's (a sweep's cells).
-Each library is imported only when asked for; a missing one is refused before the run starts, in one line.
+Each library is imported only when asked for; a missing one is refused before the run starts, in one line, and so is
+one that cannot be opened (a broken install, an online mode without a key, an MLflow server that does not answer
+within seconds): every tracker is opened before the run writes its config.json (:class:`TrackerError`).
 """
 
 from __future__ import annotations
