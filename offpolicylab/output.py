@@ -28,6 +28,7 @@ from pathlib import Path
 from offpolicylab.locations import output_folder
 
 _PARTS = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
+_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.tmp-\d+$")
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
@@ -53,11 +54,17 @@ class OutputWriter:
                 raise ValueError(f"--out {out}{inside} is a run directory {command} did not create; valid: a "
                                  f"folder outside any run directory ({command} writes {what})")
         if self.folder.is_dir():
-            foreign = sorted(p.name for p in self.folder.iterdir() if not self.owns(p.name))
+            foreign = sorted(p.name for p in self.folder.iterdir() if not self._owned(p.name))
             if foreign:
                 listed = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
                 raise ValueError(f"--out {out} holds files {command} does not write ({listed}); valid: a new or "
                                  f"empty folder, or one {command} wrote ({what})")
+
+    def _owned(self, name: str) -> bool:
+        """A file the command writes, or the temp file ``.NAME.tmp-PID`` a killed write of one left (the swap
+        removes it with the rest of the old output)."""
+        match = _TEMP_FILE.match(name)
+        return self.owns(match["name"] if match else name)
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:

@@ -123,6 +123,8 @@ def test_nothing_a_killed_writer_left_stays_after_a_rerun(tmp_path: Path) -> Non
     pid = dead_pid()
     (tmp_path / f".p.tmp-{pid}").mkdir()  # the staging folder of an analyze killed mid-write
     (tmp_path / f".p.tmp-{pid}" / f".summary.json.tmp-{pid}").write_text("{")
+    out.mkdir()
+    (out / f".summary.json.tmp-{pid}").write_text("{")  # what a kill left before there was a staging folder
     assert cli.main(["analyze", str(verl_log(tmp_path / "one.jsonl")), "--out", str(out)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl", "p"]
     assert not [p for p in out.iterdir() if ".tmp-" in p.name]
