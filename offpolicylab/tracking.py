@@ -267,12 +267,13 @@ def open_tracker(names: Sequence[str], run_dir: str | Path, config: dict[str, An
     sinks: list[Any] = []
     for tracker in names:
         try:
-            if tracker == "mlflow":
-                check_mlflow_server(os.environ.get("MLFLOW_TRACKING_URI"))
             if tracker == "tensorboard":
                 sinks.append(TensorBoardSink(folder, config, start))
+            elif tracker == "mlflow":
+                with bounded_mlflow_requests(os.environ.get("MLFLOW_TRACKING_URI")):
+                    sinks.append(MlflowSink(folder, config, start, ids, name, group))
             else:
-                kind = {"wandb": WandbSink, "mlflow": MlflowSink, "trackio": TrackioSink}[tracker]
+                kind = {"wandb": WandbSink, "trackio": TrackioSink}[tracker]
                 sinks.append(kind(folder, config, start, ids, name, group))
         except Exception as exc:  # noqa: BLE001 - any failure to open a tracker is one line, before any run file
             for sink in sinks:
@@ -306,23 +307,33 @@ class TrackerError(ValueError):
                          f"{OPEN_HINTS[tracker]}, or another --report-to")
 
 
-def check_mlflow_server(uri: str | None, timeout: float = MLFLOW_CONNECT_TIMEOUT) -> None:
-    """For an ``http(s)://`` tracking URI: connect to its host within ``timeout`` seconds (``ConnectionError``
-    otherwise), and bound MLflow's own requests (``MLFLOW_HTTP_REQUEST_TIMEOUT`` and ``..._MAX_RETRIES``, unless
-    set) so that a server that stops answering later fails within seconds too."""
+@contextlib.contextmanager
+def bounded_mlflow_requests(uri: str | None, timeout: float = MLFLOW_CONNECT_TIMEOUT) -> Any:
+    """While MLflow opens its run on an ``http(s)://`` tracking URI: its host must accept a connection within
+    ``timeout`` seconds (``ConnectionError`` otherwise), and each request gets ``timeout`` seconds and no retry
+    (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, unless the user set them), so that a
+    server that is down or does not answer is refused within seconds (it hung for minutes).  The training that
+    follows keeps MLflow's own timeouts and retries."""
     import socket
     from urllib.parse import urlsplit
 
-    if uri is None or urlsplit(uri).scheme not in ("http", "https"):
+    parts = urlsplit(uri or "")
+    if parts.scheme not in ("http", "https"):
+        yield
         return
-    parts = urlsplit(uri)
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(timeout * 2)))
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
         socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
     except OSError as exc:
         raise ConnectionError(f"MLflow server {uri} cannot be reached within {timeout:g} s ({exc})") from None
+    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(timeout)), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    added = [key for key in bounds if key not in os.environ]
+    os.environ.update({key: bounds[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
