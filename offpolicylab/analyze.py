@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.logs import Log, LogError, canonical, engine_of, read_log, unmapped
+from offpolicylab.logs import VALUE_LIMIT, Log, LogError, canonical, engine_of, read_log, unmapped
+from offpolicylab.output import OutputWriter
 
 REWARD = "reward_mean"
 DETECTOR_KL = ("kl_k3", "kl_k1", "kl_ref")
@@ -69,7 +70,11 @@ def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis
     metrics, sources = canonical(log)
     if not log.steps:
         raise LogError(f"{log.path} holds no logged step; valid: the log of a run that trained at least one step")
-    if REWARD not in metrics or not any(math.isfinite(v) for v in metrics[REWARD].values()):
+    if REWARD in metrics and not any(math.isfinite(v) for v in metrics[REWARD].values()):
+        raise LogError(f"{log.path} ({log.format}): {sources[REWARD]} holds no finite value within "
+                       f"±{VALUE_LIMIT:g} ({len(metrics[REWARD])} logged); valid: the log of an RL run with finite "
+                       "rewards")
+    if REWARD not in metrics:
         names = ", ".join(sorted(plain for plain in log.series)[:6]) or "none"
         raise LogError(f"{log.path} ({log.format}) logs no reward (looked for critic/score/mean, reward, "
                        f"reward_current, reward_mean; it has {names}, ...); valid: the log of an RL run")
@@ -136,16 +141,27 @@ def _finite(value: float | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------ output
-def write(analysis: Analysis, out: str | Path) -> dict[str, Any]:
-    """The figures the log's metrics allow, then summary.json (written last, atomically) into ``out``."""
+def owns(name: str) -> bool:
+    """Whether ``name`` is a file analyze writes into its output folder."""
+    return name == "summary.json" or name.removesuffix(".png") in FIGURES and name.endswith(".png")
+
+
+def writer(out: str | Path) -> OutputWriter:
+    """The output folder of analyze, checked before any work (docs/bad_input.md)."""
+    return OutputWriter(out, "analyze", owns, "summary.json and figures")
+
+
+def write(analysis: Analysis, out: str | Path | OutputWriter) -> dict[str, Any]:
+    """The figures the log's metrics allow and summary.json, written whole into a temporary folder and swapped in
+    for ``out`` (:mod:`offpolicylab.output`): no figure of an earlier analysis stays beside the new summary."""
     from offpolicylab.runs import write_text_atomically
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    target = out if isinstance(out, OutputWriter) else writer(out)
     names = [name for name, metrics in FIGURES.items() if any(m in analysis.metrics for m in metrics)]
-    figures = [draw(analysis, name, out / f"{name}.png").name for name in names]
-    summary = {**analysis.summary, "figures": figures}
-    write_text_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    with target.staging() as folder:
+        figures = [draw(analysis, name, folder / f"{name}.png").name for name in names]
+        summary = {**analysis.summary, "figures": figures}
+        write_text_atomically(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -198,19 +214,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if not str(args.out).strip():
-        raise ValueError("--out '' is invalid; valid: a folder path (it is created if missing)")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is an existing file; valid: a folder")
     if not (args.margin >= 0 and math.isfinite(args.margin)) or args.window < 0:
         raise ValueError(f"--margin {args.margin} / --window {args.window} is invalid; valid: a margin ≥ 0 and a "
                          "window ≥ 0")
-    log_path = Path(args.log)
-    if out.exists() and log_path.is_dir() and out.resolve() == log_path.resolve():
+    out, log_path = Path(args.out), Path(args.log)
+    if str(args.out).strip() and log_path.is_dir() and out.is_dir() and out.resolve() == log_path.resolve():
         raise ValueError(f"--out {out} is the log's own folder; valid: another folder (analyze writes summary.json)")
+    target = writer(out)  # checked before the log is read
     analysis = analyze(log_path, margin=args.margin, window=args.window)
-    summary = write(analysis, out)
+    summary = write(analysis, target)
     for note in summary["notes"]:
         print(f"note: {note}")
     where = f" at step {summary['collapse_step']}" if summary["collapse_step"] is not None else ""

@@ -252,6 +252,11 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
         data = read_mapping(args.config, f"--config {args.config}", "config fields")
     elif args.world is None or args.objective is None:
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
+    source = f"--config {args.config}" if args.config else str(stored.config_path)
+    for name in _DICT_FLAGS:  # a list or a number where a mapping belongs is named before it is merged
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            raise ValueError(f"{source}: {name} holds a {type(data[name]).__name__}; valid: a mapping of "
+                             f"{name.split('_')[0]} parameters (name: value)")
     for name in config_params():
         value = getattr(args, name)
         if value is None:

@@ -69,7 +69,7 @@ from offpolicylab.resume import check_extension, config_changes, tail_key, watch
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.samples import sample_arrays
 from offpolicylab.staleness import Schedule, parse_schedule
-from offpolicylab.tracking import check_installed, open_tracker, parse_report_to
+from offpolicylab.tracking import Tracker, check_installed, open_tracker, parse_report_to
 from offpolicylab.worlds import WORLDS, make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
@@ -444,6 +444,14 @@ def check_memory(config: TrainConfig, world: World, runs: int = 1) -> None:
     tokens = rows * int(world.max_response_len)
     need = tokens * 24
     total = physical_memory()
+    if config.eval_samples is not None:  # the evaluation samples eval_samples responses per held-out prompt
+        eval_rows = len(world.eval_prompts()) * config.eval_samples * runs
+        eval_need = eval_rows * int(world.max_response_len) * 24
+        if eval_need > total:
+            raise ValueError(f"eval_samples={config.eval_samples:,} × {eval_rows // (config.eval_samples * runs):,} "
+                             f"evaluation prompts{f' × {runs} seeds' if runs > 1 else ''} = {eval_rows:,} responses "
+                             f"need at least {eval_need / 2**30:,.1f} GiB but this machine has "
+                             f"{total / 2**30:,.1f} GiB; valid: a smaller eval_samples")
     if need > total:
         what = f"{runs} seeds × " if runs > 1 else ""
         raise ValueError(f"{what}prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at "
@@ -502,20 +510,23 @@ def tracks_kl_init(config: TrainConfig) -> bool:
 
 
 # ================================================================================================ run directory
-def open_run(directory: RunDir, run: Run, resume: bool) -> int:
-    """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do."""
+def open_run(directory: RunDir, run: Run, resume: bool, tracker: Tracker | None | bool = True) -> int:
+    """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do.
+    The run's trackers (``--report-to``) are opened first, before any file is written, unless ``tracker`` gives
+    them already opened (:func:`open_trackers`; None: no tracker)."""
+    if tracker is True:
+        tracker = open_trackers([directory], [run], resume)[0]
     resolved = resolve_config(run.config, run.objective)
     if not resume:
         directory.create(resolved)
-        directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, 0)  # --report-to
+        directory.tracker = tracker
         return 0
     stored = directory.read_config()
     state = checked_resume(directory, resolved, run.config)
+    start = 0 if state is None else int(state["next_update"])
     if state is None:  # killed before the first checkpoint: start over
-        start = 0
         directory.truncate_metrics(0)
     else:
-        start = int(state["next_update"])
         restore_state(run, state)
         directory.truncate_metrics(start, state)
         replay_warning(run, directory.read_metrics())
@@ -527,8 +538,33 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
     directory.event("extend" if extended else "resume", start,
                     **({} if state else {"note": "no checkpoint yet, restarting"}),
                     **({"updates_before": stored["updates"]} if extended else {}))
-    directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, start)  # --report-to
+    directory.tracker = tracker
     return start
+
+
+def open_trackers(directories: list[RunDir], runs: list[Run], resume: bool) -> list[Tracker | None]:
+    """The trackers of every run (``--report-to``), opened before any run file is written — after the checks
+    that refuse a fresh run in a folder that holds one, or a resume — so that a tracker that cannot be opened
+    leaves every run directory as it was (one line, :class:`~offpolicylab.tracking.TrackerError`).  On a failure
+    the trackers already opened are closed."""
+    trackers: list[Tracker | None] = []
+    try:
+        for directory, run in zip(directories, runs, strict=True):
+            resolved = resolve_config(run.config, run.objective)
+            start = 0
+            if resume:
+                state = checked_resume(directory, resolved, run.config)
+                start = 0 if state is None else int(state["next_update"])
+            elif directory.holds_run():
+                directory.create(resolved)  # refuses it, naming --resume
+            trackers.append(open_tracker(run.config.report_to, directory.path, resolved, start))
+    except BaseException:
+        for opened in trackers:
+            if opened is not None:
+                with contextlib.suppress(Exception):
+                    opened.close({"status": "failed"})
+        raise
+    return trackers
 
 
 def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainConfig) -> dict[str, Any] | None:
@@ -551,6 +587,12 @@ def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainCon
         state = directory.load_checkpoint()
         state["next_update"] = checked_next_update(directory, state, config, stored["updates"])
     if extending:
+        recorded = len(directory.read_metrics()) if directory.metrics_path.exists() else 0
+        if config.updates < recorded:  # judged against the rows recorded, not the checkpoint: nothing is dropped
+            ended = (f" (it ended {previous['status']} there)" if previous is not None
+                     and previous.get("status") in ("collapsed", "failed") else "")
+            raise RunError(f"--updates {config.updates} is below the {recorded} updates {directory.metrics_path} "
+                           f"already records{ended}; valid: --updates {recorded} or more")
         buffered = state["buffer"].get("keys", torch.zeros(0)).tolist() if state else []
         check_extension(parse_schedule(config.schedule), stored["updates"], config.updates,
                         0 if state is None else state["next_update"], config.collapse_tail, set(buffered))

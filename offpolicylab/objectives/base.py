@@ -7,6 +7,7 @@ applies the optional TIS weight, aggregates with ``agg`` and adds the standard d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -37,13 +38,13 @@ COMMON_PARAMS: dict[str, Param] = {
             f"parameter names; engines {', '.join(ENGINES)}; tis_cap=C is {{engine: slime, use_tis: true, "
             "tis_clip: C}",
     ),
-    "kl_coef": Param(0.0, float, low=0.0, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
+    "kl_coef": Param(0.0, float, low=0.0, high=math.inf, high_open=True, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
                                                "frozen initial policy π_0 (0 = no penalty; verl kl_loss_coef, TRL beta)"),
     "kl_estimator": Param("k3", str, choices=KL_ESTIMATORS,
                           doc="per-token KL estimator of the penalty (Schulman 2020): k1 = log π_θ − log π_ref, "
                               "k2 = ½(log π_θ − log π_ref)², k3 = π_ref/π_θ − 1 − log(π_ref/π_θ); verl's kl, mse, "
                               "low_var_kl name the same three"),
-    "entropy_coef": Param(0.0, float, low=0.0, doc="c_H of the entropy bonus −c_H·agg(H(π_θ(·|s_t))) added to the "
+    "entropy_coef": Param(0.0, float, low=0.0, high=math.inf, high_open=True, doc="c_H of the entropy bonus −c_H·agg(H(π_θ(·|s_t))) added to the "
                                                     "loss (0 = none; verl entropy_coeff)"),
 }
 
