@@ -26,6 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
+from offpolicylab.diagnostics.warning import (
+    DEFAULT_DETECTOR,
+    DEFAULT_PARAMS,
+    DETECTORS,
+    alarms,
+    make_detector,
+)
 from offpolicylab.logs import VALUE_LIMIT, Log, LogError, canonical, engine_of, read_log, unmapped
 from offpolicylab.output import OutputWriter
 
@@ -64,8 +71,9 @@ class Analysis:
     summary: dict[str, Any]
 
 
-def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis:
-    """Read the log at ``path`` and run the collapse detector on it; nothing is written."""
+def analyze(path: str | Path, margin: float = 0.1, window: int = 20, warning: str | None = None) -> Analysis:
+    """Read the log at ``path`` and run the collapse detector and the collapse warning ``warning`` (a name of
+    :data:`~offpolicylab.diagnostics.warning.DETECTORS`; None: the default) on it; nothing is written."""
     log = read_log(path)
     metrics, sources = canonical(log)
     if not log.steps:
@@ -82,6 +90,7 @@ def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis
     kl_name = next((name for name in DETECTOR_KL if name in metrics), None)
     trace = detect(metrics, kl_name, detector)
     summary = summarize(log, metrics, sources, trace, kl_name, detector)
+    summary["warning"] = warn(metrics, kl_name, warning)
     return Analysis(log, metrics, sources, trace, summary)
 
 
@@ -107,6 +116,23 @@ def detect(metrics: dict[str, dict[int, float]], kl_name: str | None, detector: 
         if reason is not None:
             trace.collapse_step, trace.reason = step, reason
     return trace
+
+
+def warn(metrics: dict[str, dict[int, float]], kl_name: str | None, name: str | None) -> dict[str, Any]:
+    """The collapse warning ``name`` fed each logged step's metrics in order (the KL the detector reads, as
+    |k1| for a k1 log, under ``kl_k3``): its onsets, the first step and reason, and the parameters used."""
+    params = DEFAULT_PARAMS if name in (None, DEFAULT_DETECTOR) else {}
+    name = name or DEFAULT_DETECTOR
+    rows: dict[int, dict[str, float]] = {}
+    for metric, series in metrics.items():
+        for step, number in series.items():
+            rows.setdefault(step, {})[metric] = number
+    if kl_name is not None:
+        for step, number in metrics[kl_name].items():
+            rows[step]["kl_k3"] = abs(number) if kl_name == "kl_k1" else number
+    found = alarms(make_detector(name, **params), sorted(rows.items()))
+    return {"detector": name, "params": params, "steps": [step for step, _ in found],
+            "first_step": found[0][0] if found else None, "reason": found[0][1] if found else None}
 
 
 def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str, str], trace: Trace,
@@ -192,6 +218,10 @@ def draw(analysis: Analysis, name: str, path: Path) -> Path:
                 ax.axvline(step, color="#E69F00", lw=0.8, alpha=0.7)
         if trace.collapse_step is not None:
             ax.axvline(trace.collapse_step, color="#D55E00", lw=1.5, ls="--")
+        for i, step in enumerate(analysis.summary["warning"]["steps"]):
+            ax.axvline(step, color="#CC79A7", lw=1.2, ls=":", label="collapse warning" if i == 0 else None)
+        if metric == REWARD and analysis.summary["warning"]["steps"]:
+            ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step")
     status = analysis.summary["status"]
     where = f" at step {trace.collapse_step}" if trace.collapse_step is not None else ""
@@ -211,6 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smallest reward drop from the peak that counts as a collapse (default 0.1)")
     parser.add_argument("--window", type=int, default=20,
                         help="steps after a KL / gradient-norm spike in which a drop counts (default 20)")
+    parser.add_argument("--detector", default=DEFAULT_DETECTOR, choices=list(DETECTORS),
+                        help=f"the collapse warning (docs/diagnosing.md, its measured recall and false alarms; "
+                             f"default {DEFAULT_DETECTOR})")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -221,7 +254,7 @@ def run_command(args: argparse.Namespace) -> int:
     if str(args.out).strip() and log_path.is_dir() and out.is_dir() and out.resolve() == log_path.resolve():
         raise ValueError(f"--out {out} is the log's own folder; valid: another folder (analyze writes summary.json)")
     target = writer(out)  # checked before the log is read
-    analysis = analyze(log_path, margin=args.margin, window=args.window)
+    analysis = analyze(log_path, margin=args.margin, window=args.window, warning=args.detector)
     summary = write(analysis, target)
     for note in summary["notes"]:
         print(f"note: {note}")
@@ -229,4 +262,8 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"{args.log} ({summary['format']}, {summary['steps']} steps): {summary['status']}{where}; peak reward "
           f"{summary['peak_reward']:.4g} at step {summary['peak_reward_step']}, final {summary['final_reward']:.4g} "
           f"-> {out}/summary.json, {', '.join(summary['figures'])}")
+    warned = summary["warning"]
+    if warned["first_step"] is not None:
+        print(f"collapse warning ({warned['detector']}) at step {warned['first_step']}: {warned['reason']}"
+              + (f" ({len(warned['steps'])} warnings in all)" if len(warned["steps"]) > 1 else ""))
     return 0
