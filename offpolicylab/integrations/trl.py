@@ -90,7 +90,8 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
             self.recorder.add(batch, out, staleness=self.state.global_step - self._generated_at)
         loss = out.loss
         if self.beta != 0.0:
-            loss = loss + self.beta * aggregate(self._reference_kl(inputs, batch.logp), batch.mask, self.objective.agg)
+            loss = loss + self.beta * aggregate(self._reference_kl(inputs, batch.logp), batch.mask, self.objective.agg,
+                                                norm=self.objective.agg_norm)
         self._log_objective_metrics(out.metrics, "train" if training else "eval")
         return loss / self.current_gradient_accumulation_steps if training else loss
 
