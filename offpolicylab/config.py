@@ -71,6 +71,26 @@ class TrainConfig:
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
                                   "one used"))
+    dynamic_sampling: bool = _f(Param(False, bool,
+                                      doc="DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11): drop "
+                                          "the groups whose world rewards are all equal (advantage 0) and sample "
+                                          "again until the batch has prompts_per_update groups (verl "
+                                          "algorithm.filter_groups); seeds then train one after another"))
+    dynamic_sampling_max_batches: int = _f(Param(10, int, low=1,
+                                                 doc="at most this many generation rounds per batch with "
+                                                     "dynamic_sampling (verl max_num_gen_batches); still short, the "
+                                                     "batch is filled with the equal-reward groups"))
+    overlong_buffer: int = _f(Param(0, int, low=0,
+                                    doc="DAPO soft overlong punishment (arXiv:2503.14476, eq. 13): L_cache, the "
+                                        "last tokens before overlong_max_len over which a penalty falling linearly "
+                                        "to −overlong_penalty is added to the reward (verl "
+                                        "overlong_buffer.len, TRL soft_punish_cache; 0 = off)"))
+    overlong_max_len: int = _f(Param(None, int, low=1, optional=True,
+                                     doc="L_max of the overlong punishment (TRL max_completion_len; none = the "
+                                         "world's max_response_len)"))
+    overlong_penalty: float = _f(Param(1.0, float, low=0.0,
+                                       doc="the overlong punishment's largest penalty (verl "
+                                           "overlong_buffer.penalty_factor; DAPO: 1)"))
     behavior_logp: str = _f(Param("auto", str, choices=BEHAVIOR_SOURCES,
                                   doc="where each batch's behavior_logp (the ratios' denominator) comes from: "
                                       "trainer = the trainer's own forward (fp32; for hf one extra forward per "
