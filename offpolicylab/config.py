@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.aliases import canonical_config, canonical_params
 from offpolicylab.registry import Param
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
@@ -166,6 +167,8 @@ class TrainConfig:
         parsed, ranges checked, ``ValueError`` names the field and what is valid."""
         param = _PARAMS.get(name)
         value = value if param is None else param.validate(name, value)
+        if name == "objective_params":  # verl's / TRL's parameter names → ours (offpolicylab.aliases)
+            value = canonical_params(value)
         if name == "report_to":  # a comma-separated list of tracker names, checked and normalized
             from offpolicylab.tracking import parse_report_to
 
@@ -177,9 +180,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
+        """Build from a mapping (values may be strings; verl's and TRL's names accepted: :mod:`offpolicylab.aliases`);
+        unknown keys raise ``ValueError`` naming the valid ones.
         Fields the mapping leaves out take their defaults as in the constructor (:func:`chosen_defaults`)."""
-        data = upgrade_config(data)
+        data = canonical_config(upgrade_config(data))
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
