@@ -27,6 +27,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -42,6 +43,7 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 _DICT_FLAGS = {"objective_params": "param", "world_params": "world_param", "policy_params": "policy_param"}
+LIST_WIDTH = 118  # `list --verbose` wraps descriptions at this width
 ALIAS_DEST = "alias_param_"  # argparse dest of the objective-parameter alias flags (--clip-ratio-high, ...)
 
 
@@ -197,10 +199,12 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
     for name in registry.names():
         params = registry.params(name)
         if not verbose:
-            print(f"  {name}{note(name)}: " + ", ".join(f"{k}={readable(p.default)}" for k, p in params.items()))
+            print(f"  {name}{note(name)}: " + (", ".join(f"{k}={readable(p.default)}" for k, p in params.items())
+                                               or "(no parameters)"))
             continue
         doc = registry.get(name).doc
-        print(f"  {name}{note(name)}" + (f": {doc}" if doc else ""))
+        print(textwrap.fill(f"  {name}{note(name)}" + (f": {doc}" if doc else ""), width=LIST_WIDTH,
+                            subsequent_indent="        ", break_long_words=False, break_on_hyphens=False))
         own = {k: p for k, p in params.items() if not (title == "objectives" and k in COMMON_PARAMS)}
         for key, param in own.items():
             print(f"      {key}={readable(param.default)}  {param.doc} [{param.valid_text()}]")
