@@ -35,24 +35,28 @@ import copy
 import cProfile
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from offpolicylab.behavior import sample_rollout
 from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.contracts import (
+    AdapterPolicy,
     ClonablePolicy,
     ExactWorld,
     GreedyPolicy,
     MemoryPlanningPolicy,
     Policy,
     Rollout,
+    TextPolicy,
     World,
 )
 from offpolicylab.diagnostics import stats
@@ -115,6 +119,7 @@ class Step:
     output: LossOutput
     grad_norm: Tensor
     fresh: list[Rollout]
+    rollout: Rollout | None = None  # the consumed batch (its token ids: completions.jsonl of a text policy)
 
 
 # ================================================================================================ the loop
@@ -161,7 +166,7 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
         with watch("policy_backward"):                                        # 4. step
             run.optimizer.zero_grad(set_to_none=True)
             grad_norm = backward(output.loss, run.policy.trainable_parameters(), cfg.grad_clip)
-        step = Step(batch, output, grad_norm, fresh)
+        step = Step(batch, output, grad_norm, fresh, rollout)
         row = update_rows([run], update, [step])[0]
         finite = is_finite(row)
         if finite:
@@ -174,10 +179,12 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
         view.update([row], [""], update_warnings([row], [run.detector.collapsed_at], [run.alarm]))
         if stops:
             view.close()
+            save_adapter(run, directory)
             return "collapsed"
         if is_checkpoint_due(cfg, update):
             with watch("checkpoint"):
                 directory.save_checkpoint(checkpoint_state(run, update + 1))
+                save_adapter(run, directory)
     view.close()
     return final_status(run)
 
@@ -449,7 +456,59 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
             directory.event("collapse", update, reason=reason)
         if cfg.sample_every and update % cfg.sample_every == 0:
             directory.write_samples(update, sample_arrays(step.batch, step.output.token_mask, cfg.seed, update))
+            if step.rollout is not None and isinstance(run.policy, TextPolicy):
+                write_completions(directory, update, completions(run.policy, step.rollout, step.batch))
     return not finite or (reason is not None and cfg.stop_on_collapse)
+
+
+def completions(policy: TextPolicy, rollout: Rollout, batch: TokenBatch) -> list[dict[str, Any]]:
+    """One record per response of the consumed batch: prompt and response text, reward, advantage, staleness (updates
+    since its policy generated it), the generating version and its group (prompt row)."""
+    prompts = policy.decode(rollout.prompt_ids, rollout.prompt_mask)
+    responses = policy.decode(rollout.response_ids, rollout.response_mask)
+    advantages = batch.advantages if batch.advantages.dim() == 1 else batch.advantages[:, 0]
+    numbers = zip(rollout.rewards.tolist(), advantages.detach().tolist(), batch.staleness.tolist(),
+                  rollout.version.tolist(), rollout.group_ids.tolist(), strict=True)
+    return [{"prompt": prompt, "response": response, "reward": short(reward), "advantage": short(advantage),
+             "staleness": int(staleness), "version": version, "group": group}
+            for prompt, response, (reward, advantage, staleness, version, group) in zip(prompts, responses, numbers,
+                                                                                       strict=True)]
+
+
+def short(value: float) -> float:
+    """A float32 number as the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)."""
+    return float(str(np.float32(value)))
+
+
+def write_completions(directory: RunDir, update: int, records: list[dict[str, Any]]) -> Path:
+    """``samples/completions_<update>.jsonl``: one JSON object per line (written whole, then renamed into place)."""
+    directory.samples_dir.mkdir(exist_ok=True)
+    path = directory.samples_dir / f"completions_{update:06d}.jsonl"
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
+                       encoding="utf-8")
+    staging.replace(path)
+    return path
+
+
+ADAPTER_DIR = "adapter"
+
+
+def save_adapter(run: Run, directory: RunDir) -> None:
+    """``RUN/adapter``: the policy's adapter in its library's own format (hf: a peft folder), replaced whole at
+    every checkpoint and when the run ends (staged and swapped inside ``checkpoint/``); nothing for other policies."""
+    if not isinstance(run.policy, AdapterPolicy):
+        return
+    folder = directory.checkpoint_path.parent
+    staging, old, final = folder / "adapter.staging", folder / "adapter.old", directory.path / ADAPTER_DIR
+    for leftover in (staging, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    folder.mkdir(exist_ok=True)
+    run.policy.save_adapter(staging)
+    if final.exists():
+        final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def is_checkpoint_due(config: TrainConfig, update: int) -> bool:

@@ -457,6 +457,11 @@ class HFPolicy:
         self.model.save_pretrained(str(directory), safe_serialization=True)
         return directory
 
+    def decode(self, ids: Tensor, mask: Tensor) -> list[str]:
+        """The text of each row of ``ids`` over its tokens where ``mask`` is 1 (special tokens kept: an EOS shows)."""
+        rows = [row[keep > 0].tolist() for row, keep in zip(ids.cpu(), mask.cpu(), strict=True)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=False)
+
     def load_adapter(self, directory: str | Path) -> None:
         """Load adapter weights saved by :meth:`save_adapter` (safetensors: nothing is unpickled)."""
         from peft.utils import load_peft_weights
