@@ -568,6 +568,7 @@ def build(config: TrainConfig) -> Run:
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
     world = make_world(config.world, **config.world_params)
+    objective.response_limit = world.max_response_len  # dr_grpo's constant when agg_norm is none
     check_memory(config, world)
     check_overlong(config, world)
     torch.manual_seed(config.seed)

@@ -43,15 +43,21 @@ class _OneProcess:
         return x
 
 
-def trl_loss(loss_type: str, data: dict[str, torch.Tensor], eps_low: float, eps_high: float) -> torch.Tensor:
-    """The loss TRL's ``GRPOTrainer._compute_loss`` returns for ``loss_type`` on ``data`` (training mode)."""
+def stand_in_and_inputs(loss_type: str, data: dict[str, torch.Tensor], eps_low: float, eps_high: float,
+                        accumulation: int = 1, generation_tokens: float | None = None,
+                        ) -> tuple[SimpleNamespace, dict[str, Any]]:
+    """What TRL's ``_compute_loss`` reads of ``self`` (training mode, one process, ``accumulation`` micro-batches
+    per step and per generation) and its ``inputs`` (``num_items_in_batch``: the generation batch's tokens, default
+    this micro-batch's)."""
     new, mask = data["new"], data["mask"].long()
     stand_in = SimpleNamespace(
         loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, beta=0.0, top_entropy_quantile=1.0,
         off_policy_mask_threshold=None, importance_sampling_level="token", use_vllm=False,
         vllm_importance_sampling_correction=False, max_completion_length=MAX_COMPLETION_LENGTH,
-        current_gradient_accumulation_steps=1, accelerator=_OneProcess(), model=SimpleNamespace(training=True),
-        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=1),
+        current_gradient_accumulation_steps=accumulation, accelerator=_OneProcess(),
+        model=SimpleNamespace(training=True),
+        args=SimpleNamespace(delta=None, use_bias_correction_kl=False, steps_per_generation=accumulation,
+                             max_completion_length=MAX_COMPLETION_LENGTH),
         _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics=defaultdict(lambda: defaultdict(list)),
         _get_per_token_logps_and_entropies=lambda *args, **kwargs: (new, torch.zeros_like(new), None),
     )
@@ -60,8 +66,15 @@ def trl_loss(loss_type: str, data: dict[str, torch.Tensor], eps_low: float, eps_
         "prompt_ids": torch.ones(batch_size, 2, dtype=torch.long), "prompt_mask": torch.ones(batch_size, 2),
         "completion_ids": torch.ones_like(mask), "completion_mask": mask,
         "advantages": data["advantages"], "old_per_token_logps": data["old"],
-        "num_items_in_batch": mask.sum(),  # TRL: the generation batch's completion tokens, over all processes
+        "num_items_in_batch": mask.sum().double() if generation_tokens is None else torch.tensor(generation_tokens),
     }
+    return stand_in, inputs
+
+
+def trl_loss(loss_type: str, data: dict[str, torch.Tensor], eps_low: float, eps_high: float,
+             **window: Any) -> torch.Tensor:
+    """The loss TRL's ``GRPOTrainer._compute_loss`` returns for ``loss_type`` on ``data`` (training mode)."""
+    stand_in, inputs = stand_in_and_inputs(loss_type, data, eps_low, eps_high, **window)
     return GRPOTrainer._compute_loss(stand_in, None, inputs)
 
 
@@ -93,3 +106,26 @@ def test_fixture_clips_and_the_three_types_differ() -> None:
     losses = {kind: trl_loss(kind, data, 0.2, 0.28).item() for kind in ("dr_grpo", "bnpo", "dapo", "grpo")}
     assert losses["dapo"] == pytest.approx(losses["bnpo"], rel=1e-12)
     assert len({round(losses[k], 12) for k in ("dr_grpo", "bnpo", "grpo")}) == 3
+
+
+@pytest.mark.parametrize("loss_type", ["dr_grpo", "bnpo", "dapo"])
+def test_plugin_loss_types_have_trl_scale_under_accumulation(loss_type: str) -> None:
+    """OffPolicyLabGRPOTrainer with grpo and agg=<loss_type> returns TRL's own loss for that loss_type, with 3
+    accumulation steps and a generation batch of 3.5× this micro-batch's tokens: dr_grpo divides by B·L_max (L_max =
+    TRL's max_completion_length, no agg_norm given), dapo by TRL's num_items_in_batch normaliser."""
+    from offpolicylab.integrations.trl import OffPolicyLabGRPOTrainer
+
+    data = ragged_batch(3, spread=0.4)
+    window = {"accumulation": 3, "generation_tokens": 3.5 * float(data["mask"].sum())}
+    expected = trl_loss(loss_type, data, 0.2, 0.28, **window)
+    plugin, inputs = stand_in_and_inputs(loss_type, data, 0.2, 0.28, **window)
+    plugin.objective = get_objective("grpo", agg=loss_type, eps_low=0.2, eps_high=0.28)
+    plugin.objective.response_limit = plugin.args.max_completion_length  # what the plug-in's __init__ sets
+    plugin.state, plugin._objective_step, plugin.recorder = SimpleNamespace(global_step=0), 0, None
+    for name in ("token_batch", "_log_objective_metrics", "_dapo_normalizer"):
+        setattr(plugin, name, getattr(OffPolicyLabGRPOTrainer, name).__get__(plugin))
+    ours = OffPolicyLabGRPOTrainer._compute_loss(plugin, None, inputs)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-15)
+    (grad,) = torch.autograd.grad(ours, data["new"])
+    (expected_grad,) = torch.autograd.grad(expected, data["new"])
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-12, atol=1e-15)

@@ -48,3 +48,24 @@ def test_objective_agg_norm_and_its_checks() -> None:
         get_objective("reinforce", agg="dr_grpo", agg_norm=0)
     with pytest.raises(ValueError, match="dr_grpo, bnpo, dapo"):
         get_objective("reinforce", agg="drgrpo")
+
+
+def test_response_limit_is_the_constant_when_agg_norm_is_none() -> None:
+    """A training loop sets response_limit (the world's max_response_len): C = 5 → 15 / (3 · 5); agg_norm wins."""
+    batch = TokenBatch(logp=torch.zeros(3, 3, dtype=torch.float64), behavior_logp=torch.zeros(3, 3, dtype=torch.float64),
+                       advantages=torch.zeros(3, dtype=torch.float64), mask=AGG_MASK)
+    objective = get_objective("reinforce", agg="dr_grpo")
+    objective.token_loss = lambda b: (torch.nan_to_num(AGG_LOSS, posinf=0.0, nan=0.0), b.mask, {})
+    assert float(objective(batch).loss) == pytest.approx(15 / 9, rel=1e-15)
+    objective.response_limit = 5
+    assert float(objective(batch).loss) == pytest.approx(15 / 15, rel=1e-15)
+    objective.agg_norm = 10.0
+    assert float(objective(batch).loss) == pytest.approx(15 / 30, rel=1e-15)
+
+
+def test_training_run_uses_the_world_length(tmp_path) -> None:
+    from offpolicylab import trainer
+    from tests.small_runs import mdp_config
+
+    run = trainer.build(mdp_config(objective_params={"agg": "dr_grpo"}))
+    assert run.objective.response_limit == 3 and run.objective.norm_constant == 3
