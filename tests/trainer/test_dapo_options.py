@@ -130,3 +130,32 @@ def test_dynamic_sampling_cells_train_alone(tmp_path: Path) -> None:
     assert sweep.seed_groups(cells) == [[0], [1], [2]]
     with pytest.raises(ValueError, match="dynamic_sampling"):
         batched.check_together([TrainConfig(**base), TrainConfig(**{**base, "seed": 1})])
+
+
+def test_dynamic_sampling_and_overlong_runs_resume_identically(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after update 5's row, before its checkpoint: the resumed run's metrics equal an uninterrupted one's
+    (the extra sampling rounds draw from the run's own generator, which the checkpoint holds)."""
+    from offpolicylab.runs import RunDir
+
+    config = mdp_config(dynamic_sampling=True, overlong_buffer=1, schedule="stale_k:2", updates=8,
+                        world_params={"vocab_size": 3, "length": 3, "num_prompts": 2, "eos": True})
+    trainer.train(config, tmp_path / "full")
+    save = RunDir.save_checkpoint
+
+    def dies(self: RunDir, state: dict) -> None:
+        if state["next_update"] == 6:
+            raise KeyboardInterrupt
+        save(self, state)
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dies)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(config, tmp_path / "cut")
+    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    trainer.train(config, tmp_path / "cut", resume=True)
+
+    def strip(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+    assert strip(read_rows(tmp_path / "cut")) == strip(read_rows(tmp_path / "full"))
+    assert any(float(r["overlong_penalty"]) < 0 for r in read_rows(tmp_path / "full"))
