@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.aliases import canonical_config, canonical_params
 from offpolicylab.registry import Param
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
@@ -71,6 +72,26 @@ class TrainConfig:
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
                                   "one used"))
+    dynamic_sampling: bool = _f(Param(False, bool,
+                                      doc="DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11): drop "
+                                          "the groups whose world rewards are all equal (advantage 0) and sample "
+                                          "again until the batch has prompts_per_update groups (verl "
+                                          "algorithm.filter_groups); seeds then train one after another"))
+    dynamic_sampling_max_batches: int = _f(Param(10, int, low=1,
+                                                 doc="at most this many generation rounds per batch with "
+                                                     "dynamic_sampling (verl max_num_gen_batches); still short, the "
+                                                     "batch is filled with the equal-reward groups"))
+    overlong_buffer: int = _f(Param(0, int, low=0,
+                                    doc="DAPO soft overlong punishment (arXiv:2503.14476, eq. 13): L_cache, the "
+                                        "last tokens before overlong_max_len over which a penalty falling linearly "
+                                        "to −overlong_penalty is added to the reward (verl "
+                                        "overlong_buffer.len, TRL soft_punish_cache; 0 = off)"))
+    overlong_max_len: int = _f(Param(None, int, low=1, optional=True,
+                                     doc="L_max of the overlong punishment (TRL max_completion_len; none = the "
+                                         "world's max_response_len)"))
+    overlong_penalty: float = _f(Param(1.0, float, low=0.0,
+                                       doc="the overlong punishment's largest penalty (verl "
+                                           "overlong_buffer.penalty_factor; DAPO: 1)"))
     behavior_logp: str = _f(Param("auto", str, choices=BEHAVIOR_SOURCES,
                                   doc="where each batch's behavior_logp (the ratios' denominator) comes from: "
                                       "trainer = the trainer's own forward (fp32; for hf one extra forward per "
@@ -146,6 +167,8 @@ class TrainConfig:
         parsed, ranges checked, ``ValueError`` names the field and what is valid."""
         param = _PARAMS.get(name)
         value = value if param is None else param.validate(name, value)
+        if name == "objective_params":  # verl's / TRL's parameter names → ours (offpolicylab.aliases)
+            value = canonical_params(value)
         if name == "report_to":  # a comma-separated list of tracker names, checked and normalized
             from offpolicylab.tracking import parse_report_to
 
@@ -157,9 +180,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
+        """Build from a mapping (values may be strings; verl's and TRL's names accepted: :mod:`offpolicylab.aliases`);
+        unknown keys raise ``ValueError`` naming the valid ones.
         Fields the mapping leaves out take their defaults as in the constructor (:func:`chosen_defaults`)."""
-        data = upgrade_config(data)
+        data = canonical_config(upgrade_config(data))
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:

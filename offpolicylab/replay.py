@@ -243,7 +243,8 @@ def replay(files: list[Path], objectives: dict[str, Objective], own: str | None 
     """Score every micro-batch of ``files`` with each objective; ``own`` names the label of the run's own
     objective (compared token by token with the recorded mask)."""
     pooled = {label: Pooled() for label in objectives}
-    references = {agg: get_objective("reinforce", agg=agg) for agg in {o.agg for o in objectives.values()}}
+    references = {(o.agg, o.agg_norm): get_objective("reinforce", agg=o.agg, agg_norm=o.agg_norm)
+                  for o in objectives.values()}
     for path in files:
         parts = micro_batches(path)
         for label, objective in objectives.items():
@@ -258,7 +259,7 @@ def replay(files: list[Path], objectives: dict[str, Objective], own: str | None 
                 except (ValueError, RuntimeError) as exc:
                     first = " ".join(str(exc).split())
                     raise ReplayError(f"{label} cannot be replayed on {path}: {first}") from None
-                _, reference = gradient_weights(references[objective.agg], *token_batch(part))
+                _, reference = gradient_weights(references[objective.agg, objective.agg_norm], *token_batch(part))
                 collect(pooled[label], batch, kept, grad, reference, part.get("kept") if label == own else None)
     if not any(p.delta for p in pooled.values()):
         raise ReplayError(f"{files[0].parent if len(files) > 1 else files[0]}: the {len(files)} replayed sample "

@@ -119,7 +119,8 @@ def test_stale_m2po_run_directory(stale_run: Path, files: dict[str, Path]) -> No
     assert eval_greedy[1] == "" and all(eval_greedy[u] != "" for u in (0, 2, 3))
     summary = json.loads((stale_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates_done"] == 4
-    assert sorted(p.name for p in (stale_run / "samples").iterdir()) == [f"update_00000{u}.npz" for u in range(4)]
+    assert sorted(p.name for p in (stale_run / "samples").iterdir()) == sorted(
+        [f"update_00000{u}.npz" for u in range(4)] + [f"completions_00000{u}.jsonl" for u in range(4)])
 
 
 def test_checkpoint_holds_only_the_adapter(stale_run: Path) -> None:
