@@ -74,6 +74,9 @@ def build(out: Path, sources: dict[str, Path]) -> None:
         for source, folder in sources.items():
             for metrics in sorted(folder.glob("*/metrics.csv")):
                 run_id = f"{source}/{metrics.parent.name}"
+                if not (metrics.parent / "summary.json").exists():  # unfinished: its label is not known yet
+                    print(f"skipped (unfinished): {run_id}", file=sys.stderr)
+                    continue
                 rows, evaluations = read_run(metrics.parent)
                 for update, row in rows:
                     writer.writerow([run_id, update, *(f"{row[k]:.6g}" if k in row else "" for k in VISIBLE)])
