@@ -466,10 +466,12 @@ def _default_help(name: str, param: Any) -> str:
 
 
 def _summary_line(name: str, summary: dict[str, Any]) -> str:
+    """``run``'s last line: status, the summary's exact return and reward (the one reward of docs/metrics.md, the
+    number ``analyze`` reports as final), the collapse update."""
     parts = [f"{name}: {summary.get('status')}"]
-    for key in ("final_exact_return", "peak_exact_return", "final_reward_mean", "peak_reward_mean"):
+    for key in ("final_exact_return", "peak_exact_return", "final_reward", "peak_reward"):
         if key in summary:
-            parts.append(f"{key}={summary[key]:.3f}")
+            parts.append(f"{key}={summary[key]:.4g}")
     if summary.get("collapse_update", -1) not in (-1, None, ""):
         parts.append(f"collapse_update={summary['collapse_update']}")
     return "  ".join(parts)

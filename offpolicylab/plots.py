@@ -360,7 +360,8 @@ def entropy_vs_clipping(runs: Sequence[Run]) -> Figure:
         axes[0].set_xlabel("mean token entropy (nats)")
         axes[0].set_ylabel("")
         axes[0].set_title("Entropy of kept vs clipped/masked tokens")
-        axes[0].legend(fontsize="small", frameon=True, loc="lower right")
+        # below the panel, outside the bars (inside, it covered the longest ones)
+        axes[0].legend(fontsize="small", frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     else:
         axes[0].text(0.5, 0.5, "no 'kept' flags in samples", ha="center", va="center", transform=axes[0].transAxes)
         axes[0].set_axis_off()
@@ -484,14 +485,15 @@ def return_heatmap(runs: Sequence[Run]) -> Figure:
     table = return_table(runs, column)
     cols = sorted(table["staleness"].unique(), key=staleness_sort_key)
     _setup()
-    fig, axes = plt.subplots(1, 2, figsize=(2.2 * len(cols) + 6, 0.45 * table["label"].nunique() + 2.2))
+    # constrained layout keeps each colorbar and its label clear of the next panel (tight_layout let them overlap)
+    fig, axes = plt.subplots(1, 2, figsize=(2.2 * len(cols) + 6.5, 0.45 * table["label"].nunique() + 2.2),
+                             layout="constrained")
     for ax, which in zip(axes, ("peak", "final"), strict=True):
         grid = table.pivot(index="label", columns="staleness", values=which).reindex(columns=cols)
-        sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax, cbar_kws={"label": column})
+        sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax, cbar_kws={"label": f"{which} {column}"})
         ax.set_title(f"{which} {column}")
         ax.set_xlabel("staleness schedule")
         ax.set_ylabel("objective")
-    fig.tight_layout()
     return fig
 
 

@@ -54,8 +54,10 @@ from offpolicylab.resume import config_changes
 from offpolicylab.runs import RunDir, RunError, RunLocked, take_lock, write_grid, write_sweep_results
 from offpolicylab.trainer import resolve_config, train
 
-RESULT_KEYS = ("status", "updates_done", "peak_reward_mean", "final_reward_mean", "peak_exact_return",
-               "final_exact_return", "optimal_return", "collapse_update", "error")
+#: sweep_results.csv's columns after the cell's axes: the summary.json keys of the same names (docs/metrics.md)
+RESULT_KEYS = ("status", "updates_done", "peak_reward", "final_reward", "peak_reward_mean", "final_reward_mean",
+               "peak_exact_return", "final_exact_return", "optimal_return", "peak_eval_reward_sampled",
+               "final_eval_reward_sampled", "collapse_update", "error")
 _DONE = ("completed", "collapsed")
 EXIT_ORPHANED = 3  # exit status of a worker whose sweep process is gone
 
@@ -359,6 +361,6 @@ def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"cell": cell.name, **cell.labels}
     for key in RESULT_KEYS:
         row[key] = summary.get(key, "")
-    if row["collapse_update"] == -1:
+    if row["collapse_update"] in (-1, None):  # no collapse (-1: a summary of an earlier version)
         row["collapse_update"] = ""
     return row
