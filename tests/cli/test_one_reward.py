@@ -115,3 +115,21 @@ def test_trl_tensorboard_evaluation_tags_are_read(tmp_path: Path) -> None:
     summary = analyze.analyze(tmp_path / "tb").summary
     assert summary["names"] == "trl" and summary["metrics"]["eval_reward"] == "eval_reward"
     assert summary["final_eval_reward"] == pytest.approx(0.75)
+
+
+def test_docs_list_every_column_a_run_writes(tmp_path: Path) -> None:
+    """docs/metrics.md names every metrics.csv column of every objective (m2po in both variants), with the KL
+    penalty and evaluation on; the sampler columns of the LLM path are named too."""
+    from offpolicylab.objectives import OBJECTIVES
+    from tests.small_runs import read_rows
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    runs = [(name, {"kl_coef": 0.1}) for name in OBJECTIVES.names()] + [("m2po", {"kl_coef": 0.1, "variant": "cap"})]
+    columns: set[str] = {"sampler_log_ratio_abs_mean", "sampler_log_ratio_abs_max"}
+    for index, (name, params) in enumerate(runs):
+        out = tmp_path / f"{index}"
+        train(mdp_config(objective=name, objective_params=params, updates=1, eval_every=1, sample_every=0), out)
+        columns |= set(read_rows(out)[0])
+    assert {"m2_tr", "tr_frac", "m2_tr_after", "m2po_bound", "kl_ref"} <= columns
+    missing = sorted(column for column in columns if f"`{column}`" not in page)
+    assert not missing, f"docs/metrics.md does not name {missing}"
