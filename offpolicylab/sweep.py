@@ -209,7 +209,7 @@ def local_engine(cells: list[Cell], workers: int, progress: bool | str) -> list[
     from offpolicylab.progress import SweepProgress
 
     results: list[dict[str, Any] | None] = [None] * len(cells)
-    bar = SweepProgress(len(cells), progress)
+    bar = SweepProgress(len(cells), progress, **cell_progress(cells))
     groups = seed_groups(cells)
     if workers <= 1:
         for index, group in enumerate(groups):
@@ -239,6 +239,18 @@ def local_engine(cells: list[Cell], workers: int, progress: bool | str) -> list[
         stop_pool(pool)  # every result is in and the workers are idle: end them rather than wait for their teardown
     bar.close()
     return [r or {"status": "failed", "error": "no result"} for r in results]
+
+
+def cell_progress(cells: list[Cell]) -> dict[str, Any]:
+    """What :class:`~offpolicylab.progress.SweepProgress` watches for updates done: the cells' run directories and
+    update counts (a cell whose config cannot be built counts 1 update)."""
+    updates = []
+    for cell in cells:
+        try:
+            updates.append(TrainConfig.from_dict(cell.config).updates)
+        except ValueError:
+            updates.append(1)
+    return {"run_dirs": [cell.out_dir for cell in cells], "updates": updates}
 
 
 def stop_pool(pool: futures.ProcessPoolExecutor) -> None:
