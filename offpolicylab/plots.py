@@ -142,6 +142,15 @@ def metrics_frame(runs: Sequence[Run], columns: Sequence[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def reward_column(runs: Sequence[Run]) -> str:
+    """The column of the runs' one reward (docs/metrics.md, "One reward"): the first of
+    :data:`offpolicylab.runs.REWARD_COLUMNS` that every run records a value of, else ``reward_mean``."""
+    for column in runs_io.REWARD_COLUMNS:
+        if runs and all(column in r.metrics.columns and r.metrics[column].notna().any() for r in runs):
+            return column
+    return "reward_mean"
+
+
 def return_column(runs: Sequence[Run]) -> str:
     """``exact_return`` when every run records it, else ``eval_reward_greedy``, else ``reward_mean``."""
     for column in ("exact_return", "eval_reward_greedy", "reward_mean"):
@@ -271,6 +280,7 @@ def _legend(fig: Figure, axes: np.ndarray) -> None:
 
 _AXIS_LABELS = {
     "reward_mean": "mean reward (per response)",
+    "reward_current": "reward (current policy)",
     "exact_return": "exact expected return",
     "eval_reward_greedy": "greedy eval reward",
     "clip_frac": "clipped tokens (fraction)",
@@ -285,9 +295,12 @@ _AXIS_LABELS = {
 }
 
 
-def training_curves(runs: Sequence[Run], metrics: Sequence[str] = ("reward_mean", "exact_return")) -> Figure:
+def training_curves(runs: Sequence[Run], metrics: Sequence[str] | None = None) -> Figure:
     """Reward (and exact return where known) against update, one column per staleness schedule, colour per
-    objective; a collapse event is marked with an × at the update it was detected."""
+    objective; a collapse event is marked with an × at the update it was detected.  The reward is the run's one
+    reward (docs/metrics.md): ``reward_current`` where every run records it, else ``reward_mean``."""
+    if metrics is None:
+        metrics = (reward_column(runs), "exact_return")
 
     def mark_collapses(ax: plt.Axes, metric: str, staleness: str) -> None:
         for run in runs:

@@ -295,8 +295,8 @@ def _rows(path: Path) -> int:
 
 
 def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    """``rows`` as an aligned text table on stdout: the ``columns`` that any row has a value of, floats to 3
-    decimals (the end of a sweep or demo)."""
+    """``rows`` as an aligned text table on stdout: the ``columns`` that any row has a value of, floats to 4
+    significant digits, as ``run`` and ``analyze`` print them (the end of a sweep or demo)."""
     shown = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
     cells = [[_cell(row.get(c, "")) for c in shown] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(shown)]
@@ -306,4 +306,4 @@ def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
 
 
 def _cell(value: Any) -> str:
-    return "" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
