@@ -24,8 +24,9 @@ sweep into the same folder is refused before it writes anything.
 Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
 context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
 ``fn(cells: list[Cell], workers: int, progress) -> list[dict]`` that calls :func:`run_cell` on each cell; ``progress``
-is ``"bar"`` (a terminal), ``"lines"`` (``sweep: 3/12 cells done, 2 running, 1 failed`` at most every few seconds)
-or False (:class:`~offpolicylab.progress.SweepProgress`).
+is ``"bar"`` (a terminal), ``"lines"`` (from the first second: updates done with an ETA, read from the cells'
+metrics.csv, and ``sweep: 3/12 cells done, 2 running, 1 failed`` as cells finish) or False
+(:class:`~offpolicylab.progress.SweepProgress`, given the cells by :func:`cell_progress`).
 """
 
 from __future__ import annotations
