@@ -501,12 +501,14 @@ def return_heatmap(runs: Sequence[Run]) -> Figure:
     # constrained layout keeps each colorbar and its label clear of the next panel (tight_layout let them overlap)
     fig, axes = plt.subplots(1, 2, figsize=(2.2 * len(cols) + 6.5, 0.45 * table["label"].nunique() + 2.2),
                              layout="constrained")
+    fig.get_layout_engine().set(wspace=0.12)  # room between the first colorbar's label and the second panel
     for ax, which in zip(axes, ("peak", "final"), strict=True):
         grid = table.pivot(index="label", columns="staleness", values=which).reindex(columns=cols)
         sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax, cbar_kws={"label": f"{which} {column}"})
         ax.set_title(f"{which} {column}")
         ax.set_xlabel("staleness schedule")
         ax.set_ylabel("objective")
+        ax.tick_params(axis="y", labelrotation=0)  # seaborn turns long labels upright, over one another
     return fig
 
 
