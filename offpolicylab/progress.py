@@ -26,7 +26,9 @@ from offpolicylab.config import TrainConfig
 
 LINE_SECONDS = 5.0
 #: The columns of an update line and the bar's postfix, in order, with their short names.
-LIVE_COLUMNS = (("reward_mean", "reward"), ("clip_frac", "clip"), ("mask_frac", "mask"), ("ratio_p999", "r_p99.9"),
+#: ``reward`` is the run's one reward (docs/metrics.md): ``reward_current`` where the update has it, else
+#: ``reward_mean`` (:func:`live_values`).
+LIVE_COLUMNS = (("reward", "reward"), ("clip_frac", "clip"), ("mask_frac", "mask"), ("ratio_p999", "r_p99.9"),
                 ("ess", "ess"), ("entropy", "entropy"), ("kl_ref", "kl_ref"), ("loss", "loss"))
 SETTINGS = ("prompts_per_update", "group_size", "temperature", "advantage", "optimizer", "lr", "grad_clip",
             "eval_samples")
@@ -52,7 +54,7 @@ def describe_run(config: TrainConfig, memory_plan: str | None = None) -> str:
 
 def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
     """``update 2 (3/30 done)  reward 0.125  clip 0.05  …  1.2 s/update``: an update's live diagnostics."""
-    update = int(row["update"])
+    update, row = int(row["update"]), live_values(row)
     parts = [f"update {update} ({update + 1}/{total} done)"]
     parts += [f"{short} {_number(row[key])}" for key, short in LIVE_COLUMNS if _shown(row.get(key))]
     return "  ".join([*parts, f"{seconds:.2g} s/update"])
@@ -120,6 +122,7 @@ class Progress:
             self.bar = None
 
     def _postfix(self, row: dict[str, Any]) -> str:
+        row = live_values(row)
         return " ".join(f"{short}={_number(row[key])}" for key, short in LIVE_COLUMNS[:-1] if _shown(row.get(key)))
 
     def _print(self, text: str) -> None:
@@ -141,6 +144,13 @@ def update_warnings(rows: list[dict[str, Any]], collapsed_at: list[int]) -> list
         else:
             out.append(None)
     return out
+
+
+def live_values(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row with ``reward``, the one reward the summary and ``analyze`` report: the current policy's
+    (``reward_current``) where this update has it, else the consumed batch's (``reward_mean``)."""
+    current = row.get("reward_current")
+    return {**row, "reward": current if _shown(current) else row.get("reward_mean")}
 
 
 def _shown(value: Any) -> bool:

@@ -48,3 +48,13 @@ def test_cells_already_done_are_not_counted_in_the_rate(tmp_path: Path) -> None:
 
 def test_durations_read_as_a_person_writes_them() -> None:
     assert [duration(s) for s in (0.4, 45, 185, 3720)] == ["0s", "45s", "3m05s", "1h02m"]
+
+
+def test_the_live_reward_is_the_one_reward() -> None:
+    """A run's progress line shows the reward its summary and analyze report: the current policy's where the update
+    has it, else the consumed batch's."""
+    from offpolicylab.progress import progress_line
+
+    stale = {"update": 3, "reward_mean": 0.25, "reward_current": 0.75}
+    assert "reward 0.75" in progress_line(stale, 10, 1.0)
+    assert "reward 0.25" in progress_line({**stale, "reward_current": float("nan")}, 10, 1.0)
