@@ -246,6 +246,8 @@ class SweepProgress:
     def _watch(self, poll: float) -> None:
         wait = poll
         while not self._stop.wait(wait):
+            if self.done >= self.total:  # the last cell's line has been written: nothing more to say
+                return
             now = self.clock()
             if self.bar is not None:
                 self.bar.n = self.updates_done()
