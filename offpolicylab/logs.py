@@ -6,9 +6,10 @@ Four formats, told apart by their content (never by a file name alone):
   {name: value}}`` per line; ``step`` is verl's training step (one rollout batch, possibly several optimizer steps).
 - ``trl``: the ``trainer_state.json`` of a Hugging Face / TRL trainer (an output or checkpoint directory, or the
   file), whose ``log_history`` holds one record per logged optimizer step.
-- ``tensorboard``: a folder of ``events.out.tfevents.*`` files of one run (verl's ``tensorboard`` logger, or TRL's
-  ``report_to="tensorboard"``, whose tags carry a ``train/`` prefix), read with TensorBoard's own
-  ``EventAccumulator``.
+- ``tensorboard``: a folder of ``events.out.tfevents.*`` files of one run (verl's ``tensorboard`` logger, TRL's
+  ``report_to="tensorboard"``, whose tags carry a ``train/`` prefix and ``eval/`` for evaluations, or our own
+  ``--report-to tensorboard``, whose tags are read back as the run's metrics.csv columns), read with TensorBoard's
+  own ``EventAccumulator``.
 - ``offpolicylab``: one of our run directories (``metrics.csv``, read by :mod:`offpolicylab.runs`).
 
 :data:`METRIC_NAMES` is the one mapping from their names to ours; :func:`canonical` applies it.  Values that are
