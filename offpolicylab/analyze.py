@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.logs import Log, LogError, canonical, engine_of, read_log, unmapped
+from offpolicylab.diagnostics.warning import (
+    DEFAULT_DETECTOR,
+    DEFAULT_PARAMS,
+    DETECTORS,
+    alarms,
+    make_detector,
+)
+from offpolicylab.logs import VALUE_LIMIT, Log, LogError, canonical, engine_of, read_log, unmapped
+from offpolicylab.output import OutputWriter
 
 REWARD = "reward_mean"
 DETECTOR_KL = ("kl_k3", "kl_k1", "kl_ref")
@@ -63,13 +71,18 @@ class Analysis:
     summary: dict[str, Any]
 
 
-def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis:
-    """Read the log at ``path`` and run the collapse detector on it; nothing is written."""
+def analyze(path: str | Path, margin: float = 0.1, window: int = 20, warning: str | None = None) -> Analysis:
+    """Read the log at ``path`` and run the collapse detector and the collapse warning ``warning`` (a name of
+    :data:`~offpolicylab.diagnostics.warning.DETECTORS`; None: the default) on it; nothing is written."""
     log = read_log(path)
     metrics, sources = canonical(log)
     if not log.steps:
         raise LogError(f"{log.path} holds no logged step; valid: the log of a run that trained at least one step")
-    if REWARD not in metrics or not any(math.isfinite(v) for v in metrics[REWARD].values()):
+    if REWARD in metrics and not any(math.isfinite(v) for v in metrics[REWARD].values()):
+        raise LogError(f"{log.path} ({log.format}): {sources[REWARD]} holds no finite value within "
+                       f"±{VALUE_LIMIT:g} ({len(metrics[REWARD])} logged); valid: the log of an RL run with finite "
+                       "rewards")
+    if REWARD not in metrics:
         names = ", ".join(sorted(plain for plain in log.series)[:6]) or "none"
         raise LogError(f"{log.path} ({log.format}) logs no reward (looked for critic/score/mean, reward, "
                        f"train/reward, reward_current, reward_mean; it has {names}, ...); valid: the log of an RL "
@@ -78,6 +91,7 @@ def analyze(path: str | Path, margin: float = 0.1, window: int = 20) -> Analysis
     kl_name = next((name for name in DETECTOR_KL if name in metrics), None)
     trace = detect(metrics, kl_name, detector)
     summary = summarize(log, metrics, sources, trace, kl_name, detector)
+    summary["warning"] = warn(metrics, kl_name, warning)
     return Analysis(log, metrics, sources, trace, summary)
 
 
@@ -103,6 +117,23 @@ def detect(metrics: dict[str, dict[int, float]], kl_name: str | None, detector: 
         if reason is not None:
             trace.collapse_step, trace.reason = step, reason
     return trace
+
+
+def warn(metrics: dict[str, dict[int, float]], kl_name: str | None, name: str | None) -> dict[str, Any]:
+    """The collapse warning ``name`` fed each logged step's metrics in order (the KL the detector reads, as
+    |k1| for a k1 log, under ``kl_k3``): its onsets, the first step and reason, and the parameters used."""
+    params = DEFAULT_PARAMS if name in (None, DEFAULT_DETECTOR) else {}
+    name = name or DEFAULT_DETECTOR
+    rows: dict[int, dict[str, float]] = {}
+    for metric, series in metrics.items():
+        for step, number in series.items():
+            rows.setdefault(step, {})[metric] = number
+    if kl_name is not None:
+        for step, number in metrics[kl_name].items():
+            rows[step]["kl_k3"] = abs(number) if kl_name == "kl_k1" else number
+    found = alarms(make_detector(name, **params), sorted(rows.items()))
+    return {"detector": name, "params": params, "steps": [step for step, _ in found],
+            "first_step": found[0][0] if found else None, "reason": found[0][1] if found else None}
 
 
 def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str, str], trace: Trace,
@@ -149,16 +180,27 @@ def _finite(value: float | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------ output
-def write(analysis: Analysis, out: str | Path) -> dict[str, Any]:
-    """The figures the log's metrics allow, then summary.json (written last, atomically) into ``out``."""
+def owns(name: str) -> bool:
+    """Whether ``name`` is a file analyze writes into its output folder."""
+    return name == "summary.json" or name.removesuffix(".png") in FIGURES and name.endswith(".png")
+
+
+def writer(out: str | Path) -> OutputWriter:
+    """The output folder of analyze, checked before any work (docs/bad_input.md)."""
+    return OutputWriter(out, "analyze", owns, "summary.json and figures")
+
+
+def write(analysis: Analysis, out: str | Path | OutputWriter) -> dict[str, Any]:
+    """The figures the log's metrics allow and summary.json, written whole into a temporary folder and swapped in
+    for ``out`` (:mod:`offpolicylab.output`): no figure of an earlier analysis stays beside the new summary."""
     from offpolicylab.runs import write_text_atomically
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    target = out if isinstance(out, OutputWriter) else writer(out)
     names = [name for name, metrics in FIGURES.items() if any(m in analysis.metrics for m in metrics)]
-    figures = [draw(analysis, name, out / f"{name}.png").name for name in names]
-    summary = {**analysis.summary, "figures": figures}
-    write_text_atomically(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    with target.staging() as folder:
+        figures = [draw(analysis, name, folder / f"{name}.png").name for name in names]
+        summary = {**analysis.summary, "figures": figures}
+        write_text_atomically(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -189,6 +231,8 @@ def draw(analysis: Analysis, name: str, path: Path) -> Path:
                            label="spike (detector)" if index == 0 else None)
         if trace.collapse_step is not None:
             ax.axvline(trace.collapse_step, color="#D55E00", lw=1.5, ls="--", label="collapse (detector)")
+        for i, step in enumerate(analysis.summary["warning"]["steps"]):
+            ax.axvline(step, color="#CC79A7", lw=1.2, ls=":", label="collapse warning" if i == 0 else None)
         if metric == REWARD or len(ax.get_legend_handles_labels()[0]) > 1:  # the marker lines say what they are
             ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step")
@@ -210,22 +254,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="smallest reward drop from the peak that counts as a collapse (default 0.1)")
     parser.add_argument("--window", type=int, default=20,
                         help="steps after a KL / gradient-norm spike in which a drop counts (default 20)")
+    parser.add_argument("--detector", default=DEFAULT_DETECTOR, choices=list(DETECTORS),
+                        help=f"the collapse warning (docs/diagnosing.md, its measured recall and false alarms; "
+                             f"default {DEFAULT_DETECTOR})")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if not str(args.out).strip():
-        raise ValueError("--out '' is invalid; valid: a folder path (it is created if missing)")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is an existing file; valid: a folder")
     if not (args.margin >= 0 and math.isfinite(args.margin)) or args.window < 0:
         raise ValueError(f"--margin {args.margin} / --window {args.window} is invalid; valid: a margin ≥ 0 and a "
                          "window ≥ 0")
-    log_path = Path(args.log)
-    if out.exists() and log_path.is_dir() and out.resolve() == log_path.resolve():
+    out, log_path = Path(args.out), Path(args.log)
+    if str(args.out).strip() and log_path.is_dir() and out.is_dir() and out.resolve() == log_path.resolve():
         raise ValueError(f"--out {out} is the log's own folder; valid: another folder (analyze writes summary.json)")
-    analysis = analyze(log_path, margin=args.margin, window=args.window)
-    summary = write(analysis, out)
+    target = writer(out)  # checked before the log is read
+    analysis = analyze(log_path, margin=args.margin, window=args.window, warning=args.detector)
+    summary = write(analysis, target)
     for note in summary["notes"]:
         print(f"note: {note}")
     where = f" at step {summary['collapse_step']}" if summary["collapse_step"] is not None else ""
@@ -234,4 +277,8 @@ def run_command(args: argparse.Namespace) -> int:
     print(f"{args.log} ({summary['format']}, {summary['steps']} steps): {summary['status']}{where}; peak reward "
           f"{summary['peak_reward']:.4g} at step {summary['peak_reward_step']}, final {summary['final_reward']:.4g}"
           f"{evaluation} -> {out}/summary.json, {', '.join(summary['figures'])}")
+    warned = summary["warning"]
+    if warned["first_step"] is not None:
+        print(f"collapse warning ({warned['detector']}) at step {warned['first_step']}: {warned['reason']}"
+              + (f" ({len(warned['steps'])} warnings in all)" if len(warned["steps"]) > 1 else ""))
     return 0

@@ -27,6 +27,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -35,6 +36,7 @@ from offpolicylab import analyze as analyze_command
 from offpolicylab import calibrate as calibrate_command
 from offpolicylab import demo as demo_command
 from offpolicylab import replay as replay_command
+from offpolicylab.aliases import CONFIG_ALIASES, PARAM_ALIASES, canonical_config, merge_params
 from offpolicylab.config import DEFAULTS, TrainConfig, config_params, parse_assignments, read_mapping
 from offpolicylab.registry import Registry
 
@@ -42,6 +44,8 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 _DICT_FLAGS = {"objective_params": "param", "world_params": "world_param", "policy_params": "policy_param"}
+LIST_WIDTH = 118  # `list --verbose` wraps descriptions at this width
+ALIAS_DEST = "alias_param_"  # argparse dest of the objective-parameter alias flags (--clip-ratio-high, ...)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -75,8 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
             flag = "--" + _DICT_FLAGS[name].replace("_", "-")
             run.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
         else:
-            run.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+            aliases = [f"--{alias.replace('_', '-')}" for alias, ours in CONFIG_ALIASES.items() if ours == name]
+            run.add_argument("--" + name.replace("_", "-"), *aliases, dest=name, default=None,
                              metavar=param.kind.__name__.upper(), help=f"{param.doc} ({_default_help(name, param)})")
+    for alias, ours in PARAM_ALIASES.items():
+        run.add_argument("--" + alias.replace("_", "-"), dest=ALIAS_DEST + alias, default=None, metavar="VALUE",
+                         help=f"same as --param {ours}=VALUE (verl / TRL name; offpolicylab.aliases)")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     run.add_argument("--seeds", default=None, metavar="S,S,...",
@@ -185,10 +193,12 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
     for name in registry.names():
         params = registry.params(name)
         if not verbose:
-            print(f"  {name}{note(name)}: " + ", ".join(f"{k}={readable(p.default)}" for k, p in params.items()))
+            print(f"  {name}{note(name)}: " + (", ".join(f"{k}={readable(p.default)}" for k, p in params.items())
+                                               or "(no parameters)"))
             continue
         doc = registry.get(name).doc
-        print(f"  {name}{note(name)}" + (f": {doc}" if doc else ""))
+        print(textwrap.fill(f"  {name}{note(name)}" + (f": {doc}" if doc else ""), width=LIST_WIDTH,
+                            subsequent_indent="        ", break_long_words=False, break_on_hyphens=False))
         own = {k: p for k, p in params.items() if not (title == "objectives" and k in COMMON_PARAMS)}
         for key, param in own.items():
             print(f"      {key}={readable(param.default)}  {param.doc} [{param.valid_text()}]")
@@ -246,14 +256,25 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
         data = read_mapping(args.config, f"--config {args.config}", "config fields")
     elif args.world is None or args.objective is None:
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
+    source = f"--config {args.config}" if args.config else str(stored.config_path)
+    for name in _DICT_FLAGS:  # a list or a number where a mapping belongs is named before it is merged
+        if data.get(name) is not None and not isinstance(data[name], dict):
+            raise ValueError(f"{source}: {name} holds a {type(data[name]).__name__}; valid: a mapping of "
+                             f"{name.split('_')[0]} parameters (name: value)")
+    data = canonical_config(data)  # the file's verl / TRL names → ours, so that flags override them
     for name in config_params():
         value = getattr(args, name)
+        if name == "objective_params":
+            value = (value or []) + [f"{alias}={getattr(args, ALIAS_DEST + alias)}" for alias in PARAM_ALIASES
+                                     if getattr(args, ALIAS_DEST + alias, None) is not None] or None
         if value is None:
             continue
         if name in _DICT_FLAGS:
-            merged = dict(data.get(name, {}))
-            merged.update(parse_assignments(value, "--" + _DICT_FLAGS[name].replace("_", "-")))
-            data[name] = merged
+            given = parse_assignments(value, "--" + _DICT_FLAGS[name].replace("_", "-"))
+            if name == "objective_params":  # verl / TRL names → ours, over the file's
+                data[name] = merge_params(dict(data.get(name, {})), given)
+            else:
+                data[name] = {**data.get(name, {}), **given}
         else:
             data[name] = value
     if getattr(args, "model", None):

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.aliases import canonical_config, canonical_params
 from offpolicylab.registry import Param
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
@@ -71,6 +72,26 @@ class TrainConfig:
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
                                   "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
                                   "one used"))
+    dynamic_sampling: bool = _f(Param(False, bool,
+                                      doc="DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11): drop "
+                                          "the groups whose world rewards are all equal (advantage 0) and sample "
+                                          "again until the batch has prompts_per_update groups (verl "
+                                          "algorithm.filter_groups); seeds then train one after another"))
+    dynamic_sampling_max_batches: int = _f(Param(10, int, low=1,
+                                                 doc="at most this many generation rounds per batch with "
+                                                     "dynamic_sampling (verl max_num_gen_batches); still short, the "
+                                                     "batch is filled with the equal-reward groups"))
+    overlong_buffer: int = _f(Param(0, int, low=0,
+                                    doc="DAPO soft overlong punishment (arXiv:2503.14476, eq. 13): L_cache, the "
+                                        "last tokens before overlong_max_len over which a penalty falling linearly "
+                                        "to −overlong_penalty is added to the reward (verl "
+                                        "overlong_buffer.len, TRL soft_punish_cache; 0 = off)"))
+    overlong_max_len: int = _f(Param(None, int, low=1, optional=True,
+                                     doc="L_max of the overlong punishment (TRL max_completion_len; none = the "
+                                         "world's max_response_len)"))
+    overlong_penalty: float = _f(Param(1.0, float, low=0.0,
+                                       doc="the overlong punishment's largest penalty (verl "
+                                           "overlong_buffer.penalty_factor; DAPO: 1)"))
     behavior_logp: str = _f(Param("auto", str, choices=BEHAVIOR_SOURCES,
                                   doc="where each batch's behavior_logp (the ratios' denominator) comes from: "
                                       "trainer = the trainer's own forward (fp32; for hf one extra forward per "
@@ -146,6 +167,8 @@ class TrainConfig:
         parsed, ranges checked, ``ValueError`` names the field and what is valid."""
         param = _PARAMS.get(name)
         value = value if param is None else param.validate(name, value)
+        if name == "objective_params":  # verl's / TRL's parameter names → ours (offpolicylab.aliases)
+            value = canonical_params(value)
         if name == "report_to":  # a comma-separated list of tracker names, checked and normalized
             from offpolicylab.tracking import parse_report_to
 
@@ -157,9 +180,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Build from a mapping (values may be strings); unknown keys raise ``ValueError`` naming the valid ones.
+        """Build from a mapping (values may be strings; verl's and TRL's names accepted: :mod:`offpolicylab.aliases`);
+        unknown keys raise ``ValueError`` naming the valid ones.
         Fields the mapping leaves out take their defaults as in the constructor (:func:`chosen_defaults`)."""
-        data = upgrade_config(data)
+        data = canonical_config(upgrade_config(data))
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
@@ -220,12 +244,98 @@ def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
+#: The most nodes a YAML file may expand to through its aliases (a "billion laughs" file of nested anchors grows
+#: to gigabytes when its data is copied or written out); a config or grid file is far below it.
+MAX_YAML_NODES = 100_000
+#: The most digits an integer in a config or grid file may have (``int("9" * 400)`` cannot become a float).
+MAX_DIGITS = 100
+
+
+class FileRefused(ValueError):
+    """A config or grid file that parses but is refused (a duplicate key, a key that is not a string, aliases that
+    expand too far, a number too long): the message, and the line it names (1-based) or None."""
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+def _yaml_loader() -> type:
+    """PyYAML's ``SafeLoader`` (plain data, never Python objects) that also refuses duplicate keys and keys that
+    are not strings (``on:`` is the boolean True in YAML 1.1), integers of more than :data:`MAX_DIGITS` digits,
+    and documents whose aliases expand to more than :data:`MAX_YAML_NODES` nodes (checked on the node graph,
+    before anything is built)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_document(self, node: yaml.Node) -> Any:
+            expanded_size(node)
+            return super().construct_document(node)
+
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    if not isinstance(key, str):
+                        raise FileRefused(f"key {key!r} is not a string (YAML 1.1 reads on, off, yes, no as "
+                                          "booleans); valid: a string key (quote it: 'on':)", line)
+                    if key in seen:
+                        raise FileRefused(f"duplicate key {key!r} (first at line {seen[key]}); valid: each key "
+                                          "once", line)
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+        def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+            digits = sum(ch.isdigit() for ch in str(node.value))
+            if digits > MAX_DIGITS:
+                raise FileRefused(f"a number of {digits} digits; valid: at most {MAX_DIGITS} digits",
+                                  node.start_mark.line + 1)
+            return super().construct_yaml_int(node)
+
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    return StrictLoader
+
+
+def expanded_size(root: Any) -> int:
+    """The number of nodes the YAML node graph ``root`` expands to (an alias counts as a copy of what it names);
+    :class:`FileRefused` once it passes :data:`MAX_YAML_NODES`.  Each node is sized once (memoized), so the check
+    itself stays linear in the file."""
+    sizes: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = 1  # a recursive alias counts once
+        children = node.value if isinstance(node.value, list) else []
+        total = 1
+        for child in children:
+            total += sum(size(part) for part in child) if isinstance(child, tuple) else size(child)
+            if total > MAX_YAML_NODES:
+                break
+        sizes[id(node)] = total
+        if total > MAX_YAML_NODES:
+            raise FileRefused(f"its aliases expand to more than {MAX_YAML_NODES:,} values (nested anchors, as in a "
+                              '"billion laughs" file); valid: a config without nested aliases')
+        return total
+
+    return size(root)
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise FileRefused(f"a number of {len(digits.lstrip('-'))} digits; valid: at most {MAX_DIGITS} digits")
+    return int(digits)
 
 
 def read_mapping(path: str | Path, what: str, valid: str) -> dict[str, Any]:
-    """The mapping a config or grid file holds: YAML for ``.yaml`` / ``.yml`` (``yaml.safe_load``: plain data, no
-    Python objects), JSON otherwise.  ``what`` names the file in errors (``--config c.yaml``), ``valid`` says what it
-    must hold; an unreadable file, a syntax error or another kind of value raises ``ValueError`` in one line."""
+    """The mapping a config or grid file holds: YAML for ``.yaml`` / ``.yml`` (:func:`_yaml_loader`: plain data,
+    no Python objects, no duplicate or non-string keys, bounded alias expansion), JSON otherwise (duplicate keys
+    refused too).  ``what`` names the file in errors (``--config c.yaml``), ``valid`` says what it must hold; an
+    unreadable file, a syntax error or another kind of value raises ``ValueError`` in one line."""
     path = Path(path)
     kind = "YAML" if path.suffix.lower() in YAML_SUFFIXES else "JSON"
     if path.is_dir():
@@ -236,11 +346,23 @@ def read_mapping(path: str | Path, what: str, valid: str) -> dict[str, Any]:
         raise ValueError(f"{what} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{what} cannot be read ({exc})") from None
+    try:
+        data = _parse(text, kind, what, path)
+    except FileRefused as exc:
+        where = f" at line {exc.line}" if exc.line is not None else ""
+        raise ValueError(f"{what} is refused{where}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{what} holds a {kind} {_kind_name(data, kind)}; valid: a {kind} "
+                         f"{'object' if kind == 'JSON' else 'mapping'} of {valid}")
+    return data
+
+
+def _parse(text: str, kind: str, what: str, path: Path) -> Any:
     if kind == "YAML":
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            return yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -248,17 +370,22 @@ def read_mapping(path: str | Path, what: str, valid: str) -> dict[str, Any]:
             raise ValueError(f"{what} is not valid YAML ({problem}{where})") from None
         except RecursionError:
             raise ValueError(f"{what} is not valid YAML (nested too deeply)") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            hint = "; valid: JSON, or YAML in a file named .yaml / .yml" if path.suffix.lower() != ".json" else ""
-            raise ValueError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}){hint}") from None
-        except RecursionError:
-            raise ValueError(f"{what} is not valid JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{what} holds a {kind} {_kind_name(data, kind)}; valid: a {kind} "
-                         f"{'object' if kind == 'JSON' else 'mapping'} of {valid}")
+    try:
+        return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        hint = "; valid: JSON, or YAML in a file named .yaml / .yml" if path.suffix.lower() != ".json" else ""
+        raise ValueError(f"{what} is not valid JSON ({exc.msg} at line {exc.lineno}){hint}") from None
+    except RecursionError:
+        raise ValueError(f"{what} is not valid JSON (nested too deeply)") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key given twice (json keeps the last one silently)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise FileRefused(f"duplicate key {key!r}; valid: each key once")
+        data[key] = value
     return data
 
 

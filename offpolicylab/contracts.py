@@ -222,6 +222,22 @@ class ClonablePolicy(Protocol):
 
 
 @runtime_checkable
+class AdapterPolicy(Protocol):
+    """A policy whose trained part is an adapter a library loads on its own: ``save_adapter(directory)`` writes it
+    there (hf: peft's ``adapter_config.json`` + ``adapter_model.safetensors``, loaded by ``PeftModel.from_pretrained``
+    on the base model)."""
+
+    def save_adapter(self, directory: Any) -> Any: ...
+
+
+@runtime_checkable
+class TextPolicy(Protocol):
+    """A policy over text: ``decode(ids, mask)`` → one string per row of token ids (the tokens where mask is 1)."""
+
+    def decode(self, ids: Tensor, mask: Tensor) -> list[str]: ...
+
+
+@runtime_checkable
 class PrefixTreePolicy(Protocol):
     """A policy that gives π(· | x, y_{<t}) once per distinct prefix of an enumerable world: ``[N, K, V]`` with
     K = Σ_{t<T} V^t nodes (see :func:`offpolicylab.worlds.exact.prefix_tree_nodes`)."""

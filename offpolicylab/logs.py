@@ -108,6 +108,31 @@ METRIC_NAMES: tuple[MetricName, ...] = (
 PLUGIN_PREFIXES = {"verl": "actor/offpolicylab/", "trl": "offpolicylab/"}
 
 
+#: A logged value beyond ±LIMIT counts as not finite (an overflow): the detector's running sums and the figures'
+#: axes stay finite (±1e308 rewards gave numpy overflow warnings and "arange: cannot compute length").
+VALUE_LIMIT = 1e150
+#: Integers of more digits than this are read as floats (``int("9" * 400)`` cannot become a float).
+MAX_INT_DIGITS = 18
+
+
+def load_json(text: str, where: str) -> Any:
+    """``json.loads`` with bounded numbers (an integer of more than :data:`MAX_INT_DIGITS` digits is read as a
+    float, inf beyond float range) and bounded nesting (``LogError`` naming ``where`` instead of a
+    ``RecursionError``); ``json.JSONDecodeError`` as json raises it."""
+    def bounded_int(digits: str) -> int | float:
+        return int(digits) if len(digits.lstrip("-")) <= MAX_INT_DIGITS else _LongInt(digits)
+
+    try:
+        return json.loads(text, parse_int=bounded_int)
+    except RecursionError:
+        raise LogError(f"{where}: JSON nested too deeply; valid: {VALID_LOGS}") from None
+
+
+class _LongInt(float):
+    """An integer of more than :data:`MAX_INT_DIGITS` digits in a log, as the float it rounds to (inf beyond float
+    range); :meth:`Log.add` counts it as an overflow when it exceeds ±:data:`VALUE_LIMIT`."""
+
+
 class LogError(ValueError):
     """A path that is not a log ``analyze`` reads, or a damaged one (the CLI prints it as one line, exit 2)."""
 
@@ -120,13 +145,26 @@ class Log:
     format: str
     series: dict[str, dict[int, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: per name, the first step and count of values beyond ±VALUE_LIMIT (kept as NaN, said in a note)
+    overflow: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, step: int, name: str, value: Any) -> None:
         """Record one value (a later value of the same step replaces the earlier one); non-numbers are ignored,
-        ``null`` / NaN / inf are kept as NaN."""
+        ``null`` / NaN / inf and values beyond ±:data:`VALUE_LIMIT` are kept as NaN."""
         number = scalar(value)
-        if number is not None:
-            self.series.setdefault(name, {})[int(step)] = number
+        if number is None:
+            return
+        raw = value[0] if isinstance(value, list) and len(value) == 1 else value
+        if abs(number) > VALUE_LIMIT or (isinstance(raw, _LongInt) and abs(raw) > VALUE_LIMIT):
+            first = self.overflow.setdefault(name, [int(step), 0])
+            first[1] += 1
+            number = math.nan
+        self.series.setdefault(name, {})[int(step)] = number
+
+    def overflow_notes(self) -> list[str]:
+        """One note per metric that logged values beyond ±:data:`VALUE_LIMIT`."""
+        return [f"{self.path}: {name} logs {count} value(s) beyond ±{VALUE_LIMIT:g} (first at step {step}), "
+                "counted as not finite" for name, (step, count) in sorted(self.overflow.items())]
 
     @property
     def steps(self) -> list[int]:
@@ -141,7 +179,10 @@ def scalar(value: Any) -> float | None:
         value = value[0]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float range
+        return math.inf
     return number if math.isfinite(number) else math.nan
 
 
@@ -150,8 +191,18 @@ def read_log(path: str | Path) -> Log:
     """Detect the format of ``path`` (see the module docstring) and read it; :class:`LogError` names what was wrong
     and what is valid."""
     path = Path(path)
-    if not path.exists():
-        raise LogError(f"{path} does not exist; valid: {VALID_LOGS}")
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise LogError(f"{path} does not exist; valid: {VALID_LOGS}") from None
+    except OSError as exc:  # a symlink loop (ELOOP), a name too long, a folder without permission ...
+        raise LogError(f"{path} cannot be read ({exc.strerror}); valid: {VALID_LOGS}") from None
+    log = _read_path(path)
+    log.notes.extend(log.overflow_notes())
+    return log
+
+
+def _read_path(path: Path) -> Log:
     if path.is_dir():
         return _read_folder(path)
     if path.name.startswith(EVENT_PREFIX):
@@ -186,7 +237,10 @@ def _read_folder(path: Path) -> Log:
 
 
 def _read_file(path: Path) -> Log:
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LogError(f"{path} cannot be read ({exc.strerror}); valid: {VALID_LOGS}") from None
     if not data.strip():
         raise LogError(f"{path} is empty; valid: {VALID_LOGS}")
     if data.lstrip()[:1] != b"{":
@@ -194,9 +248,13 @@ def _read_file(path: Path) -> Log:
                        f"valid: {VALID_LOGS}")
     text = data.decode("utf-8", errors="replace")
     try:
-        whole = json.loads(text)
+        whole = load_json(text, str(path))
     except json.JSONDecodeError:
         whole = None
+    except LogError:  # nested too deeply: JSON lines name the line, a single document the file
+        if not text.strip().count("\n"):
+            raise
+        return verl_log(path, text)
     if isinstance(whole, dict) and "log_history" in whole:
         return trl_log(path, whole)
     if isinstance(whole, dict) and not ("step" in whole and "data" in whole):
@@ -213,7 +271,7 @@ def _read_file(path: Path) -> Log:
 def _first_line_is_json(text: str) -> bool:
     try:
         return isinstance(json.loads(text.split("\n", 1)[0]), dict)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError, ValueError):
         return False
 
 
@@ -223,7 +281,7 @@ def read_trl(path: Path) -> Log:
     if not text.strip():
         raise LogError(f"{path} is empty; valid: a trainer_state.json written by a TRL / transformers trainer")
     try:
-        state = json.loads(text)
+        state = load_json(text, str(path))
     except json.JSONDecodeError as exc:
         raise LogError(f"{path} is truncated or damaged JSON ({exc.msg} at line {exc.lineno}); "
                        "valid: a complete trainer_state.json") from None
@@ -257,7 +315,7 @@ def verl_log(path: Path, text: str) -> Log:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = load_json(line, f"{path}:{number}")
         except json.JSONDecodeError as exc:
             if number == len(lines):  # no newline after it: torn by a kill mid-write
                 log.notes.append(f"{path}:{number}: a torn last line (no newline, not JSON) was left out")
@@ -286,11 +344,12 @@ def read_tensorboard(path: Path) -> Log:
     if len(folders) > 1:
         names = ", ".join(str(f.relative_to(path)) for f in folders[:3])
         raise LogError(f"{path} holds the event files of {len(folders)} runs ({names}); valid: the folder of one run")
+    notes = [note for file in sorted(folders[0].glob(f"{EVENT_PREFIX}*")) if (note := check_event_file(file))]
     accumulator = event_accumulator.EventAccumulator(
         str(folders[0]), size_guidance={event_accumulator.SCALARS: 0, event_accumulator.TENSORS: 0})
     accumulator.Reload()
     tags = accumulator.Tags()
-    log = Log(folders[0], "tensorboard")
+    log = Log(folders[0], "tensorboard", notes=notes)
     for tag in tags.get("scalars", []):
         for event in accumulator.Scalars(tag):
             log.add(event.step, tag, event.value)
@@ -302,6 +361,35 @@ def read_tensorboard(path: Path) -> Log:
     if not log.series:
         raise LogError(f"{folders[0]} holds event files without scalars (empty or damaged); valid: {VALID_LOGS}")
     return log
+
+
+def check_event_file(path: Path) -> str | None:
+    """Read every record of the TensorBoard event file ``path`` with TensorBoard's own record reader (which checks
+    each record's CRC-32C; its event loader stops at the first bad record without a word).  A record cut short at
+    the end of the file (a writer killed mid-write) gives a note (returned); a record whose checksum fails — damage
+    in the middle, after which the accumulator would read a shorter run — raises :class:`LogError` naming the file
+    and the record."""
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    reader = PyRecordReader_New(str(path))
+    count, offset = 0, 0
+    try:
+        while True:
+            try:
+                reader.GetNext()
+            except errors.OutOfRangeError:
+                return None
+            except errors.DataLossError as exc:
+                if "truncated record" in str(exc):
+                    return f"{path}: a torn last record (cut short at byte {offset}) was left out"
+                raise LogError(f"{path}: record {count + 1} at byte {offset} is damaged (its CRC-32C checksum "
+                               "fails), so every later record would be lost; valid: event files a SummaryWriter "
+                               "wrote (a torn last record is left out with a note)") from None
+            count += 1
+            offset += 16 + len(reader.record())
+    finally:
+        reader.file_handle.close()
 
 
 def read_run(path: Path) -> Log:

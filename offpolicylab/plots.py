@@ -33,8 +33,8 @@ from matplotlib.figure import Figure  # noqa: E402
 from offpolicylab import runs as runs_io  # noqa: E402
 from offpolicylab.diagnostics import correlation  # noqa: E402
 from offpolicylab.diagnostics.ratios import entropy_by_ratio_deviation  # noqa: E402
-from offpolicylab.locations import output_folder  # noqa: E402
 from offpolicylab.objectives import objective_params  # noqa: E402
+from offpolicylab.output import OutputWriter  # noqa: E402
 from offpolicylab.runs import Run, load_samples, sample_update  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- colours
@@ -526,7 +526,7 @@ FIGURES: dict[str, Callable[[Sequence[Run]], Figure]] = {
 }
 
 
-def plot_runs(paths: Iterable[str | Path], out_dir: str | Path, figures: Sequence[str] | None = None,
+def plot_runs(paths: Iterable[str | Path], out_dir: str | Path | OutputWriter, figures: Sequence[str] | None = None,
               dpi: int = 110, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Write every applicable figure for the runs under ``paths`` into ``out_dir`` as PNG; returns name -> path.
     A figure whose data the runs lack is skipped with a one-line message through ``log``."""
@@ -534,25 +534,31 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path, figures: Sequenc
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
         raise ValueError(f"unknown figure {', '.join(unknown)}; valid: {', '.join(FIGURES)}")
+    target = out_dir if isinstance(out_dir, OutputWriter) else writer(out_dir)  # checked before any run is read
     runs = load_runs(paths)
     for run in runs:  # a damaged sample file is refused before any figure is written
         for path in run.sample_files:
             load_samples(path)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
-    for name in names:
-        try:
-            fig = FIGURES[name](runs)
-        except FigureSkipped as reason:
-            log(f"skipped {name}: {reason}")
-            continue
-        target = out / f"{name}.png"
-        fig.savefig(target, dpi=dpi, bbox_inches="tight")
-        plt.close(fig)
-        written[name] = target
-        log(f"wrote {target}")
+    with target.staging() as out:  # written whole, swapped in at the end: no torn or stale figure stays
+        for name in names:
+            try:
+                fig = FIGURES[name](runs)
+            except FigureSkipped as reason:
+                log(f"skipped {name}: {reason}")
+                continue
+            fig.savefig(out / f"{name}.png", dpi=dpi, bbox_inches="tight")
+            plt.close(fig)
+            written[name] = target.final(out / f"{name}.png")
+    for path in written.values():
+        log(f"wrote {path}")
     return written
+
+
+def writer(out_dir: str | Path) -> OutputWriter:
+    """The output folder of plot, checked before any run is read (docs/bad_input.md)."""
+    return OutputWriter(out_dir, "plot", lambda name: name.endswith(".png") and name[:-4] in FIGURES,
+                        "PNG figures")
 
 
 # ----------------------------------------------------------------------------------------------- command line
@@ -577,8 +583,8 @@ def run_plot_command(args: argparse.Namespace) -> int:
         if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:
             raise ValueError(f"--dpi {args.dpi} is out of range; valid: an integer in [{DPI_RANGE[0]}, "
                              f"{DPI_RANGE[1]}]")
-        output_folder(args.out)
-        written = plot_runs(args.dirs, args.out, args.figures, dpi=args.dpi)
+        target = writer(args.out)
+        written = plot_runs(args.dirs, target, args.figures, dpi=args.dpi)
     except ValueError as error:
         print(f"offpolicylab plot: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -132,15 +132,19 @@ class Progress:
             print(text, file=self.stream, flush=True)
 
 
-def update_warnings(rows: list[dict[str, Any]], collapsed_at: list[int]) -> list[str | None]:
-    """Each member's warning at its row's update: a non-finite loss or gradient norm, or the collapse its detector
-    flagged at this update."""
+def update_warnings(rows: list[dict[str, Any]], collapsed_at: list[int],
+                    alarms: list[tuple[int, str] | None] | None = None) -> list[str | None]:
+    """Each member's warning at its row's update: a non-finite loss or gradient norm, the collapse its detector
+    flagged at this update, or the collapse warning (``alarms``: each member's latest (update, reason)) raised
+    at this update."""
     out: list[str | None] = []
-    for row, collapse in zip(rows, collapsed_at, strict=True):
+    for row, collapse, alarm in zip(rows, collapsed_at, alarms or [None] * len(rows), strict=True):
         if not (math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])):
             out.append(f"non-finite step (loss {row['loss']}, grad_norm {row['grad_norm']}); the run stops")
         elif collapse == int(row["update"]):
             out.append("collapse detected (events.jsonl has the reason)")
+        elif alarm is not None and alarm[0] == int(row["update"]):
+            out.append(f"collapse warning: {alarm[1]}")
         else:
             out.append(None)
     return out

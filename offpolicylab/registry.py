@@ -19,6 +19,7 @@ says so; for a string parameter with choices, ``"none"`` is an ordinary choice l
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -97,6 +98,21 @@ class Param:
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         return not (too_low or too_high)
+
+
+def doc_summary(docstring: str) -> str:
+    """A part's description from its docstring, on one line: the first paragraph, and while a paragraph ends with
+    ":" (it introduces a formula or a list) the next one too; whitespace collapsed, never cut mid-sentence."""
+    blocks = inspect.cleandoc(docstring).split("\n\n")
+    paragraphs = [" ".join(" ".join("• " + line.strip()[2:] if line.strip().startswith("- ") else line
+                                    for line in block.splitlines()).split()) for block in blocks]
+    paragraphs = [text for text in paragraphs if text]
+    summary = paragraphs[0] if paragraphs else ""
+    for text in paragraphs[1:]:
+        if not summary.endswith(":"):
+            break
+        summary += " " + text
+    return summary
 
 
 def _bound(kind: type, value: float) -> str:
@@ -186,7 +202,7 @@ class Registry(Generic[T]):
                 self._check_new(name)
                 cls.name = name
                 specs = cls.all_params() if hasattr(cls, "all_params") else getattr(cls, "params", {})
-                self.register(name, cls, specs, doc or (cls.__doc__ or "").strip().split("\n")[0], **meta)
+                self.register(name, cls, specs, doc or doc_summary(cls.__doc__ or ""), **meta)
                 return cls
             return decorator
         self._check_new(name)

@@ -45,13 +45,14 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from offpolicylab.corrections import Correction, parse_specs
 from offpolicylab.objectives import Objective, TokenBatch, get_objective, objective_params
+from offpolicylab.output import OutputWriter
 from offpolicylab.runs import RunDir, load_samples, sample_update, write_text_atomically
 
 DEFAULT_OBJECTIVES = "reinforce,grpo,m2po,gspo"
@@ -101,15 +102,90 @@ def sample_files(path: str | Path, updates: tuple[int, int] | None = None) -> li
     return files
 
 
-def run_objective(path: str | Path) -> tuple[str, dict[str, Any]] | None:
-    """The objective and parameters the recorded run trained with (its config.json), or None."""
+class RunObjective(NamedTuple):
+    """The objective a recorded run trained with, its parameters and the config.json they come from."""
+
+    name: str
+    params: dict[str, Any]
+    source: str | None = None
+
+
+def run_objective(path: str | Path) -> RunObjective | None:
+    """The objective and parameters the recorded run trained with (its config.json), or None; a config.json whose
+    objective is not a known name or whose objective_params is not a mapping is refused naming the field."""
+    from offpolicylab.objectives import OBJECTIVES
+
     path = Path(path)
     for folder in (path, path.parent, path.parent.parent):
         if (folder / "config.json").is_file():
             config = RunDir(folder).read_config()
-            if "objective" in config:
-                return str(config["objective"]), dict(config.get("objective_params") or {})
+            if "objective" not in config:
+                continue
+            name, params = config["objective"], config.get("objective_params") or {}
+            if not isinstance(name, str) or name not in OBJECTIVES:
+                raise ReplayError(f"{folder / 'config.json'}: objective={name!r} is invalid; valid: one of "
+                                  f"{', '.join(OBJECTIVES)} (the config file is damaged)")
+            if not isinstance(params, dict):
+                raise ReplayError(f"{folder / 'config.json'}: objective_params={params!r} is invalid; valid: a "
+                                  "mapping of the objective's parameters (the config file is damaged)")
+            return RunObjective(name, dict(params), str(folder / "config.json"))
     return None
+
+
+#: The arrays a recorder writes for the whole batch: [B, T] per token, [B] per row (``batch_`` + name).
+TOKEN_ARRAYS = ("log_ratio", "mask", "kept", "entropy", "sampler_log_ratio")
+ROW_ARRAYS = ("rewards", "group_ids")
+REQUIRED = ("batch_log_ratio", "batch_advantage", "batch_mask", "micro_batch")
+FINITE = ("log_ratio", "advantage", "entropy", "sampler_log_ratio", "rewards")
+
+
+def checked_arrays(path: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The whole-batch arrays of one sample file, checked and as replay scores them: every required array there,
+    the shapes of one batch of B ≥ 1 rows, finite values on valid tokens; integer, boolean and float16 values
+    widened to float32 (group ids and micro-batch numbers to int64).  ``ReplayError`` names the file, the array and
+    what is valid."""
+    valid = ("the arrays a recorder writes: batch_log_ratio, batch_advantage, batch_mask [B, T], micro_batch [B] "
+             "(docs/diagnosing.md)")
+    missing = [name for name in REQUIRED if name not in arrays]
+    if missing:
+        raise ReplayError(f"{path}: array {missing[0]!r} is missing; valid: {valid}")
+    ratio = arrays["batch_log_ratio"]
+    if ratio.ndim != 2 or ratio.shape[0] == 0 or ratio.shape[1] == 0:
+        raise ReplayError(f"{path}: batch_log_ratio has shape {ratio.shape} (no token to replay); valid: a [B, T] "
+                          "batch of at least one row and token")
+    rows = ratio.shape[0]
+    shapes = {"micro_batch": (rows,), "staleness": (rows,), "batch_advantage": ((rows,), ratio.shape)}
+    shapes |= {f"batch_{name}": ratio.shape for name in TOKEN_ARRAYS} | {f"batch_{n}": (rows,) for n in ROW_ARRAYS}
+    out: dict[str, np.ndarray] = {}
+    for key, array in arrays.items():
+        wanted = shapes.get(key)
+        if wanted is None:
+            out[key] = array
+            continue
+        allowed = wanted if isinstance(wanted[0], tuple) else (wanted,)
+        if array.shape not in allowed:
+            raise ReplayError(f"{path}: {key} has shape {array.shape} but batch_log_ratio {ratio.shape}; valid: "
+                              f"{' or '.join(str(a) for a in allowed)} (the sample file is damaged)")
+        if key in ("micro_batch", "batch_group_ids"):
+            if array.dtype.kind not in "iu":
+                raise ReplayError(f"{path}: {key} holds {array.dtype} values; valid: integers (the sample file is "
+                                  "damaged)")
+            out[key] = array.astype(np.int64)
+        else:
+            out[key] = array if array.dtype in (np.float32, np.float64) else array.astype(np.float32)
+    mask = out["batch_mask"] > 0
+    for name in FINITE:
+        array = out.get(f"batch_{name}")
+        if array is None:
+            continue
+        bad = ~np.isfinite(array) & (mask if array.shape == ratio.shape else mask.any(axis=1))
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            at = f"row {where[0]}" + (f", token {where[1]}" if len(where) > 1 else "")
+            raise ReplayError(f"{path}: batch_{name} holds {int(bad.sum())} value(s) that are not finite (NaN or "
+                              f"inf) on valid tokens, the first at {at}; valid: finite values (a run's non-finite "
+                              "steps cannot be replayed)")
+    return out
 
 
 def micro_batches(path: Path) -> list[dict[str, torch.Tensor]]:
@@ -118,17 +194,18 @@ def micro_batches(path: Path) -> list[dict[str, torch.Tensor]]:
         arrays = load_samples(path)
     except (OSError, ValueError) as exc:
         raise ReplayError(f"{path} is not a readable sample file ({exc}); valid: a .npz file a recorder wrote") from None
-    if "batch_log_ratio" not in arrays or "micro_batch" not in arrays:
+    if "batch_log_ratio" not in arrays:
         raise ReplayError(f"{path} holds token samples without the whole batch (no batch_log_ratio): replay needs "
                           "the batches a recorder writes; valid: a run recorded with OFFPOLICYLAB_RECORD or "
                           "record_dir (docs/diagnosing.md)")
+    arrays = checked_arrays(path, arrays)
     rows = arrays["micro_batch"]
     parts = []
     for index in np.unique(rows):
         pick = rows == index
         part = {key.removeprefix("batch_"): torch.from_numpy(value[pick]) for key, value in arrays.items()
                 if key.startswith("batch_")}
-        if "staleness" in arrays and arrays["staleness"].shape == rows.shape:
+        if "staleness" in arrays:
             part["staleness"] = torch.from_numpy(arrays["staleness"][pick].astype(np.float32))
         parts.append(part)
     return parts
@@ -166,7 +243,8 @@ def replay(files: list[Path], objectives: dict[str, Objective], own: str | None 
     """Score every micro-batch of ``files`` with each objective; ``own`` names the label of the run's own
     objective (compared token by token with the recorded mask)."""
     pooled = {label: Pooled() for label in objectives}
-    references = {agg: get_objective("reinforce", agg=agg) for agg in {o.agg for o in objectives.values()}}
+    references = {(o.agg, o.agg_norm): get_objective("reinforce", agg=o.agg, agg_norm=o.agg_norm)
+                  for o in objectives.values()}
     for path in files:
         parts = micro_batches(path)
         for label, objective in objectives.items():
@@ -174,12 +252,19 @@ def replay(files: list[Path], objectives: dict[str, Objective], own: str | None 
                 batch, logp = token_batch(part)
                 if index == 0 and objective.stateful:
                     objective.update(batch)
+                if not (batch.mask > 0).any():  # an all-padding micro-batch: no token to score
+                    continue
                 try:
                     kept, grad = gradient_weights(objective, batch, logp)
-                except ValueError as exc:
-                    raise ReplayError(f"{label} cannot be replayed on {path}: {exc}") from None
-                _, reference = gradient_weights(references[objective.agg], *token_batch(part))
+                except (ValueError, RuntimeError) as exc:
+                    first = " ".join(str(exc).split())
+                    raise ReplayError(f"{label} cannot be replayed on {path}: {first}") from None
+                _, reference = gradient_weights(references[objective.agg, objective.agg_norm], *token_batch(part))
                 collect(pooled[label], batch, kept, grad, reference, part.get("kept") if label == own else None)
+    if not any(p.delta for p in pooled.values()):
+        raise ReplayError(f"{files[0].parent if len(files) > 1 else files[0]}: the {len(files)} replayed sample "
+                          "file(s) hold no valid token (every batch_mask is 0); valid: recorded batches with at "
+                          "least one response token")
     return pooled
 
 
@@ -408,9 +493,16 @@ def parse_objectives(names: str, assignments: list[str], run: tuple[str, dict[st
     objectives, shown, own = {}, {}, None
     for name in chosen:
         params: dict[str, Any] = dict(given[name])
+        source = None
         if run is not None and name == run[0] and not params:
             params, own = dict(run[1]), name
-        objectives[name] = get_objective(name, **params)
+            source = getattr(run, "source", None)
+        try:
+            objectives[name] = get_objective(name, **params)
+        except (TypeError, ValueError) as exc:
+            if source is None:
+                raise
+            raise ReplayError(f"{source}: {' '.join(str(exc).split())} (the config file is damaged)") from None
         defaults = {key: spec.default for key, spec in objective_params(name).items()}
         shown[name] = ", ".join(f"{k}={v}" for k, v in objectives[name].config.items() if defaults.get(k) != v)
     return objectives, shown, own
@@ -552,15 +644,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                     "replay.png")
 
 
+OUTPUT_FILES = ("replay.csv", "replay_deciles.csv", "replay.png", "replay.json", "replay_corrections.csv",
+                "replay_raw_log_ratios.csv", "replay_corrections.png")
+
+
 def updates_text(updates: list[int]) -> str:
     """``update 100`` for one update, ``3 updates (100..300)`` for several (figure titles)."""
     return f"update {updates[0]}" if len(updates) == 1 else f"{len(updates)} updates ({updates[0]}..{updates[-1]})"
 
 
 def run_command(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if not str(args.out).strip() or (out.exists() and not out.is_dir()):
-        raise ReplayError(f"--out {args.out!r} is invalid; valid: a folder path (created if missing)")
+    target = OutputWriter(args.out, "replay", OUTPUT_FILES.__contains__, ", ".join(OUTPUT_FILES))  # checked first
     files = sample_files(args.samples, parse_updates(args.updates))
     objectives, shown, own = parse_objectives(args.objectives, args.param, run_objective(args.samples))
     chosen = parse_corrections(args.corrections)
@@ -569,27 +663,27 @@ def run_command(args: argparse.Namespace) -> int:
     rows, deciles = summary_table(pooled, shown), decile_table(pooled)
     updates = [sample_update(f) for f in files]
     title = f"which tokens each objective silences here: {rows[0]['tokens']} tokens, {updates_text(updates)}"
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "replay.csv", rows)
-    if deciles:
-        write_csv(out / "replay_deciles.csv", deciles)
-    figure(rows, deciles, title, out / "replay.png")
     record = {"samples": str(args.samples), "files": len(files), "updates": [updates[0], updates[-1]],
               "run_objective": own, "rows": [{k: _json_number(v) for k, v in row.items()} for row in rows]}
-    if fixes is not None:
-        write_csv(out / "replay_corrections.csv", fixes[0])
-        write_csv(out / "replay_raw_log_ratios.csv", fixes[1])
-        corrections_figure(fixes[0], fixes[1], f"what each mismatch correction does here: {fixes[0][0]['tokens']} "
-                           f"tokens with sampler log-probs, {updates_text(updates)}",
-                           out / "replay_corrections.png")
-        record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes[0]]
-    write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
+    with target.staging() as out:  # written whole, swapped in at the end
+        write_csv(out / "replay.csv", rows)
+        if deciles:
+            write_csv(out / "replay_deciles.csv", deciles)
+        figure(rows, deciles, title, out / "replay.png")
+        if fixes is not None:
+            write_csv(out / "replay_corrections.csv", fixes[0])
+            write_csv(out / "replay_raw_log_ratios.csv", fixes[1])
+            corrections_figure(fixes[0], fixes[1], f"what each mismatch correction does here: {fixes[0][0]['tokens']} "
+                               f"tokens with sampler log-probs, {updates_text(updates)}",
+                               out / "replay_corrections.png")
+            record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes[0]]
+        write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
     print(title)
     print(format_table(rows))
     if fixes is not None:
         import pandas as pd
 
         print(pd.DataFrame(fixes[0]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"-> {out}/replay_corrections.csv, replay_raw_log_ratios.csv, replay_corrections.png")
-    print(f"-> {out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
+        print(f"-> {args.out}/replay_corrections.csv, replay_raw_log_ratios.csv, replay_corrections.png")
+    print(f"-> {args.out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
     return 0

@@ -69,7 +69,7 @@ TEMP_MARK = ".tmp-"
 # every name a run directory may hold: what :meth:`RunDir.clear` may delete
 PROFILE_FILES = ("profile.txt", "profile.pstats")
 RUN_ENTRIES = frozenset({"config.json", "metrics.csv", "events.jsonl", "summary.json", "checkpoint", "samples",
-                         "error.txt", "tracking", LOCK_NAME, *PROFILE_FILES})
+                         "error.txt", "tracking", "adapter", LOCK_NAME, *PROFILE_FILES})
 ENVIRONMENT_KEY = "environment"  # config.json: package versions and git commit (not part of the configuration)
 _HELD_LOCKS: dict[Path, list[int]] = {}  # resolved run path -> [lock file descriptor, nesting depth]
 

@@ -131,7 +131,8 @@ def seed_groups(cells: list[Cell]) -> list[list[int]]:
     group of its own.  Groups keep the cells' order."""
     groups: dict[str, list[int]] = {}
     for index, cell in enumerate(cells):
-        stackable = policy_ability(TrainConfig.from_dict(cell.config).policy, "stack_in_sweeps", False)
+        config = TrainConfig.from_dict(cell.config)
+        stackable = policy_ability(config.policy, "stack_in_sweeps", False) and not config.dynamic_sampling
         rest = {key: value for key, value in cell.config.items() if key not in MEMBER_FIELDS}
         key = json.dumps(rest, sort_keys=True, default=str) if stackable else f"cell {index}"
         groups.setdefault(key, []).append(index)

@@ -20,7 +20,9 @@ Scalars are named ``train/<column>``, ``eval/<name>`` (``eval_<name>`` columns; 
 name: ``eval/exact_return``) and ``time/<name>`` (``time_<name>`` columns),
 with the update (0-based, as in ``metrics.csv``) as the step; a value that is NaN (no evaluation at that update) is
 not logged.  The tracker's run name is the run directory's name, its group the parent folder's (a sweep's cells).
-Each library is imported only when asked for; a missing one is refused before the run starts, in one line.
+Each library is imported only when asked for; a missing one is refused before the run starts, in one line, and so is
+one that cannot be opened (a broken install, an online mode without a key, an MLflow server that does not answer
+within seconds): every tracker is opened before the run writes its config.json (:class:`TrackerError`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -261,19 +264,81 @@ def open_tracker(names: Sequence[str], run_dir: str | Path, config: dict[str, An
     check_installed(names)
     run_dir = Path(run_dir)
     folder = run_dir / FOLDER
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     ids_path = folder / IDS_FILE
     ids: dict[str, str] = json.loads(ids_path.read_text()) if ids_path.exists() else {}
     name, group = run_dir.resolve().name, run_dir.resolve().parent.name
     sinks: list[Any] = []
     for tracker in names:
-        if tracker == "tensorboard":
-            sinks.append(TensorBoardSink(folder, config, start))
-        else:
-            kind = {"wandb": WandbSink, "mlflow": MlflowSink, "trackio": TrackioSink}[tracker]
-            sinks.append(kind(folder, config, start, ids, name, group))
+        try:
+            if tracker == "tensorboard":
+                sinks.append(TensorBoardSink(folder, config, start))
+            elif tracker == "mlflow":
+                with bounded_mlflow_requests(os.environ.get("MLFLOW_TRACKING_URI")):
+                    sinks.append(MlflowSink(folder, config, start, ids, name, group))
+            else:
+                kind = {"wandb": WandbSink, "trackio": TrackioSink}[tracker]
+                sinks.append(kind(folder, config, start, ids, name, group))
+        except Exception as exc:  # noqa: BLE001 - any failure to open a tracker is one line, before any run file
+            for sink in sinks:
+                with contextlib.suppress(Exception):
+                    sink.close({"status": "failed"})
+            if created:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise TrackerError(tracker, exc) from None
     ids_path.write_text(json.dumps(ids, indent=2) + "\n")
     return Tracker(sinks)
+
+
+#: What makes each tracker open, for the message of one that does not.
+OPEN_HINTS = {
+    "tensorboard": "a run directory this user can write",
+    "wandb": "WANDB_MODE=offline (the default here: nothing is sent), or `wandb login` before an online run",
+    "mlflow": "a reachable MLFLOW_TRACKING_URI, or none (the file store RUN/tracking/mlruns)",
+    "trackio": "a writable TRACKIO_DIR (default ~/.cache/huggingface/trackio)",
+}
+#: Seconds a remote MLflow server has to accept a connection (an unreachable one hung for minutes).
+MLFLOW_CONNECT_TIMEOUT = 5.0
+
+
+class TrackerError(ValueError):
+    """A tracker that cannot be opened (a broken install, a missing login key, an unreachable server): one line
+    naming the tracker, the cause and what is valid; raised before the run writes its config.json."""
+
+    def __init__(self, tracker: str, exc: BaseException) -> None:
+        cause = " ".join(str(exc).split())[:300] or type(exc).__name__
+        super().__init__(f"--report-to {tracker} cannot be opened ({type(exc).__name__}: {cause}); valid: "
+                         f"{OPEN_HINTS[tracker]}, or another --report-to")
+
+
+@contextlib.contextmanager
+def bounded_mlflow_requests(uri: str | None, timeout: float = MLFLOW_CONNECT_TIMEOUT) -> Any:
+    """While MLflow opens its run on an ``http(s)://`` tracking URI: its host must accept a connection within
+    ``timeout`` seconds (``ConnectionError`` otherwise), and each request gets ``timeout`` seconds and no retry
+    (``MLFLOW_HTTP_REQUEST_TIMEOUT``, ``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, unless the user set them), so that a
+    server that is down or does not answer is refused within seconds (it hung for minutes).  The training that
+    follows keeps MLflow's own timeouts and retries."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri or "")
+    if parts.scheme not in ("http", "https"):
+        yield
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"MLflow server {uri} cannot be reached within {timeout:g} s ({exc})") from None
+    bounds = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(timeout)), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    added = [key for key in bounds if key not in os.environ]
+    os.environ.update({key: bounds[key] for key in added})
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

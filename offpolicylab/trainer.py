@@ -35,28 +35,33 @@ import copy
 import cProfile
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from offpolicylab.behavior import sample_rollout
 from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.contracts import (
+    AdapterPolicy,
     ClonablePolicy,
     ExactWorld,
     GreedyPolicy,
     MemoryPlanningPolicy,
     Policy,
     Rollout,
+    TextPolicy,
     World,
 )
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
+from offpolicylab.diagnostics.warning import Detector, default_warning
 from offpolicylab.locations import physical_memory
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
@@ -68,7 +73,7 @@ from offpolicylab.resume import check_extension, config_changes, tail_key, watch
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.samples import sample_arrays
 from offpolicylab.staleness import Schedule, parse_schedule
-from offpolicylab.tracking import check_installed, open_tracker, parse_report_to
+from offpolicylab.tracking import Tracker, check_installed, open_tracker, parse_report_to
 from offpolicylab.worlds import WORLDS, make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
 
@@ -98,7 +103,11 @@ class Run:
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start
     buffer: dict[int, Rollout] = field(default_factory=dict)  # rollouts generated, not yet consumed
+    warning: Detector = field(default_factory=default_warning)  # the live collapse warning (fed the metrics rows)
+    alarm: tuple[int, str] | None = None  # the latest warning: (update, reason)
     reference_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
+    sampled: list[Rollout] = field(default_factory=list)  # dynamic sampling: every rollout this update sampled
+    dynamic_counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # this update: rounds, groups, kept
 
 
 @dataclass
@@ -110,6 +119,7 @@ class Step:
     output: LossOutput
     grad_norm: Tensor
     fresh: list[Rollout]
+    rollout: Rollout | None = None  # the consumed batch (its token ids: completions.jsonl of a text policy)
 
 
 # ================================================================================================ the loop
@@ -156,7 +166,7 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
         with watch("policy_backward"):                                        # 4. step
             run.optimizer.zero_grad(set_to_none=True)
             grad_norm = backward(output.loss, run.policy.trainable_parameters(), cfg.grad_clip)
-        step = Step(batch, output, grad_norm, fresh)
+        step = Step(batch, output, grad_norm, fresh, rollout)
         row = update_rows([run], update, [step])[0]
         finite = is_finite(row)
         if finite:
@@ -166,13 +176,15 @@ def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progr
         with watch("eval"):
             row.update(evaluate(run, update) if evaluated else dict.fromkeys(eval_columns(run)))
         stops = record(run, directory, update, row, step, finite, (tick, clock), watch)   # 6. run directory
-        view.update([row], [""], update_warnings([row], [run.detector.collapsed_at]))
+        view.update([row], [""], update_warnings([row], [run.detector.collapsed_at], [run.alarm]))
         if stops:
             view.close()
+            save_adapter(run, directory)
             return "collapsed"
         if is_checkpoint_due(cfg, update):
             with watch("checkpoint"):
                 directory.save_checkpoint(checkpoint_state(run, update + 1))
+                save_adapter(run, directory)
     view.close()
     return final_status(run)
 
@@ -183,11 +195,12 @@ def collect(run: Run, update: int, watch: Stopwatch) -> list[Rollout]:
     tail, one batch for the collapse detector alone, kept in the buffer under the key a longer run trains it as, so
     that ``--resume --updates N`` extends the run exactly: :mod:`offpolicylab.resume`); the rollouts generated now."""
     keys, tail = batches_due(run, update)
-    fresh = [generate(run, update, watch) for _ in range(len(keys) + tail)]
-    run.buffer.update(zip(keys, fresh, strict=False))
+    run.sampled, run.dynamic_counts = [], [0, 0, 0]
+    batches = [generate(run, update, watch) for _ in range(len(keys) + tail)]
+    run.buffer.update(zip(keys, batches, strict=False))
     if tail and (key := tail_key(run.schedule, update)) is not None:  # trained on if the run is extended
-        run.buffer[key] = fresh[-1]
-    return fresh
+        run.buffer[key] = batches[-1]
+    return run.sampled if run.config.dynamic_sampling else batches  # dynamic sampling samples more than it keeps
 
 
 def batches_due(run: Run, update: int) -> tuple[list[int], bool]:
@@ -207,7 +220,15 @@ def take(run: Run, update: int) -> Rollout:
 
 
 def generate(run: Run, version: int, watch: Stopwatch) -> Rollout:
-    """One batch: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions."""
+    """One batch: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions (with
+    ``dynamic_sampling``: :func:`dynamic_batch`)."""
+    if run.config.dynamic_sampling:
+        return dynamic_batch(run, version, watch)
+    return sample_batch(run, version, watch)
+
+
+def sample_batch(run: Run, version: int, watch: Stopwatch, shaped: bool = True) -> Rollout:
+    """One sampled batch with the world's rewards (plus the overlong punishment unless ``shaped=False``)."""
     pieces = []
     for is_reference, count, tag in batch_sources(run, version):
         prompts = run.world.sample_prompts(count, run.generator)
@@ -216,7 +237,51 @@ def generate(run: Run, version: int, watch: Stopwatch) -> Rollout:
             rollout = sample(policy, prompts, run.config, run.generator)
         pieces.append(stamped(rollout, tag))
     with watch("other"):
-        return with_rewards(run, Rollout.concat(pieces))
+        return with_rewards(run, Rollout.concat(pieces), shaped=shaped)
+
+
+def dynamic_batch(run: Run, version: int, watch: Stopwatch) -> Rollout:
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11: keep a group only if
+    0 < |{o_i correct}| < G): sample batches, keep the groups whose world rewards are not all equal, until
+    ``prompts_per_update`` groups are kept or ``dynamic_sampling_max_batches`` rounds were sampled; the first
+    ``prompts_per_update`` kept groups form the batch, filled when short with equal-reward groups in the order they
+    were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on accuracy);
+    the batch returned carries the punishment."""
+    cfg, kept, equal = run.config, [], []
+    while len(run.sampled) - run.dynamic_counts[0] < cfg.dynamic_sampling_max_batches:
+        rollout = sample_batch(run, version, watch, shaped=False)
+        run.sampled.append(with_overlong_penalty(run, rollout))
+        varied = varied_rows(rollout.rewards, rollout.group_ids)
+        kept.append(rollout.select(varied.nonzero().squeeze(1)))
+        equal.append(rollout.select((~varied).nonzero().squeeze(1)))
+        groups = int(rollout.group_ids.max()) + 1
+        run.dynamic_counts = [run.dynamic_counts[0], run.dynamic_counts[1] + groups,
+                              run.dynamic_counts[2] + group_count(kept[-1])]
+        if sum(group_count(part) for part in kept) >= cfg.prompts_per_update:
+            break
+    rounds = len(run.sampled) - run.dynamic_counts[0]
+    run.dynamic_counts[0] += rounds
+    parts = [part for part in kept + equal if len(part)]
+    return with_overlong_penalty(run, first_groups(Rollout.concat(parts), cfg.prompts_per_update))
+
+
+def varied_rows(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """[B] bool: the row's group has rewards that are not all equal (max > min)."""
+    groups = int(group_ids.max()) + 1
+    high = rewards.new_full((groups,), -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
+    low = rewards.new_full((groups,), math.inf).scatter_reduce(0, group_ids, rewards, "amin")
+    return (high > low)[group_ids]
+
+
+def group_count(rollout: Rollout) -> int:
+    return int(rollout.group_ids.unique().numel()) if len(rollout) else 0
+
+
+def first_groups(rollout: Rollout, count: int) -> Rollout:
+    """The rows of ``rollout``'s first ``count`` groups (in row order), group ids renumbered 0 … count − 1."""
+    _, order = torch.unique_consecutive(rollout.group_ids, return_inverse=True)
+    rows = (order < count).nonzero().squeeze(1)
+    return rollout.select(rows).with_(group_ids=order[rows])
 
 
 def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
@@ -241,11 +306,40 @@ def stamped(rollout: Rollout, version: int) -> Rollout:
                                             device=rollout.response_ids.device))
 
 
-def with_rewards(run: Run, rollout: Rollout) -> Rollout:
-    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random)."""
+def with_rewards(run: Run, rollout: Rollout, shaped: bool = True) -> Rollout:
+    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random), plus the
+    overlong punishment (:func:`with_overlong_penalty`) unless ``shaped=False``."""
     rewards = run.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
                                generator=run.generator)
-    return rollout.with_(rewards=rewards.to(torch.float32))
+    rollout = rollout.with_(rewards=rewards.to(torch.float32))
+    return with_overlong_penalty(run, rollout) if shaped else rollout
+
+
+def with_overlong_penalty(run: Run, rollout: Rollout) -> Rollout:
+    """``rollout`` with :func:`overlong_penalty` of its response lengths added to its rewards (unchanged when
+    ``overlong_buffer`` is 0)."""
+    if not run.config.overlong_buffer:
+        return rollout
+    penalty = overlong_penalty(rollout.response_mask.sum(-1), *overlong_settings(run))
+    return rollout.with_(rewards=rollout.rewards + penalty.to(rollout.rewards.dtype))
+
+
+def overlong_settings(run: Run) -> tuple[int, int, float]:
+    """(L_max, L_cache, penalty factor) of the run's overlong punishment."""
+    cfg = run.config
+    max_len = cfg.overlong_max_len if cfg.overlong_max_len is not None else run.world.max_response_len
+    return max_len, cfg.overlong_buffer, cfg.overlong_penalty
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 1.0) -> Tensor:
+    """R_length(y) = 0 for |y| ≤ L_max − L_cache;  ((L_max − L_cache) − |y|)/L_cache · c for L_max − L_cache < |y|
+    ≤ L_max;  −c for |y| > L_max — DAPO's soft overlong punishment (Yu et al. 2025, "DAPO: An Open-Source LLM
+    Reinforcement Learning System at Scale", arXiv:2503.14476, eq. 13; c = 1 there, verl's penalty_factor),
+    ``lengths`` = |y| the response tokens (EOS included)."""
+    lengths = lengths.to(torch.float64)
+    expected = max_len - cache
+    ramp = torch.clamp((expected - lengths) / cache, max=0.0) if cache else torch.zeros_like(lengths)
+    return torch.where(lengths > max_len, torch.full_like(ramp, -1.0), ramp) * factor
 
 
 def make_batch(run: Run, rollout: Rollout, logp: Tensor, entropy: Tensor, update: int) -> TokenBatch:
@@ -314,9 +408,26 @@ def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[st
     """The metrics row of each run's update before evaluation: the update, the step's numbers (:func:`scalars`, one
     host transfer for all) and the current policy's own reward."""
     numbers = scalars([(step.output.loss, step.grad_norm, step.batch, step.output.metrics) for step in steps])
-    return [{"update": update, **own,
+    rows = [{"update": update, **own,
              "reward_current": current_reward(step.fresh, update, run.schedule.other_share == 0)}
             for run, step, own in zip(runs, steps, numbers, strict=True)]
+    for run, step, row in zip(runs, steps, rows, strict=True):
+        row.update(shaping_columns(run, step.batch))
+    return rows
+
+
+def shaping_columns(run: Run, batch: TokenBatch) -> dict[str, float]:
+    """The columns of the DAPO options that are on: ``overlong_penalty`` (mean punishment in the consumed batch's
+    rewards), ``dynamic_rounds`` (batches sampled at this update) and ``dynamic_kept_frac`` (share of their groups
+    with rewards not all equal; NaN when none was sampled)."""
+    cfg, out = run.config, {}
+    if cfg.overlong_buffer:
+        out["overlong_penalty"] = float(overlong_penalty(batch.mask.sum(-1), *overlong_settings(run)).mean())
+    if cfg.dynamic_sampling:
+        rounds, groups, kept = run.dynamic_counts
+        out["dynamic_rounds"] = float(rounds)
+        out["dynamic_kept_frac"] = kept / groups if groups else math.nan
+    return out
 
 
 def is_finite(row: dict[str, Any]) -> bool:
@@ -335,13 +446,69 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
                   run.detector.observe(update, detector_reward(row, run.schedule), row.get("kl_k3"),
                                        row["grad_norm"]))
         directory.append_metrics(row)
+        alarm = run.warning.observe(update, row) if finite else None
+        if alarm is not None:
+            run.alarm = (update, alarm)
+            directory.event("warning", update, detector=run.warning.name, reason=alarm)
         if not finite:
             directory.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
         if reason is not None:
             directory.event("collapse", update, reason=reason)
         if cfg.sample_every and update % cfg.sample_every == 0:
             directory.write_samples(update, sample_arrays(step.batch, step.output.token_mask, cfg.seed, update))
+            if step.rollout is not None and isinstance(run.policy, TextPolicy):
+                write_completions(directory, update, completions(run.policy, step.rollout, step.batch))
     return not finite or (reason is not None and cfg.stop_on_collapse)
+
+
+def completions(policy: TextPolicy, rollout: Rollout, batch: TokenBatch) -> list[dict[str, Any]]:
+    """One record per response of the consumed batch: prompt and response text, reward, advantage, staleness (updates
+    since its policy generated it), the generating version and its group (prompt row)."""
+    prompts = policy.decode(rollout.prompt_ids, rollout.prompt_mask)
+    responses = policy.decode(rollout.response_ids, rollout.response_mask)
+    advantages = batch.advantages if batch.advantages.dim() == 1 else batch.advantages[:, 0]
+    numbers = zip(rollout.rewards.tolist(), advantages.detach().tolist(), batch.staleness.tolist(),
+                  rollout.version.tolist(), rollout.group_ids.tolist(), strict=True)
+    return [{"prompt": prompt, "response": response, "reward": short(reward), "advantage": short(advantage),
+             "staleness": int(staleness), "version": version, "group": group}
+            for prompt, response, (reward, advantage, staleness, version, group) in zip(prompts, responses, numbers,
+                                                                                       strict=True)]
+
+
+def short(value: float) -> float:
+    """A float32 number as the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)."""
+    return float(str(np.float32(value)))
+
+
+def write_completions(directory: RunDir, update: int, records: list[dict[str, Any]]) -> Path:
+    """``samples/completions_<update>.jsonl``: one JSON object per line (written whole, then renamed into place)."""
+    directory.samples_dir.mkdir(exist_ok=True)
+    path = directory.samples_dir / f"completions_{update:06d}.jsonl"
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
+                       encoding="utf-8")
+    staging.replace(path)
+    return path
+
+
+ADAPTER_DIR = "adapter"
+
+
+def save_adapter(run: Run, directory: RunDir) -> None:
+    """``RUN/adapter``: the policy's adapter in its library's own format (hf: a peft folder), replaced whole at
+    every checkpoint and when the run ends (staged and swapped inside ``checkpoint/``); nothing for other policies."""
+    if not isinstance(run.policy, AdapterPolicy):
+        return
+    folder = directory.checkpoint_path.parent
+    staging, old, final = folder / "adapter.staging", folder / "adapter.old", directory.path / ADAPTER_DIR
+    for leftover in (staging, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    folder.mkdir(exist_ok=True)
+    run.policy.save_adapter(staging)
+    if final.exists():
+        final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def is_checkpoint_due(config: TrainConfig, update: int) -> bool:
@@ -401,7 +568,9 @@ def build(config: TrainConfig) -> Run:
     schedule = parse_schedule(config.schedule)
     objective = get_objective(config.objective, **config.objective_params)
     world = make_world(config.world, **config.world_params)
+    objective.response_limit = world.max_response_len  # dr_grpo's constant when agg_norm is none
     check_memory(config, world)
+    check_overlong(config, world)
     torch.manual_seed(config.seed)
     policy = make_policy(config.policy, world, **config.policy_params)
     config, memory_plan = plan_memory(config, world, policy)
@@ -437,6 +606,14 @@ def check_memory(config: TrainConfig, world: World, runs: int = 1) -> None:
     tokens = rows * int(world.max_response_len)
     need = tokens * 24
     total = physical_memory()
+    if config.eval_samples is not None:  # the evaluation samples eval_samples responses per held-out prompt
+        eval_rows = len(world.eval_prompts()) * config.eval_samples * runs
+        eval_need = eval_rows * int(world.max_response_len) * 24
+        if eval_need > total:
+            raise ValueError(f"eval_samples={config.eval_samples:,} × {eval_rows // (config.eval_samples * runs):,} "
+                             f"evaluation prompts{f' × {runs} seeds' if runs > 1 else ''} = {eval_rows:,} responses "
+                             f"need at least {eval_need / 2**30:,.1f} GiB but this machine has "
+                             f"{total / 2**30:,.1f} GiB; valid: a smaller eval_samples")
     if need > total:
         what = f"{runs} seeds × " if runs > 1 else ""
         raise ValueError(f"{what}prompts_per_update × group_size = {rows:,} responses ({tokens:,} tokens) need at "
@@ -477,6 +654,15 @@ def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=config.lr)
 
 
+def check_overlong(config: TrainConfig, world: World) -> None:
+    """``ValueError`` unless the overlong punishment's buffer fits in its L_max (DAPO: 4096 of 20480 tokens)."""
+    max_len = config.overlong_max_len if config.overlong_max_len is not None else world.max_response_len
+    if config.overlong_buffer > max_len:
+        raise ValueError(f"overlong_buffer={config.overlong_buffer} exceeds the overlong punishment's L_max={max_len} "
+                         f"(overlong_max_len, default the world's max_response_len); valid: overlong_buffer <= "
+                         f"{max_len}")
+
+
 def is_enumerable(world: World) -> bool:
     if not isinstance(world, ExactWorld):
         return False
@@ -495,22 +681,26 @@ def tracks_kl_init(config: TrainConfig) -> bool:
 
 
 # ================================================================================================ run directory
-def open_run(directory: RunDir, run: Run, resume: bool) -> int:
-    """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do."""
+def open_run(directory: RunDir, run: Run, resume: bool, tracker: Tracker | None | bool = True) -> int:
+    """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do.
+    The run's trackers (``--report-to``) are opened first, before any file is written, unless ``tracker`` gives
+    them already opened (:func:`open_trackers`; None: no tracker)."""
+    if tracker is True:
+        tracker = open_trackers([directory], [run], resume)[0]
     resolved = resolve_config(run.config, run.objective)
     if not resume:
         directory.create(resolved)
-        directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, 0)  # --report-to
+        directory.tracker = tracker
         return 0
     stored = directory.read_config()
     state = checked_resume(directory, resolved, run.config)
+    start = 0 if state is None else int(state["next_update"])
     if state is None:  # killed before the first checkpoint: start over
-        start = 0
         directory.truncate_metrics(0)
     else:
-        start = int(state["next_update"])
         restore_state(run, state)
         directory.truncate_metrics(start, state)
+        replay_warning(run, directory.read_metrics())
     if directory.read_summary() is not None:  # a failed run goes on from its last checkpoint, an extended one too
         directory.summary_path.unlink()
     extended = stored["updates"] != resolved["updates"]
@@ -519,8 +709,33 @@ def open_run(directory: RunDir, run: Run, resume: bool) -> int:
     directory.event("extend" if extended else "resume", start,
                     **({} if state else {"note": "no checkpoint yet, restarting"}),
                     **({"updates_before": stored["updates"]} if extended else {}))
-    directory.tracker = open_tracker(run.config.report_to, directory.path, resolved, start)  # --report-to
+    directory.tracker = tracker
     return start
+
+
+def open_trackers(directories: list[RunDir], runs: list[Run], resume: bool) -> list[Tracker | None]:
+    """The trackers of every run (``--report-to``), opened before any run file is written — after the checks
+    that refuse a fresh run in a folder that holds one, or a resume — so that a tracker that cannot be opened
+    leaves every run directory as it was (one line, :class:`~offpolicylab.tracking.TrackerError`).  On a failure
+    the trackers already opened are closed."""
+    trackers: list[Tracker | None] = []
+    try:
+        for directory, run in zip(directories, runs, strict=True):
+            resolved = resolve_config(run.config, run.objective)
+            start = 0
+            if resume:
+                state = checked_resume(directory, resolved, run.config)
+                start = 0 if state is None else int(state["next_update"])
+            elif directory.holds_run():
+                directory.create(resolved)  # refuses it, naming --resume
+            trackers.append(open_tracker(run.config.report_to, directory.path, resolved, start))
+    except BaseException:
+        for opened in trackers:
+            if opened is not None:
+                with contextlib.suppress(Exception):
+                    opened.close({"status": "failed"})
+        raise
+    return trackers
 
 
 def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainConfig) -> dict[str, Any] | None:
@@ -543,6 +758,12 @@ def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainCon
         state = directory.load_checkpoint()
         state["next_update"] = checked_next_update(directory, state, config, stored["updates"])
     if extending:
+        recorded = len(directory.read_metrics()) if directory.metrics_path.exists() else 0
+        if config.updates < recorded:  # judged against the rows recorded, not the checkpoint: nothing is dropped
+            ended = (f" (it ended {previous['status']} there)" if previous is not None
+                     and previous.get("status") in ("collapsed", "failed") else "")
+            raise RunError(f"--updates {config.updates} is below the {recorded} updates {directory.metrics_path} "
+                           f"already records{ended}; valid: --updates {recorded} or more")
         buffered = state["buffer"].get("keys", torch.zeros(0)).tolist() if state else []
         check_extension(parse_schedule(config.schedule), stored["updates"], config.updates,
                         0 if state is None else state["next_update"], config.collapse_tail, set(buffered))
@@ -595,6 +816,13 @@ def checkpoint_state(run: Run, next_update: int, optimizer: dict[str, Any] | Non
         "buffer": Rollout.pack(run.buffer),
         "detector": run.detector.state_dict(),
     }
+
+
+def replay_warning(run: Run, rows: list[dict[str, str]]) -> None:
+    """Bring the live warning to where it was at the checkpoint: it is a function of the metrics rows recorded,
+    so feeding them again (silently) restores it."""
+    for row in rows:
+        run.warning.observe(int(row["update"]), row)
 
 
 def restore_state(run: Run, state: dict[str, Any]) -> None:

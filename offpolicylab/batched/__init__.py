@@ -30,6 +30,7 @@ from offpolicylab.trainer import (
     guarded,
     log,
     open_run,
+    open_trackers,
     resolve_config,
     train,
     write_summary,
@@ -53,8 +54,11 @@ def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | li
         run_dirs = [seed_dir(run_dirs, seed) for seed in seeds]
     if len(run_dirs) != len(seeds):
         raise ValueError(f"{len(seeds)} seeds but {len(run_dirs)} run directories")
-    if policy_ability(config.policy, "stack") is None or len(seeds) == 1:
-        if progress and len(seeds) > 1:
+    if policy_ability(config.policy, "stack") is None or len(seeds) == 1 or config.dynamic_sampling:
+        if progress and len(seeds) > 1 and config.dynamic_sampling:
+            log("offpolicylab: dynamic_sampling samples as often as each seed needs: the seeds train one after "
+                "another")
+        elif progress and len(seeds) > 1:
             log(f"offpolicylab: policy {config.policy} trains its seeds one after another (batched: "
                 f"{', '.join(stackable())})")
         return [train(c, path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
@@ -77,9 +81,10 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
     with contextlib.ExitStack() as locks:
         for directory in directories:
             locks.enter_context(directory.locked())
+        trackers = open_trackers(directories, runs, resume)  # every seed's, before any seed's file is written
         starts = []
         for index, (directory, run) in enumerate(zip(directories, runs, strict=True)):
-            starts.append(open_run(directory, run, resume))
+            starts.append(open_run(directory, run, resume, trackers[index]))
             if resume:  # the global RNG state its checkpoint recorded
                 rng_states[index] = torch.get_rng_state()
         if progress:
@@ -97,6 +102,9 @@ def check_together(configs: list[TrainConfig]) -> None:
     """``ValueError`` unless ``configs`` can train as one computation (:func:`train_together`)."""
     if policy_ability(configs[0].policy, "stack") is None:
         raise ValueError(f"policy {configs[0].policy} cannot train runs together; valid: {', '.join(stackable())}")
+    if configs[0].dynamic_sampling:
+        raise ValueError("runs with dynamic_sampling cannot train together (each samples as often as it needs); "
+                         "valid: train them one after another")
     shared = [{k: v for k, v in c.to_dict().items() if k not in MEMBER_FIELDS} for c in configs]
     differ = sorted({k for other in shared[1:] for k in other if other[k] != shared[0][k]})
     if differ:

@@ -97,7 +97,8 @@ def run_stack(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) 
                 with watch("checkpoint"):
                     directory.save_checkpoint(checkpoint_state(run, update + 1, stack.member_optimizer(index),
                                                                stack.rng_states[index]))
-        view.update(rows, labels, update_warnings(rows, [run.detector.collapsed_at for run in stack.runs]))
+        view.update(rows, labels, update_warnings(rows, [run.detector.collapsed_at for run in stack.runs],
+                                                    [run.alarm for run in stack.runs]))
         if stopped:
             kept = [index for index in range(len(stack)) if index not in stopped]
             if not kept:

@@ -248,7 +248,7 @@ def load_profile(name_or_path: str | Path) -> dict[str, Any]:
     with one line naming what is wrong and what is valid."""
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
-        return validate_profile(_read_json(path.read_text(encoding="utf-8"), str(path)), str(path))
+        return validate_profile(_read_json(path.read_bytes(), str(path)), str(path))
     names = list_profiles()
     text = str(name_or_path)
     matches = [n for n in names if n == text] or ([n for n in names if n.startswith(text)] if text else [])
@@ -257,7 +257,7 @@ def load_profile(name_or_path: str | Path) -> dict[str, Any]:
         raise ValueError(f"profile {text!r} {what} a packaged profile; valid: a profile JSON file or one of {names} "
                          "(or a prefix naming one)")
     packaged = resources.files("offpolicylab").joinpath(PACKAGED_PROFILES, f"{matches[0]}.json")
-    return validate_profile(_read_json(packaged.read_text(encoding="utf-8"), matches[0]), matches[0])
+    return validate_profile(_read_json(packaged.read_bytes(), matches[0]), matches[0])
 
 
 def validate_profile(doc: Any, name: str = "profile") -> dict[str, Any]:
@@ -291,7 +291,8 @@ def validate_profile(doc: Any, name: str = "profile") -> dict[str, Any]:
     if source == "published":
         _check_citation(doc.get("citation"), where)
     not_recorded = doc.get("not_recorded", [])
-    if not isinstance(not_recorded, list) or not set(not_recorded) <= {s.key for s in STATISTICS}:
+    if not isinstance(not_recorded, list) or not all(isinstance(key, str) for key in not_recorded) \
+            or not set(not_recorded) <= {s.key for s in STATISTICS}:
         raise ValueError(f"{where}: not_recorded={not_recorded!r}; valid: a list of statistic names")
     _check_statistics(stats, where, nulls_allowed=None if source == "published" else set(not_recorded))
     quotes = doc.get("quotes", {})
@@ -394,11 +395,32 @@ def _histogram_share(stats: Mapping[str, Any], low: float | None, high: float | 
     return float(sum(stats["entropy_histogram"][start:stop]))
 
 
-def _read_json(text: str, where: str) -> Any:
+#: The most digits an integer in a profile may have (``float(10**400)`` overflows).
+MAX_DIGITS = 100
+
+
+def _read_json(data: bytes | str, where: str) -> Any:
+    """The JSON document of the profile file ``where``: UTF-8, integers of at most :data:`MAX_DIGITS` digits, nested
+    at most as deep as Python's parser goes; anything else is one ``ValueError`` line naming the file."""
+    def bounded_int(digits: str) -> int:
+        if len(digits.lstrip("-")) > MAX_DIGITS:
+            raise ValueError(f"profile {where}: a number of {len(digits.lstrip('-'))} digits; valid: at most "
+                             f"{MAX_DIGITS} digits")
+        return int(digits)
+
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"profile {where}: not UTF-8 text ({exc.reason} at byte {exc.start}); valid: a JSON "
+                             "object in UTF-8 (docs/calibration.md)") from None
     try:
-        return json.loads(text)
+        return json.loads(data, parse_int=bounded_int)
     except json.JSONDecodeError as exc:
         raise ValueError(f"profile {where}: not valid JSON ({exc.msg} at line {exc.lineno}); valid: a JSON object "
+                         "(docs/calibration.md)") from None
+    except RecursionError:
+        raise ValueError(f"profile {where}: not valid JSON (nested too deeply); valid: a JSON object "
                          "(docs/calibration.md)") from None
 
 

@@ -13,7 +13,11 @@ keeps TRL's generation, rewards, advantages and logging and replaces only the lo
 
 TRL's own loss knobs (``loss_type``, ``epsilon``, ``delta``, ``importance_sampling_level``, ``top_entropy_quantile``,
 ``off_policy_mask_threshold``, vLLM importance-sampling correction, entropy bonus) are not applied: the objective
-and its parameters (``agg`` included) define the loss.  The KL-to-reference term (``beta``) is kept, aggregated
+and its parameters (``agg`` included) define the loss.  ``agg`` takes TRL's ``loss_type`` names with TRL's scale:
+``dr_grpo`` divides by B·``max_completion_length`` (unless ``agg_norm`` is given), ``dapo`` by TRL's
+``num_items_in_batch`` normaliser (the whole generation batch's tokens; ``loss`` is then not divided by the
+accumulation steps), ``bnpo`` and the other modes by the micro-batch's own count divided by the accumulation
+steps.  The KL-to-reference term (``beta``) is kept, aggregated
 with the objective's ``agg``.  Metrics are logged as ``offpolicylab/<name>``.
 
 Stateful objectives (``ac_mispo``) advance ``update()`` once per optimizer step: on the first training micro-batch
@@ -63,6 +67,7 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
         self._generated_at = 0  # state.global_step when the batches being trained on were generated
         self._generated_reward: float | None = None  # the mean reward TRL logged for that generation
         super().__init__(*args, **kwargs)
+        self.objective.response_limit = self.args.max_completion_length  # dr_grpo's constant, as TRL's
         config = objective_config("trl", self.objective, num_iterations=self.num_iterations,
                                   steps_per_generation=self.args.steps_per_generation)
         self.recorder = (Recorder(record_dir, config, record_every) if record_dir is not None
@@ -90,9 +95,20 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
             self.recorder.add(batch, out, staleness=self.state.global_step - self._generated_at)
         loss = out.loss
         if self.beta != 0.0:
-            loss = loss + self.beta * aggregate(self._reference_kl(inputs, batch.logp), batch.mask, self.objective.agg)
+            loss = loss + self.beta * aggregate(self._reference_kl(inputs, batch.logp), batch.mask, self.objective.agg,
+                                                norm=self.objective.norm_constant)
         self._log_objective_metrics(out.metrics, "train" if training else "eval")
+        if self.objective.agg == "dapo" and inputs.get("num_items_in_batch") is not None:
+            return loss * batch.mask.sum().clamp_min(1.0) / self._dapo_normalizer(inputs, training)
         return loss / self.current_gradient_accumulation_steps if training else loss
+
+    def _dapo_normalizer(self, inputs: dict[str, Any], training: bool) -> Tensor:
+        """TRL's ``loss_type="dapo"`` denominator: the generation batch's completion tokens over every process
+        (``num_items_in_batch``) per process, times the share of that batch one accumulation window holds."""
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if training:
+            normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return normalizer
 
     def token_batch(self, model: torch.nn.Module, inputs: dict[str, Any]) -> TokenBatch:
         """Score the completion tokens with ``model`` and build the :class:`TokenBatch` (see module docstring)."""

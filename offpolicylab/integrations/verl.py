@@ -30,7 +30,9 @@ Parameters: verl's ``ActorConfig`` / ``PolicyLossConfig`` are strict dataclasses
 parameters are not read from the actor config; they are given once per process, either
 ``register_with_verl(params={"m2po": {"tau": 0.04}})`` or the environment variable ``OFFPOLICYLAB_VERL_PARAMS``
 holding the same mapping as JSON (read by :func:`register_with_verl`; explicit ``params`` win).  ``agg`` comes from
-verl's ``actor.loss_agg_mode`` (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``).
+verl's ``actor.loss_agg_mode`` (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
+``seq-mean-token-sum-norm``; for the last, ``agg_norm`` is verl's ``loss_scale_factor`` from
+``config.global_batch_info`` — where verl's own losses read it — None = the micro-batch's padded length as in verl).
 
 Stateful objectives (``ac_mispo``): one instance per registered name lives for the whole process.  ``update()`` is
 called once per optimizer step, before that step's first loss, on that first micro-batch.  A new optimizer step is
@@ -72,6 +74,8 @@ from offpolicylab.objectives.base import COMMON_PARAMS
 VERL_PREFIX = "offpolicylab_"
 PARAMS_ENV = "OFFPOLICYLAB_VERL_PARAMS"
 METRIC_PREFIX = "actor/offpolicylab/"
+#: verl's ``loss_agg_mode`` values the adapter accepts (verl's ``token-sum`` is not an offpolicylab aggregation).
+VERL_AGG_MODES = (*AGG_MODES, "seq-mean-token-sum-norm")
 
 _ADAPTERS: dict[str, VerlPolicyLoss] = {}
 _STEP_HOOK: Any = None
@@ -132,7 +136,7 @@ class VerlPolicyLoss:
                 "the objective's tis_cap or correction parameter (correction={engine: verl, rollout_is: ...} "
                 "reproduces verl's own weights)"
             )
-        self._set_agg(loss_agg_mode)
+        self._set_agg(loss_agg_mode, loss_scale_factor(config))
         mask = response_mask.to(log_prob.dtype)
         if self.objective.needs_prox:  # verl's old_log_prob is the step-start recompute: AReaL's π_prox
             if rollout_log_probs is None:
@@ -153,15 +157,20 @@ class VerlPolicyLoss:
         loss = out.loss * global_scale(batch.mask, self.objective.agg, global_batch_info(config))
         return self._verl_return(loss, out.metrics)
 
-    def _set_agg(self, loss_agg_mode: str) -> None:
-        if loss_agg_mode not in AGG_MODES:
+    def _set_agg(self, loss_agg_mode: str, scale_factor: float | None = None) -> None:
+        """The objective's ``agg`` (and ``agg_norm``: verl's ``loss_scale_factor`` for seq-mean-token-sum-norm,
+        None otherwise) set from verl's."""
+        if loss_agg_mode not in VERL_AGG_MODES:
             raise ValueError(
                 f"verl loss_agg_mode={loss_agg_mode!r} is not supported by offpolicylab objectives; "
-                f"valid: {', '.join(AGG_MODES)}"
+                f"valid: {', '.join(VERL_AGG_MODES)}"
             )
-        if loss_agg_mode != self.objective.agg:
+        norm = scale_factor if loss_agg_mode == "seq-mean-token-sum-norm" else None
+        if loss_agg_mode != self.objective.agg or norm != self.objective.agg_norm:
             self.objective.agg = COMMON_PARAMS["agg"].validate("agg", loss_agg_mode)
+            self.objective.agg_norm = COMMON_PARAMS["agg_norm"].validate("agg_norm", norm)
             self.objective.config["agg"] = self.objective.agg
+            self.objective.config["agg_norm"] = self.objective.agg_norm
 
     def _verl_return(
         self, loss: Tensor, metrics: Mapping[str, Tensor]
@@ -185,11 +194,17 @@ def global_batch_info(config: Any) -> Mapping[str, Any]:
     return info or {}
 
 
+def loss_scale_factor(config: Any) -> float | None:
+    """verl's ``loss_scale_factor`` as verl's own losses see it: ``config.global_batch_info`` (filled from
+    ``actor.loss_scale_factor`` by verl's ``ppo_loss``), or None (verl then divides by the padded length)."""
+    return global_batch_info(config).get("loss_scale_factor")
+
+
 def global_scale(mask: Tensor, mode: str, info: Mapping[str, Any]) -> Tensor | float:
     """Factor turning our micro-batch aggregate into verl's global one (verl ``agg_loss``):
 
     token-mean: n_tok / batch_num_tokens · dp;  seq-mean-token-mean: n_seq⁺ / global_batch_size · dp;
-    seq-mean-token-sum: B / global_batch_size · dp  (n_tok valid tokens, n_seq⁺ non-empty sequences, B rows here —
+    seq-mean-token-sum(-norm): B / global_batch_size · dp  (n_tok valid tokens, n_seq⁺ non-empty sequences, B rows here —
     the denominators our :func:`~offpolicylab.objectives.aggregate` used).  1 when verl gave no global info.
     """
     dp_size = info.get("dp_size") or 1

@@ -20,7 +20,7 @@ from offpolicylab.objectives import (  # noqa: F401
     ppo_variants,  # gppo, decoupled_ppo
 )
 # isort: on
-from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
+from offpolicylab.objectives.aggregation import AGG_CHOICES, AGG_MODES, TRL_LOSS_TYPES, aggregate
 from offpolicylab.objectives.base import (
     OBJECTIVES,
     Objective,
@@ -33,11 +33,13 @@ from offpolicylab.objectives.base import (
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 
 __all__ = [
+    "AGG_CHOICES",
     "AGG_MODES",
     "OBJECTIVES",
     "LossOutput",
     "Objective",
     "Param",
+    "TRL_LOSS_TYPES",
     "TokenBatch",
     "aggregate",
     "get_objective",

@@ -1,8 +1,22 @@
 """Loss aggregation modes (kept apart from the losses, as in verl's ``agg_loss``).
 
-- ``token-mean``:          L = Σ_{i,t} m_it·ℓ_it / Σ_{i,t} m_it
-- ``seq-mean-token-mean``: L = (1/B') Σ_i [Σ_t m_it·ℓ_it / Σ_t m_it], B' = sequences with at least one token
-- ``seq-mean-token-sum``:  L = (1/B) Σ_i Σ_t m_it·ℓ_it
+- ``token-mean``:              L = Σ_{i,t} m_it·ℓ_it / Σ_{i,t} m_it
+- ``seq-mean-token-mean``:     L = (1/B') Σ_i [Σ_t m_it·ℓ_it / Σ_t m_it], B' = sequences with at least one token
+- ``seq-mean-token-sum``:      L = (1/B) Σ_i Σ_t m_it·ℓ_it
+- ``seq-mean-token-sum-norm``: L = (1/(B·C)) Σ_i Σ_t m_it·ℓ_it, C = ``norm`` (the constant ``agg_norm``; default
+  T, the batch's padded length — verl's ``loss_scale_factor`` default)
+
+and TRL's ``GRPOConfig.loss_type`` names, accepted as aliases (:data:`TRL_LOSS_TYPES`):
+
+- ``dr_grpo`` (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective",
+  arXiv:2503.20783): L = (1/(B·L_max)) Σ_i Σ_t m_it·ℓ_it — the length bias of the per-sequence 1/|o_i| removed by a
+  constant; L_max is TRL's ``max_completion_length`` (here ``agg_norm``), so it is ``seq-mean-token-sum-norm``.
+- ``bnpo``: L = Σ_{i,t} m_it·ℓ_it / Σ_{i,t} m_it over the local batch — ``token-mean``.
+- ``dapo`` (DAPO, Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+  arXiv:2503.14476, token-level policy-gradient loss): L = Σ_{i,t} m_it·ℓ_it / N, N the valid tokens of the whole
+  optimizer step (TRL: ``num_items_in_batch``, over processes and gradient accumulation).  offpolicylab's trainer
+  scores an update's batch in one loss, so N = Σ m_it and it is ``token-mean``; ``dapo`` and ``bnpo`` differ only
+  when a step is split across micro-batches or processes.
 
 ``m`` is the batch's response mask: tokens an objective masks out still count in the denominator (their loss is 0),
 which is how PPO clipping, REC and M2PO ("loss averaged over all tokens") are defined.
@@ -18,11 +32,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: The three base modes (verl's ``loss_agg_mode`` names); every objective's golden tests run over these.
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+#: TRL's ``loss_type`` names that are aggregations → the mode that computes them (see the module docstring).
+TRL_LOSS_TYPES = {"dr_grpo": "seq-mean-token-sum-norm", "bnpo": "token-mean", "dapo": "token-mean"}
+#: Every value ``agg`` accepts: the base modes, verl's ``seq-mean-token-sum-norm`` and TRL's loss types.
+AGG_CHOICES = (*AGG_MODES, "seq-mean-token-sum-norm", *TRL_LOSS_TYPES)
 
 
-def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str = "token-mean", *, finite_padding: bool = False) -> Tensor:
-    """Reduce a ``[B, T]`` per-token loss to a scalar with one of :data:`AGG_MODES` (``finite_padding``: see above)."""
+def canonical_agg(mode: str) -> str:
+    """The mode that computes ``mode`` (a TRL loss type → its mode; any other name unchanged)."""
+    return TRL_LOSS_TYPES.get(mode, mode)
+
+
+def aggregate(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    mode: str = "token-mean",
+    *,
+    finite_padding: bool = False,
+    norm: float | None = None,
+) -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar with one of :data:`AGG_CHOICES` (``finite_padding``: see
+    above; ``norm``: the constant C of ``seq-mean-token-sum-norm`` / ``dr_grpo``, None = T)."""
+    mode = canonical_agg(mode)
     if finite_padding:
         masked = per_token_loss * mask.to(per_token_loss.dtype)
     else:
@@ -35,4 +68,6 @@ def aggregate(per_token_loss: Tensor, mask: Tensor, mode: str = "token-mean", *,
         return seq_mean.sum() / (tokens > 0).sum().clamp_min(1)
     if mode == "seq-mean-token-sum":
         return masked.sum(dim=-1).mean()
-    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_MODES)}")
+    if mode == "seq-mean-token-sum-norm":
+        return masked.sum() / (masked.shape[0] * (masked.shape[-1] if norm is None else norm))
+    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_CHOICES)}")

@@ -7,6 +7,7 @@ applies the optional TIS weight, aggregates with ``agg`` and adds the standard d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from offpolicylab.corrections import ENGINES, Correction
 from offpolicylab.corrections import correction as correction_kind
-from offpolicylab.objectives.aggregation import AGG_MODES, aggregate
+from offpolicylab.objectives.aggregation import AGG_CHOICES, aggregate, canonical_agg
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.objectives.regularization import KL_ESTIMATORS, kl_penalty
 from offpolicylab.registry import Param, Registry, resolve
@@ -25,7 +26,13 @@ from offpolicylab.registry import Param, Registry, resolve
 ADVANTAGES = ("mean", "std")
 
 COMMON_PARAMS: dict[str, Param] = {
-    "agg": Param("token-mean", str, choices=AGG_MODES, doc="loss aggregation mode"),
+    "agg": Param("token-mean", str, choices=AGG_CHOICES,
+                 doc="loss aggregation mode (verl loss_agg_mode; TRL loss_type dr_grpo, bnpo, dapo; "
+                     "offpolicylab.objectives.aggregation)"),
+    "agg_norm": Param(None, float, low=0.0, low_open=True, optional=True,
+                      doc="the constant C of agg=seq-mean-token-sum-norm / dr_grpo, L = Σ m·ℓ / (B·C): TRL "
+                          "max_completion_length, verl loss_scale_factor (none = the world's max_response_len in "
+                          "runs, TRL's max_completion_length in the TRL plug-in, else the batch's padded length T)"),
     "tis_cap": Param(
         None, float, low=0.0, low_open=True, optional=True,
         doc="truncated importance sampling: weight min(π_trainer/π_sampler, tis_cap) when sampler_logp is given",
@@ -37,13 +44,13 @@ COMMON_PARAMS: dict[str, Param] = {
             f"parameter names; engines {', '.join(ENGINES)}; tis_cap=C is {{engine: slime, use_tis: true, "
             "tis_clip: C}",
     ),
-    "kl_coef": Param(0.0, float, low=0.0, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
+    "kl_coef": Param(0.0, float, low=0.0, high=math.inf, high_open=True, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
                                                "frozen initial policy π_0 (0 = no penalty; verl kl_loss_coef, TRL beta)"),
     "kl_estimator": Param("k3", str, choices=KL_ESTIMATORS,
                           doc="per-token KL estimator of the penalty (Schulman 2020): k1 = log π_θ − log π_ref, "
                               "k2 = ½(log π_θ − log π_ref)², k3 = π_ref/π_θ − 1 − log(π_ref/π_θ); verl's kl, mse, "
                               "low_var_kl name the same three"),
-    "entropy_coef": Param(0.0, float, low=0.0, doc="c_H of the entropy bonus −c_H·agg(H(π_θ(·|s_t))) added to the "
+    "entropy_coef": Param(0.0, float, low=0.0, high=math.inf, high_open=True, doc="c_H of the entropy bonus −c_H·agg(H(π_θ(·|s_t))) added to the "
                                                     "loss (0 = none; verl entropy_coeff)"),
 }
 
@@ -65,6 +72,10 @@ class Objective:
     #: The objective reads ``TokenBatch.prox_logp``, log π_prox of a proximal policy (decoupled PPO); the training
     #: loop supplies it (:func:`offpolicylab.proximal.proximal_logp`).
     needs_prox: ClassVar[bool] = False
+    #: The longest response the batches can hold, set by a training loop that knows it (the world's
+    #: ``max_response_len``): the constant of ``seq-mean-token-sum-norm`` / ``dr_grpo`` when ``agg_norm`` is none
+    #: (else the batch's padded length T, verl's default).
+    response_limit: int | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         self.config: dict[str, Any] = resolve(f"objective {self.name!r}", self.all_params(), kwargs)
@@ -76,7 +87,16 @@ class Objective:
                 raise ValueError(f"objective {self.name!r}: give tis_cap or correction, not both (tis_cap=C is "
                                  "correction={engine: slime, use_tis: true, tis_clip: C})")
             self._correction = Correction.from_config(self.correction)
+        if self.agg_norm is not None and canonical_agg(self.agg) != "seq-mean-token-sum-norm":
+            raise ValueError(f"objective {self.name!r}: agg_norm={self.agg_norm:g} is used only by "
+                             f"agg=seq-mean-token-sum-norm or dr_grpo, not agg={self.agg}; valid: one of those "
+                             "aggregations, or agg_norm=none")
         self.check_params()
+
+    @property
+    def norm_constant(self) -> float | None:
+        """C of ``seq-mean-token-sum-norm`` / ``dr_grpo``: ``agg_norm``, else :attr:`response_limit`, else None (T)."""
+        return self.agg_norm if self.agg_norm is not None else self.response_limit
 
     @classmethod
     def all_params(cls) -> dict[str, Param]:
@@ -103,7 +123,7 @@ class Objective:
             per_token = per_token * tis_weight(batch, self.tis_cap)
         elif self._correction is not None and batch.sampler_logp is not None:
             per_token, token_mask, loss_mask = corrected(self._correction, batch, per_token, token_mask)
-        loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True)
+        loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True, norm=self.norm_constant)
         loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
@@ -119,7 +139,7 @@ class Objective:
         terms: dict[str, Tensor] = {}
         if batch.ref_logp is not None:
             kl = aggregate(kl_penalty(batch.logp, batch.ref_logp, self.kl_estimator), batch.mask, self.agg,
-                           finite_padding=True)
+                           finite_padding=True, norm=self.norm_constant)
             terms["kl_ref"] = kl.detach()
             if self.kl_coef:
                 loss = loss + self.kl_coef * kl
@@ -130,7 +150,8 @@ class Objective:
             if batch.entropy is None or not batch.entropy.requires_grad:
                 raise ValueError(f"objective {self.name!r} has entropy_coef={self.entropy_coef:g} but the batch's "
                                  "entropy is missing or carries no gradient")
-            loss = loss - self.entropy_coef * aggregate(batch.entropy, batch.mask, self.agg, finite_padding=True)
+            loss = loss - self.entropy_coef * aggregate(batch.entropy, batch.mask, self.agg, finite_padding=True,
+                                                             norm=self.norm_constant)
         return loss, terms
 
     # ------------------------------------------------------------------------------------------------ state

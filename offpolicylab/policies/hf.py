@@ -12,7 +12,10 @@ second policy (:meth:`HFPolicy.base_policy`, or ``sample(..., use_adapter=False)
 from __future__ import annotations
 
 import contextlib
+import inspect
+import logging
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,31 @@ from torch.utils.checkpoint import checkpoint
 
 from offpolicylab.contracts import Prompts, Rollout
 from offpolicylab.policies.precision import PRECISIONS, check_precision, engine_log_softmax, sampler_weights
+
+#: Third-party messages a user of this policy cannot act on, silenced by :func:`quiet_third_parties`: (logger name,
+#: level it is raised to) and (warning category, regex of the message start).
+QUIET_LOGGERS = (
+    # bitsandbytes ≥ 0.49 on CPUs with AVX512-BF16, at import, with or without 4-bit: "Failed to load CPU
+    # gemm_4bit_forward from kernels-community: No module named 'kernels'" (an optional speed-up; the fallback runs)
+    ("bitsandbytes.backends.cpu.ops", logging.ERROR),
+)
+QUIET_WARNINGS = (
+    # peft reads model.is_gradient_checkpointing, which transformers 5 renamed
+    (FutureWarning, r"`is_gradient_checkpointing` is deprecated"),
+)
+
+
+def quiet_third_parties() -> None:
+    """Raise :data:`QUIET_LOGGERS` to their level and ignore :data:`QUIET_WARNINGS` (both narrow: one logger, one
+    message each; everything else still shows).  Idempotent; run when this module is imported and again when a
+    policy is built (a test framework may reset warning filters in between)."""
+    for name, level in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+    for category, message in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
+
+quiet_third_parties()
 
 ADAPTER_FILE = "adapter_model.safetensors"
 # The share of the available memory an automatic scoring plan may fill (the rest: the rollout, the optimizer, the
@@ -113,6 +141,7 @@ class HFPolicy:
     ) -> None:
         from peft import get_peft_model, prepare_model_for_kbit_training
 
+        quiet_third_parties()
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} is invalid; valid: an integer >= 1")
         for name, value in (("sample_micro_batch", sample_micro_batch), ("score_micro_batch", score_micro_batch)):
@@ -133,6 +162,7 @@ class HFPolicy:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
         self.model = get_peft_model(model, lora.to_peft())
+        self._cache_name = kv_cache_name(model)
         self.tokenizer = tokenizer
         self.lora = lora
         self.max_new_tokens = int(max_new_tokens)
@@ -166,6 +196,7 @@ class HFPolicy:
         wrap it with a fresh LoRA adapter; ``kwargs`` go to :class:`HFPolicy`."""
         from offpolicylab.policies.hf_loading import load_model_and_tokenizer
 
+        quiet_third_parties()
         lora = LoraSpec(lora_r, lora_alpha, lora_dropout, lora_target_modules)
         lm, tokenizer = load_model_and_tokenizer(model, gguf_file=gguf_file, dtype=dtype, load_in_4bit=load_in_4bit,
                                                  device=device)
@@ -291,7 +322,7 @@ class HFPolicy:
         first, source = _distinct_rows(torch.cat([ids, mask], 1))
         out = self.model(input_ids=ids[first], attention_mask=mask[first], position_ids=positions[first],
                          use_cache=True, logits_to_keep=1)
-        cache, logits = out.past_key_values, out.logits[:, -1]
+        cache, logits = getattr(out, self._cache_name), out.logits[:, -1]
         if not torch.equal(source, torch.arange(rows, device=source.device)):  # back to the rows' order (also
             cache.batch_select_indices(source)                                  # when all rows are distinct)
             logits = logits[source]
@@ -322,7 +353,7 @@ class HFPolicy:
                 active, token, mask, next_position = active[keep], token[keep], mask[keep], next_position[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **{self._cache_name: cache})
             logits = out.logits[:, -1]
             next_position = next_position + 1
         width = int(lengths.max())
@@ -426,6 +457,11 @@ class HFPolicy:
         self.model.save_pretrained(str(directory), safe_serialization=True)
         return directory
 
+    def decode(self, ids: Tensor, mask: Tensor) -> list[str]:
+        """The text of each row of ``ids`` over its tokens where ``mask`` is 1 (special tokens kept: an EOS shows)."""
+        rows = [row[keep > 0].tolist() for row, keep in zip(ids.cpu(), mask.cpu(), strict=True)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=False)
+
     def load_adapter(self, directory: str | Path) -> None:
         """Load adapter weights saved by :meth:`save_adapter` (safetensors: nothing is unpickled)."""
         from peft.utils import load_peft_weights
@@ -508,6 +544,12 @@ class BaseModelPolicy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ValueError(f"the base model has no trainable state, got keys {sorted(state)[:3]}")
+
+
+def kv_cache_name(model: Any) -> str:
+    """The name of the KV cache in ``model``'s forward arguments and outputs: ``cache`` from transformers 5.2x on
+    (``past_key_values`` still works there but warns once per process), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -119,7 +119,8 @@ def test_stale_m2po_run_directory(stale_run: Path, files: dict[str, Path]) -> No
     assert eval_greedy[1] == "" and all(eval_greedy[u] != "" for u in (0, 2, 3))
     summary = json.loads((stale_run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["updates_done"] == 4
-    assert sorted(p.name for p in (stale_run / "samples").iterdir()) == [f"update_00000{u}.npz" for u in range(4)]
+    assert sorted(p.name for p in (stale_run / "samples").iterdir()) == sorted(
+        [f"update_00000{u}.npz" for u in range(4)] + [f"completions_00000{u}.jsonl" for u in range(4)])
 
 
 def test_checkpoint_holds_only_the_adapter(stale_run: Path) -> None:
@@ -251,18 +252,21 @@ def test_cuda_device_without_cuda_is_one_line_exit_2(files: dict[str, Path], tmp
 
 def test_recomputed_behavior_logp_separates_staleness_from_numeric_mismatch(files: dict[str, Path],
                                                                             tmp_path: Path) -> None:
-    """bf16 on the CPU: sampling and scoring log-probs of the same tokens differ.  On-policy, without recompute the
+    """A bf16 sampler (``sampler_precision=bf16``: the sampler's logits rounded to bf16) beside the fp32 trainer:
+    sampling and scoring log-probs of the same tokens differ on any CPU (a bf16 *model* is not used: whether its
+    incremental and full forwards round alike depends on the CPU's kernels).  On-policy, without recompute the
     objective's |log ratio| at update 0 is that numeric mismatch; with recompute it is 0 (the same training forward
     on both sides) and the mismatch moves to sampler_log_ratio_abs_mean, equal to the first run's |log ratio|."""
     runs = {}
     for name, extra in (("plain", []), ("recompute", ["--behavior-logp", "trainer"])):
         out = tmp_path / name
         args = run_args(files, out, schedule="on_policy", updates=1)
-        assert cli.main([*args, "--policy-param", "dtype=bfloat16", *extra]) == 0
+        assert cli.main([*args, "--policy-param", "sampler_precision=bf16", *extra]) == 0
         runs[name] = read_rows(out)[0]
     plain, recompute = runs["plain"], runs["recompute"]
     assert plain["response_len"] == recompute["response_len"] and plain["reward_mean"] == recompute["reward_mean"]
-    assert float(plain["log_ratio_abs_mean"]) > 0.0 and "sampler_log_ratio_abs_mean" not in plain
+    assert float(plain["log_ratio_abs_mean"]) > 0.0
+    assert float(plain.get("sampler_log_ratio_abs_mean") or 0.0) == 0.0  # behaviour = the sampler's numbers
     assert float(recompute["log_ratio_abs_mean"]) == 0.0
     assert float(recompute["sampler_log_ratio_abs_mean"]) == pytest.approx(float(plain["log_ratio_abs_mean"]),
                                                                            rel=1e-5)
