@@ -40,7 +40,7 @@ REWARD = "reward_mean"
 DETECTOR_KL = ("kl_k3", "kl_k1", "kl_ref")
 #: figure name → the metrics it shows, one panel each (a figure is drawn when the log holds any of them)
 FIGURES: dict[str, tuple[str, ...]] = {
-    "reward": (REWARD,),
+    "reward": (REWARD, "eval_reward"),
     "spikes": ("kl_k3", "kl_k1", "kl_ref", "grad_norm"),
     "clipping": ("clip_frac", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "mask_frac"),
     "ratios": ("ratio_max", "ratio_p999", "ratio_mean", "log_ratio_abs_mean", "m2", "ess"),
@@ -85,7 +85,8 @@ def analyze(path: str | Path, margin: float = 0.1, window: int = 20, warning: st
     if REWARD not in metrics:
         names = ", ".join(sorted(plain for plain in log.series)[:6]) or "none"
         raise LogError(f"{log.path} ({log.format}) logs no reward (looked for critic/score/mean, reward, "
-                       f"reward_current, reward_mean; it has {names}, ...); valid: the log of an RL run")
+                       f"train/reward, reward_current, reward_mean; it has {names}, ...); valid: the log of an RL "
+                       "run")
     detector = CollapseDetector(margin=margin, window=window)
     kl_name = next((name for name in DETECTOR_KL if name in metrics), None)
     trace = detect(metrics, kl_name, detector)
@@ -147,6 +148,7 @@ def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str,
         "steps": len(steps), "first_step": steps[0], "last_step": steps[-1],
         "peak_reward": peak, "peak_reward_step": peak_step,
         "final_reward": rewards[-1][1], "final_reward_step": rewards[-1][0],
+        **_evaluation(metrics),
         "collapse_step": trace.collapse_step, "collapse_reason": trace.reason,
         "detector": {
             "reward": sources[REWARD], "kl": sources.get(kl_name) if kl_name else None,
@@ -160,6 +162,17 @@ def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str,
         "other_metrics": unmapped(log, sources.values()),
         "notes": list(log.notes),
     }
+
+
+def _evaluation(metrics: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """Peak and final evaluation reward (``eval_reward``: our ``eval_reward_sampled``, verl's ``val-core``, TRL's
+    ``eval_reward``) and their steps, where the log holds a finite one."""
+    values = [(step, value) for step, value in sorted(metrics.get("eval_reward", {}).items()) if math.isfinite(value)]
+    if not values:
+        return {}
+    peak_step, peak = max(values, key=lambda sv: sv[1])
+    return {"peak_eval_reward": peak, "peak_eval_reward_step": peak_step,
+            "final_eval_reward": values[-1][1], "final_eval_reward_step": values[-1][0]}
 
 
 def _finite(value: float | None) -> float | None:
@@ -212,15 +225,15 @@ def draw(analysis: Analysis, name: str, path: Path) -> Path:
         if metric == REWARD:
             ax.plot(trace.steps, trace.smoothed, color="#009E73", lw=1.5, label="smoothed (detector)")
             ax.plot(trace.steps, trace.peak, color="#999999", lw=1.0, ls="--", label="running peak")
-            ax.legend(fontsize=8, loc="best")
         if metric in ("grad_norm", analysis.summary["detector"]["kl_as"]):
-            for step in trace.spikes:
-                ax.axvline(step, color="#E69F00", lw=0.8, alpha=0.7)
+            for index, step in enumerate(trace.spikes):
+                ax.axvline(step, color="#E69F00", lw=0.8, alpha=0.7,
+                           label="spike (detector)" if index == 0 else None)
         if trace.collapse_step is not None:
-            ax.axvline(trace.collapse_step, color="#D55E00", lw=1.5, ls="--")
+            ax.axvline(trace.collapse_step, color="#D55E00", lw=1.5, ls="--", label="collapse (detector)")
         for i, step in enumerate(analysis.summary["warning"]["steps"]):
             ax.axvline(step, color="#CC79A7", lw=1.2, ls=":", label="collapse warning" if i == 0 else None)
-        if metric == REWARD and analysis.summary["warning"]["steps"]:
+        if metric == REWARD or len(ax.get_legend_handles_labels()[0]) > 1:  # the marker lines say what they are
             ax.legend(fontsize=8, loc="best")
     axes[-1, 0].set_xlabel("step")
     status = analysis.summary["status"]
@@ -259,9 +272,11 @@ def run_command(args: argparse.Namespace) -> int:
     for note in summary["notes"]:
         print(f"note: {note}")
     where = f" at step {summary['collapse_step']}" if summary["collapse_step"] is not None else ""
+    evaluation = (f", final evaluation reward {summary['final_eval_reward']:.4g}" if "final_eval_reward" in summary
+                  else "")
     print(f"{args.log} ({summary['format']}, {summary['steps']} steps): {summary['status']}{where}; peak reward "
-          f"{summary['peak_reward']:.4g} at step {summary['peak_reward_step']}, final {summary['final_reward']:.4g} "
-          f"-> {out}/summary.json, {', '.join(summary['figures'])}")
+          f"{summary['peak_reward']:.4g} at step {summary['peak_reward_step']}, final {summary['final_reward']:.4g}"
+          f"{evaluation} -> {out}/summary.json, {', '.join(summary['figures'])}")
     warned = summary["warning"]
     if warned["first_step"] is not None:
         print(f"collapse warning ({warned['detector']}) at step {warned['first_step']}: {warned['reason']}"

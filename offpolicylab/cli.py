@@ -1,7 +1,7 @@
 """``offpolicylab`` command line (docs/design.md, "Command line").
 
     offpolicylab list
-    offpolicylab demo [--world synthetic_lm|token_mdp] [--out DIR] [--workers N] [--updates N]
+    offpolicylab demo [--world synthetic_lm|token_mdp] [--out DIR] [--workers N] [--updates N] [--report-to T]
     offpolicylab run --world W --objective O [--param k=v ...] [--world-param k=v ...] [--policy-param k=v ...]
                      [--schedule S] [--updates N] [--seed S | --seeds S,S,...] [--lr X ...] --out DIR
                      [--resume] [--profile]
@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 from offpolicylab import analyze as analyze_command
 from offpolicylab import calibrate as calibrate_command
+from offpolicylab import demo as demo_command
 from offpolicylab import replay as replay_command
 from offpolicylab.aliases import CONFIG_ALIASES, PARAM_ALIASES, canonical_config, merge_params
 from offpolicylab.config import DEFAULTS, TrainConfig, config_params, parse_assignments, read_mapping
@@ -70,14 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                       "documentation and valid values")
 
     demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
-    demo.add_argument("--world", default="synthetic_lm", choices=DEMO_WORLDS,
-                      help="synthetic_lm (default: grpo vs m2po at stale_k:256, 3 seeds, on the seed-scale LM world) or "
-                           "token_mdp")
-    demo.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    demo.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
-    demo.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
-    demo.add_argument("--rerun-changed", action="store_true",
-                      help="run again the cells in --out that were run with another config (else refused)")
+    demo_command.add_arguments(demo)
 
     run = sub.add_parser("run", help="train one run into a run directory")
     for name, param in config_params().items():
@@ -150,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C: workers first
     try:
-        return {"list": cmd_list, "demo": cmd_demo, "run": cmd_run, "sweep": cmd_sweep,
+        return {"list": cmd_list, "demo": demo_command.run_command, "run": cmd_run, "sweep": cmd_sweep,
                 "convert-gguf": cmd_convert_gguf,
                 "calibrate": calibrate_command.run_command,
                 "profiles": calibrate_command.run_profiles_command,
@@ -308,6 +302,7 @@ def absolute_paths(params: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from offpolicylab.grid import load_grid
+    from offpolicylab.progress import print_table
     from offpolicylab.sweep import run_sweep
 
     if args.ray_address:
@@ -321,26 +316,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # e.g. a Ray cluster that cannot be started or reached
         print(f"offpolicylab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    _print_table(rows)
+    print_table(rows, SWEEP_TABLE)
     failed = sum(row["status"] == "failed" for row in rows)
     print(f"{len(rows)} cells, {failed} failed -> {Path(args.out) / 'sweep_results.csv'}")
     return EXIT_FAILED if failed else 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from offpolicylab.runs import RunDir
-    from offpolicylab.sweep import run_sweep
-    from offpolicylab.worlds import make_world
-
-    grid = demo_grid(args.updates, args.world)
-    TrainConfig.from_dict(grid["base"])  # bad options are refused before π₀ is built
-    make_world(grid["base"]["world"], **grid["base"]["world_params"])  # a cached π₀ is built once, not per worker
-    rows = run_sweep(grid, args.out, workers=args.workers, progress="bar" if sys.stderr.isatty() else "lines",
-                     rerun_changed=args.rerun_changed)
-    figure = demo_figure(args.out, Path(args.out) / "demo.png")
-    _print_table([{**row, **_demo_returns(RunDir(Path(args.out) / row["cell"]).read_summary() or {})} for row in rows])
-    print(f"figure: {figure}")
-    return EXIT_FAILED if any(row["status"] == "failed" for row in rows) else 0
 
 
 def cmd_convert_gguf(args: argparse.Namespace) -> int:
@@ -358,109 +337,6 @@ def _plot(argv: list[str]) -> int:
         print(f"offpolicylab: error: plotting is unavailable ({exc})", file=sys.stderr)
         return EXIT_BAD_INPUT
     return int(plots.main(argv) or 0)
-
-
-# ============================================================================================ the demo
-DEMO_STALENESS = {"token_mdp": 32, "synthetic_lm": 256}
-DEMO_WORLDS = tuple(DEMO_STALENESS)
-
-
-def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
-              world_params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The demo's runs.  ``synthetic_lm``: ε-clipped grpo (ε = 0.2) and m2po (τ = 0.04) at staleness 256, seeds
-    0–2, 350 updates, with the world's transformer π₀ and training defaults (the seeds' drift: grpo clips ≈ 1 % of the
-    tokens at s = 256, as in the M2PO paper) and its Monte-Carlo return — the world's clearest result within three
-    minutes: the clip removes the tokens that moved, the answer tokens where learning happens, and ε-clipped grpo
-    gains a fraction of what m2po gains (``experiments/RESULTS.md`` §4).  ``token_mdp``: grpo (ε = 0.2), grpo without
-    trust region and m2po on-policy and at staleness 32 on a 4-prompt token MDP (tabular policy, exact return)."""
-    if world not in DEMO_STALENESS:
-        raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
-    clipped = {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}}
-    stale = f"stale_k:{DEMO_STALENESS[world]}"
-    if world == "token_mdp":
-        objectives: list[dict[str, Any]] = [
-            clipped,
-            {"label": "grpo_no_trust_region", "objective": "grpo",
-             "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
-            {"label": "m2po", "objective": "m2po"},
-        ]
-        base: dict[str, Any] = {
-            "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
-                                                   "num_prompts": 4},
-            "policy": "tabular", "updates": 120 if updates is None else updates, "prompts_per_update": 4, "group_size": 8,
-            "lr": 0.1, "eval_every": 10, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
-        }
-        return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
-    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": 350 if updates is None else updates,
-            "eval_every": 50, "sample_every": 0, "checkpoint_every": 350, "schedule": stale}
-    m2po = {"label": "m2po", "objective": "m2po", "objective_params": {"tau": 0.04}}
-    return {"base": base, "axes": {"objective": [clipped, m2po], "seed": [0, 1, 2]}}
-
-
-def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
-    """Return per update, one line per grid label of the demo sweep: the mean over its seeds with a band (± 1 sd
-    over seeds, where there are several), and an ✕ on the line wherever the collapse detector flagged a run.  The
-    return is the exact return where the world enumerates its responses, else the Monte-Carlo evaluation return,
-    else the batch reward."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import pandas as pd
-    import seaborn as sns
-
-    from offpolicylab.runs import load_runs
-
-    frames, flags, used, schedules = [], [], set(), set()
-    for run in load_runs([sweep_dir]):
-        schedules.add(run.staleness)
-        frame = run.metrics
-        column = next(c for c in (*_DEMO_RETURNS, "reward_mean") if c in frame and frame[c].notna().any())
-        used.add(column)
-        frame = frame[["update", column]].dropna().rename(columns={column: "return"})
-        label = run.labels.get("objective", run.path.name)
-        frame["objective"], frame["seed"] = label, run.seed
-        frames.append(frame)
-        for update in run.collapse_updates():
-            flags.append({"objective": label, "update": update,
-                          "return": float(np.interp(update, frame["update"], frame["return"]))})
-    sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(8.5, 4))
-    if frames:
-        data = pd.concat(frames, ignore_index=True)
-        order = list(dict.fromkeys(data["objective"]))
-        palette = dict(zip(order, sns.color_palette(n_colors=len(order)), strict=True))
-        sns.lineplot(data=data, x="update", y="return", hue="objective", hue_order=order, palette=palette,
-                     errorbar="sd", ax=ax)
-        for flag in flags:
-            ax.plot(flag["update"], flag["return"], marker="X", markersize=9, color=palette[flag["objective"]],
-                    markeredgecolor="black", linestyle="none")
-        if flags:
-            ax.plot([], [], marker="X", color="grey", markeredgecolor="black", linestyle="none",
-                    label="collapse detector flag")
-        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
-    seeds = len({f["seed"].iloc[0] for f in frames}) if frames else 0
-    ax.set_ylabel(" / ".join(_DEMO_RETURNS.get(c, "batch reward") for c in sorted(used)) or "return")
-    title = "on-policy vs stale data" if len(schedules) != 1 else f"all at {next(iter(schedules))}"
-    ax.set_title(title + (f" (mean over {seeds} seeds, band ± 1 sd)" if seeds > 1 else ""))
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-_DEMO_RETURNS = {"exact_return": "exact return J(π)", "eval_reward_sampled": "evaluation return (Monte Carlo)"}
-
-
-def _demo_returns(summary: dict[str, Any]) -> dict[str, Any]:
-    """Peak and final Monte-Carlo evaluation return of a run's summary where there is no exact return (a stale
-    run's batch reward is the reward of the old policy's samples)."""
-    if "final_exact_return" in summary:
-        return {}
-    return {f"{edge}_eval_return": summary[f"{edge}_eval_reward_sampled"] for edge in ("peak", "final")
-            if f"{edge}_eval_reward_sampled" in summary}
 
 
 # ============================================================================================ helpers
@@ -487,28 +363,20 @@ def _default_help(name: str, param: Any) -> str:
 
 
 def _summary_line(name: str, summary: dict[str, Any]) -> str:
+    """``run``'s last line: status, the summary's exact return and reward (the one reward of docs/metrics.md, the
+    number ``analyze`` reports as final), the collapse update."""
     parts = [f"{name}: {summary.get('status')}"]
-    for key in ("final_exact_return", "peak_exact_return", "final_reward_mean", "peak_reward_mean"):
+    for key in ("final_exact_return", "peak_exact_return", "final_reward", "peak_reward"):
         if key in summary:
-            parts.append(f"{key}={summary[key]:.3f}")
+            parts.append(f"{key}={summary[key]:.4g}")
     if summary.get("collapse_update", -1) not in (-1, None, ""):
         parts.append(f"collapse_update={summary['collapse_update']}")
     return "  ".join(parts)
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    columns = ["cell", "status", "peak_exact_return", "final_exact_return", "peak_eval_return", "final_eval_return",
-               "peak_reward_mean", "final_reward_mean", "collapse_update"]
-    columns = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
-    cells = [[_fmt(row.get(c, "")) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for r in cells:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+#: the columns of the table ``sweep`` prints (sweep_results.csv's names; a column no cell has is left out)
+SWEEP_TABLE = ("cell", "status", "peak_exact_return", "final_exact_return", "peak_eval_reward_sampled",
+               "final_eval_reward_sampled", "peak_reward", "final_reward", "collapse_update")
 
 
 if __name__ == "__main__":

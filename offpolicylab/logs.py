@@ -6,9 +6,10 @@ Four formats, told apart by their content (never by a file name alone):
   {name: value}}`` per line; ``step`` is verl's training step (one rollout batch, possibly several optimizer steps).
 - ``trl``: the ``trainer_state.json`` of a Hugging Face / TRL trainer (an output or checkpoint directory, or the
   file), whose ``log_history`` holds one record per logged optimizer step.
-- ``tensorboard``: a folder of ``events.out.tfevents.*`` files of one run (verl's ``tensorboard`` logger, or TRL's
-  ``report_to="tensorboard"``, whose tags carry a ``train/`` prefix), read with TensorBoard's own
-  ``EventAccumulator``.
+- ``tensorboard``: a folder of ``events.out.tfevents.*`` files of one run (verl's ``tensorboard`` logger, TRL's
+  ``report_to="tensorboard"``, whose tags carry a ``train/`` prefix and ``eval/`` for evaluations, or our own
+  ``--report-to tensorboard``, whose tags are read back as the run's metrics.csv columns), read with TensorBoard's
+  own ``EventAccumulator``.
 - ``offpolicylab``: one of our run directories (``metrics.csv``, read by :mod:`offpolicylab.runs`).
 
 :data:`METRIC_NAMES` is the one mapping from their names to ours; :func:`canonical` applies it.  Values that are
@@ -21,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +69,9 @@ METRIC_NAMES: tuple[MetricName, ...] = (
                "k1 estimate of KL(π_behaviour ‖ π_θ) per token, mean(−log r)"),
     MetricName("kl_k3", (), (), ("kl_k3",),
                "k3 estimate of KL(π_behaviour ‖ π_θ) per token, mean(r − 1 − log r)"),
-    MetricName("kl_ref", ("actor/kl_loss",), ("kl",), ("eval_kl_init_k3",),
-               "KL(π_θ ‖ π_ref) per token (TRL: k3; verl: its kl_loss_type; ours: to π₀, k3)"),
+    MetricName("kl_ref", ("actor/kl_loss",), ("kl",), ("kl_ref", "eval_kl_init_k3"),
+               "KL(π_θ ‖ π_ref) per token (TRL: k3; verl: its kl_loss_type; ours: the KL penalty's estimate to π₀, "
+               "else the evaluation's k3 to π₀)"),
     MetricName("entropy", ("actor/entropy",), ("entropy",), ("entropy",),
                "mean token entropy of π_θ on the responses (nat)"),
     MetricName("loss", ("actor/pg_loss",), ("loss",), ("loss",), "the policy loss of the step"),
@@ -98,6 +101,9 @@ METRIC_NAMES: tuple[MetricName, ...] = (
     MetricName("response_len", ("response_length/mean",), ("completions/mean_length",), ("response_len",),
                "mean response length (tokens)"),
     MetricName("staleness_mean", (), (), ("staleness_mean",), "mean policy versions between generation and use"),
+    MetricName("eval_reward", ("val-core/<data source>/reward/mean@<n>",), ("eval_reward",),
+               ("eval_reward_sampled",), "mean reward on the evaluation prompts (verl: its validation, the first "
+               "data source; TRL: its evaluation loop)"),
 )
 PLUGIN_PREFIXES = {"verl": "actor/offpolicylab/", "trl": "offpolicylab/"}
 
@@ -295,7 +301,7 @@ def trl_log(path: Path, state: dict[str, Any]) -> Log:
             raise LogError(f"{path}: log_history[{index}] is not a record with an integer step; "
                            "valid: a trainer_state.json written by a TRL / transformers trainer")
         for name, value in record.items():
-            if name not in ("step", "epoch") and not name.startswith("eval_"):
+            if name not in ("step", "epoch"):
                 log.add(record["step"], name, value)
     return log
 
@@ -410,24 +416,66 @@ def _is_step(value: Any) -> bool:
 
 # ------------------------------------------------------------------------------------------------ our names
 def engine_of(log: Log) -> str:
-    """Which engine's names a log uses: ``verl``, ``trl`` or ``offpolicylab``.  TensorBoard logs are TRL's when
-    their tags carry the ``train/`` prefix, else verl's."""
+    """Which engine's names a log uses: ``verl``, ``trl`` or ``offpolicylab``.  TensorBoard logs are ours when they
+    hold a tag only our trackers write (:data:`OUR_TENSORBOARD_TAGS`), TRL's when their tags carry the ``train/``
+    prefix, else verl's."""
     if log.format != "tensorboard":
         return "offpolicylab" if log.format == "offpolicylab" else log.format
+    if any(name in log.series for name in OUR_TENSORBOARD_TAGS):
+        return "offpolicylab"
     return "trl" if any(name.startswith(TENSORBOARD_SPLIT) for name in log.series) else "verl"
 
 
+#: Tags of our ``--report-to tensorboard`` folders that no other engine writes (every update logs them).
+OUR_TENSORBOARD_TAGS = ("train/reward_current", "train/staleness_mean")
+
+
 def plain_names(log: Log) -> dict[str, dict[int, float]]:
-    """The log's series under the engine's own names (TensorBoard's ``train/`` prefix removed, ``eval/`` left out)."""
-    if log.format != "tensorboard" or engine_of(log) != "trl":
+    """The log's series under the engine's own names: for TensorBoard, the tags turned back into the names the
+    engine logged — TRL's ``train/x`` → ``x`` and ``eval/x`` → ``eval_x``; ours (:func:`column_of_tag`) → the
+    metrics.csv column; verl's tags are its names."""
+    engine = engine_of(log)
+    if log.format != "tensorboard" or engine == "verl":
         return log.series
-    return {name.removeprefix(TENSORBOARD_SPLIT): values for name, values in log.series.items()
-            if name.startswith(TENSORBOARD_SPLIT)}
+    if engine == "offpolicylab":
+        return {column: values for name, values in log.series.items()
+                if (column := column_of_tag(name)) is not None}
+    out: dict[str, dict[int, float]] = {}
+    for name, values in log.series.items():
+        if name.startswith(TENSORBOARD_SPLIT):
+            out[name.removeprefix(TENSORBOARD_SPLIT)] = values
+        elif name.startswith("eval/"):
+            out["eval_" + name.removeprefix("eval/")] = values
+    return out
+
+
+def column_of_tag(tag: str) -> str | None:
+    """The metrics.csv column of one of our TensorBoard tags (the inverse of
+    :func:`offpolicylab.tracking.scalar_name`), including the doubled tags of earlier versions
+    (``eval/eval_reward_sampled``, ``time/time_update_s``); None for a tag that is no column (histograms, text)."""
+    group, _, name = tag.partition("/")
+    if not name or "/" in name:
+        return None
+    if group == "train":
+        return name
+    if group == "eval":
+        return name if name.startswith(("eval_", "exact_")) else f"eval_{name}"
+    if group == "time":
+        return name if name.startswith("time_") else f"time_{name}"
+    return None
+
+
+def _matcher(name: str) -> re.Pattern[str]:
+    """A name of :data:`METRIC_NAMES` as a pattern: each ``<...>`` placeholder stands for any text."""
+    return re.compile("^" + ".+?".join(re.escape(part) for part in re.split(r"<[^<>]*>", name)) + "$")
 
 
 def canonical(log: Log) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
     """The log's series under our names (:data:`METRIC_NAMES`) and, for each, the name it was read from.  Our
-    plug-ins' metrics (``actor/offpolicylab/<name>``, ``offpolicylab/<name>``) come first under their own name."""
+    plug-ins' metrics (``actor/offpolicylab/<name>``, ``offpolicylab/<name>``) come first under their own name.
+    Of the names a metric may be logged under, the first that holds a finite value is used (a column that is
+    empty or NaN throughout is passed over: an offline run's ``reward_current``); a name with a ``<...>``
+    placeholder takes the first of the log's names (sorted) that fits it."""
     engine = engine_of(log)
     series = plain_names(log)
     out: dict[str, dict[int, float]] = {}
@@ -440,10 +488,16 @@ def canonical(log: Log) -> tuple[dict[str, dict[int, float]], dict[str, str]]:
     for metric in METRIC_NAMES:
         if metric.ours in out:
             continue
-        for name in getattr(metric, "run" if engine == "offpolicylab" else engine):
-            if name in series:
-                out[metric.ours], source[metric.ours] = series[name], name
-                break
+        found = []
+        for pattern in getattr(metric, "run" if engine == "offpolicylab" else engine):
+            if "<" in pattern:
+                fits = _matcher(pattern)
+                found += [name for name in sorted(series) if fits.match(name)]
+            elif pattern in series:
+                found.append(pattern)
+        if found:
+            name = next((n for n in found if any(math.isfinite(v) for v in series[n].values())), found[0])
+            out[metric.ours], source[metric.ours] = series[name], name
     return out, source
 
 

@@ -142,6 +142,15 @@ def metrics_frame(runs: Sequence[Run], columns: Sequence[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def reward_column(runs: Sequence[Run]) -> str:
+    """The column of the runs' one reward (docs/metrics.md, "One reward"): the first of
+    :data:`offpolicylab.runs.REWARD_COLUMNS` that every run records a value of, else ``reward_mean``."""
+    for column in runs_io.REWARD_COLUMNS:
+        if runs and all(column in r.metrics.columns and r.metrics[column].notna().any() for r in runs):
+            return column
+    return "reward_mean"
+
+
 def return_column(runs: Sequence[Run]) -> str:
     """``exact_return`` when every run records it, else ``eval_reward_greedy``, else ``reward_mean``."""
     for column in ("exact_return", "eval_reward_greedy", "reward_mean"):
@@ -271,6 +280,7 @@ def _legend(fig: Figure, axes: np.ndarray) -> None:
 
 _AXIS_LABELS = {
     "reward_mean": "mean reward (per response)",
+    "reward_current": "reward (current policy)",
     "exact_return": "exact expected return",
     "eval_reward_greedy": "greedy eval reward",
     "clip_frac": "clipped tokens (fraction)",
@@ -285,9 +295,12 @@ _AXIS_LABELS = {
 }
 
 
-def training_curves(runs: Sequence[Run], metrics: Sequence[str] = ("reward_mean", "exact_return")) -> Figure:
+def training_curves(runs: Sequence[Run], metrics: Sequence[str] | None = None) -> Figure:
     """Reward (and exact return where known) against update, one column per staleness schedule, colour per
-    objective; a collapse event is marked with an × at the update it was detected."""
+    objective; a collapse event is marked with an × at the update it was detected.  The reward is the run's one
+    reward (docs/metrics.md): ``reward_current`` where every run records it, else ``reward_mean``."""
+    if metrics is None:
+        metrics = (reward_column(runs), "exact_return")
 
     def mark_collapses(ax: plt.Axes, metric: str, staleness: str) -> None:
         for run in runs:
@@ -360,7 +373,8 @@ def entropy_vs_clipping(runs: Sequence[Run]) -> Figure:
         axes[0].set_xlabel("mean token entropy (nats)")
         axes[0].set_ylabel("")
         axes[0].set_title("Entropy of kept vs clipped/masked tokens")
-        axes[0].legend(fontsize="small", frameon=True, loc="lower right")
+        # below the panel, outside the bars (inside, it covered the longest ones)
+        axes[0].legend(fontsize="small", frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     else:
         axes[0].text(0.5, 0.5, "no 'kept' flags in samples", ha="center", va="center", transform=axes[0].transAxes)
         axes[0].set_axis_off()
@@ -484,14 +498,17 @@ def return_heatmap(runs: Sequence[Run]) -> Figure:
     table = return_table(runs, column)
     cols = sorted(table["staleness"].unique(), key=staleness_sort_key)
     _setup()
-    fig, axes = plt.subplots(1, 2, figsize=(2.2 * len(cols) + 6, 0.45 * table["label"].nunique() + 2.2))
+    # constrained layout keeps each colorbar and its label clear of the next panel (tight_layout let them overlap)
+    fig, axes = plt.subplots(1, 2, figsize=(2.2 * len(cols) + 6.5, 0.45 * table["label"].nunique() + 2.2),
+                             layout="constrained")
+    fig.get_layout_engine().set(wspace=0.12)  # room between the first colorbar's label and the second panel
     for ax, which in zip(axes, ("peak", "final"), strict=True):
         grid = table.pivot(index="label", columns="staleness", values=which).reindex(columns=cols)
-        sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax, cbar_kws={"label": column})
+        sns.heatmap(grid, annot=True, fmt=".3g", cmap="viridis", ax=ax, cbar_kws={"label": f"{which} {column}"})
         ax.set_title(f"{which} {column}")
         ax.set_xlabel("staleness schedule")
         ax.set_ylabel("objective")
-    fig.tight_layout()
+        ax.tick_params(axis="y", labelrotation=0)  # seaborn turns long labels upright, over one another
     return fig
 
 

@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from offpolicylab.config import TrainConfig
 
 LINE_SECONDS = 5.0
 #: The columns of an update line and the bar's postfix, in order, with their short names.
-LIVE_COLUMNS = (("reward_mean", "reward"), ("clip_frac", "clip"), ("mask_frac", "mask"), ("ratio_p999", "r_p99.9"),
+#: ``reward`` is the run's one reward (docs/metrics.md): ``reward_current`` where the update has it, else
+#: ``reward_mean`` (:func:`live_values`).
+LIVE_COLUMNS = (("reward", "reward"), ("clip_frac", "clip"), ("mask_frac", "mask"), ("ratio_p999", "r_p99.9"),
                 ("ess", "ess"), ("entropy", "entropy"), ("kl_ref", "kl_ref"), ("loss", "loss"))
 SETTINGS = ("prompts_per_update", "group_size", "temperature", "advantage", "optimizer", "lr", "grad_clip",
             "eval_samples")
@@ -50,7 +54,7 @@ def describe_run(config: TrainConfig, memory_plan: str | None = None) -> str:
 
 def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
     """``update 2 (3/30 done)  reward 0.125  clip 0.05  …  1.2 s/update``: an update's live diagnostics."""
-    update = int(row["update"])
+    update, row = int(row["update"]), live_values(row)
     parts = [f"update {update} ({update + 1}/{total} done)"]
     parts += [f"{short} {_number(row[key])}" for key, short in LIVE_COLUMNS if _shown(row.get(key))]
     return "  ".join([*parts, f"{seconds:.2g} s/update"])
@@ -118,6 +122,7 @@ class Progress:
             self.bar = None
 
     def _postfix(self, row: dict[str, Any]) -> str:
+        row = live_values(row)
         return " ".join(f"{short}={_number(row[key])}" for key, short in LIVE_COLUMNS[:-1] if _shown(row.get(key)))
 
     def _print(self, text: str) -> None:
@@ -145,6 +150,13 @@ def update_warnings(rows: list[dict[str, Any]], collapsed_at: list[int],
     return out
 
 
+def live_values(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row with ``reward``, the one reward the summary and ``analyze`` report: the current policy's
+    (``reward_current``) where this update has it, else the consumed batch's (``reward_mean``)."""
+    current = row.get("reward_current")
+    return {**row, "reward": current if _shown(current) else row.get("reward_mean")}
+
+
 def _shown(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -169,34 +181,145 @@ def readable(value: Any) -> str:
 
 
 class SweepProgress:
-    """Off a terminal, a sweep's progress as lines — ``sweep: 3/12 cells done, 2 running, 1 failed`` — whenever a
-    cell finishes (at most every :data:`LINE_SECONDS` seconds, and always for the last); on a terminal a tqdm bar."""
+    """A sweep's progress on stderr.  Off a terminal, lines: ``sweep: 3/12 cells done, 2 running, 1 failed``
+    whenever a cell finishes (at most every :data:`LINE_SECONDS` seconds, and always for the last); on a terminal a
+    tqdm bar.  Given the cells' run directories and update counts (``run_dirs``, ``updates``), it also watches the
+    updates done from the first second: a line at once (cells, updates in all), then, from a background thread,
+    ``sweep: 840/2100 updates (40%), 2/6 cells done, 1m10s elapsed, ETA 1m45s`` (every :data:`LINE_SECONDS` at
+    first, less often as the sweep goes on: every tenth of the time elapsed, at most every minute); the bar then
+    counts updates and shows tqdm's own ETA.  The ETA extrapolates the rate of updates since the first one this
+    sweep saw (cells already done before are not counted)."""
 
     def __init__(self, total: int, mode: bool | str | None, *, write: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, run_dirs: Sequence[str | Path] | None = None,
+                 updates: Sequence[int] | None = None, poll: float = LINE_SECONDS) -> None:
         self.total, self.clock, self.mode = total, clock, ("bar" if mode is True else (mode or None))
         self.done = self.failed = 0
         self.last = -math.inf
         self._write = write or (lambda text: print(text, file=sys.stderr, flush=True))
         self.bar: Any = None
+        self.run_dirs = [Path(d) for d in run_dirs or ()]
+        self.updates = list(updates or ())
+        self.watching = bool(self.run_dirs) and len(self.updates) == len(self.run_dirs)
+        self.start = clock()
+        self.baseline = self.updates_done() if self.watching else 0
+        self.first: tuple[float, int] | None = None  # (time, updates done) when this sweep's first update was seen
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         if self.mode == "bar":
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, unit="cell", dynamic_ncols=True)
+            if self.watching:
+                self.bar = tqdm(total=sum(self.updates), initial=self.baseline, unit="update", dynamic_ncols=True)
+            else:
+                self.bar = tqdm(total=total, unit="cell", dynamic_ncols=True)
+        elif self.mode == "lines" and self.watching:
+            self._write(f"sweep: {total} cells, {sum(self.updates)} updates in all"
+                        + (f" ({self.baseline} done before)" if self.baseline else "")
+                        + "; progress with an ETA follows every few seconds")
+        if self.mode is not None and self.watching and poll > 0:
+            self._thread = threading.Thread(target=self._watch, args=(poll,), name="sweep-progress", daemon=True)
+            self._thread.start()
 
+    # ------------------------------------------------------------------------------------------ updates done
+    def updates_done(self) -> int:
+        """Updates written so far: the rows of each cell's metrics.csv (at most its update count)."""
+        return sum(min(_rows(path / "metrics.csv"), n) for path, n in zip(self.run_dirs, self.updates, strict=True))
+
+    def eta(self, done: int, now: float) -> float | None:
+        """Seconds left: at the rate since the first look that saw updates (start-up — imports, π₀ — is then not
+        extrapolated), or at that first look, the rate since the sweep started; None before any update."""
+        if self.first is None and done > self.baseline:
+            self.first = (now, done)
+        if self.first is None:
+            return None
+        since, count = self.first if now > self.first[0] and done > self.first[1] else (self.start, self.baseline)
+        if now <= since or done <= count:
+            return None
+        return (sum(self.updates) - done) / ((done - count) / (now - since))
+
+    def status(self, now: float | None = None) -> str:
+        """The progress line: updates done, cells done, elapsed time and ETA."""
+        now = self.clock() if now is None else now
+        done, total = self.updates_done(), sum(self.updates)
+        eta = self.eta(done, now)
+        return (f"sweep: {done}/{total} updates ({100 * done / max(total, 1):.0f}%), {self.done}/{self.total} cells "
+                f"done, {duration(now - self.start)} elapsed, "
+                + ("ETA " + duration(eta) if eta is not None else "ETA once the first updates are done"))
+
+    def _watch(self, poll: float) -> None:
+        wait = poll
+        while not self._stop.wait(wait):
+            if self.done >= self.total:  # the last cell's line has been written: nothing more to say
+                return
+            now = self.clock()
+            if self.bar is not None:
+                self.bar.n = self.updates_done()
+                self.bar.refresh()
+            else:
+                self._write(self.status(now))
+                self.last = now
+            wait = min(60.0, max(poll, (now - self.start) / 10))
+
+    # ------------------------------------------------------------------------------------------ cells done
     def finished(self, results: list[dict[str, Any]], running: int) -> None:
         """Cells finished (their results) and how many are running now."""
         self.done += len(results)
         self.failed += sum(result.get("status") == "failed" for result in results)
         if self.bar is not None:
-            self.bar.update(len(results))
-            self.bar.set_postfix_str(f"running {running}, failed {self.failed}")
+            if not self.watching:
+                self.bar.update(len(results))
+            else:
+                self.bar.n = self.updates_done()
+                self.bar.refresh()
+            self.bar.set_postfix_str(f"cells {self.done}/{self.total}, running {running}, failed {self.failed}")
         elif self.mode == "lines":
             now = self.clock()
             if self.done == self.total or now - self.last >= LINE_SECONDS:
                 self.last = now
-                self._write(f"sweep: {self.done}/{self.total} cells done, {running} running, {self.failed} failed")
+                line = f"sweep: {self.done}/{self.total} cells done, {running} running, {self.failed} failed"
+                if self.watching and self.done < self.total:
+                    eta = self.eta(self.updates_done(), now)
+                    line += f", ETA {duration(eta)}" if eta is not None else ""
+                self._write(line)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         if self.bar is not None:
             self.bar.close()
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``1h02m``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _rows(path: Path) -> int:
+    """Data rows of a CSV file (lines after the header); 0 for a file not (yet) there."""
+    try:
+        with open(path, "rb") as fh:
+            return max(0, sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 16), b"")) - 1)
+    except OSError:
+        return 0
+
+
+def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    """``rows`` as an aligned text table on stdout: the ``columns`` that any row has a value of, floats to 4
+    significant digits, as ``run`` and ``analyze`` print them (the end of a sweep or demo)."""
+    shown = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
+    cells = [[_cell(row.get(c, "")) for c in shown] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(shown)]
+    print("  ".join(c.ljust(w) for c, w in zip(shown, widths, strict=True)))
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
+
+
+def _cell(value: Any) -> str:
+    return "" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)

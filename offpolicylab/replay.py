@@ -648,6 +648,11 @@ OUTPUT_FILES = ("replay.csv", "replay_deciles.csv", "replay.png", "replay.json",
                 "replay_raw_log_ratios.csv", "replay_corrections.png")
 
 
+def updates_text(updates: list[int]) -> str:
+    """``update 100`` for one update, ``3 updates (100..300)`` for several (figure titles)."""
+    return f"update {updates[0]}" if len(updates) == 1 else f"{len(updates)} updates ({updates[0]}..{updates[-1]})"
+
+
 def run_command(args: argparse.Namespace) -> int:
     target = OutputWriter(args.out, "replay", OUTPUT_FILES.__contains__, ", ".join(OUTPUT_FILES))  # checked first
     files = sample_files(args.samples, parse_updates(args.updates))
@@ -657,8 +662,7 @@ def run_command(args: argparse.Namespace) -> int:
     fixes = replay_corrections(files, chosen) if chosen else None
     rows, deciles = summary_table(pooled, shown), decile_table(pooled)
     updates = [sample_update(f) for f in files]
-    title = (f"which tokens each objective silences here: {rows[0]['tokens']} tokens, "
-             f"{len(files)} updates ({updates[0]}..{updates[-1]})")
+    title = f"which tokens each objective silences here: {rows[0]['tokens']} tokens, {updates_text(updates)}"
     record = {"samples": str(args.samples), "files": len(files), "updates": [updates[0], updates[-1]],
               "run_objective": own, "rows": [{k: _json_number(v) for k, v in row.items()} for row in rows]}
     with target.staging() as out:  # written whole, swapped in at the end
@@ -670,7 +674,7 @@ def run_command(args: argparse.Namespace) -> int:
             write_csv(out / "replay_corrections.csv", fixes[0])
             write_csv(out / "replay_raw_log_ratios.csv", fixes[1])
             corrections_figure(fixes[0], fixes[1], f"what each mismatch correction does here: {fixes[0][0]['tokens']} "
-                               f"tokens with sampler log-probs, {len(files)} updates ({updates[0]}..{updates[-1]})",
+                               f"tokens with sampler log-probs, {updates_text(updates)}",
                                out / "replay_corrections.png")
             record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes[0]]
         write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")

@@ -58,7 +58,10 @@ if TYPE_CHECKING:
 
 STATUSES = ("completed", "collapsed", "failed")
 MAX_SAMPLE_TOKENS = 4096
-SUMMARY_KEYS = ("reward_mean", "exact_return", "eval_reward_greedy", "eval_reward_sampled")
+SUMMARY_KEYS = ("reward_mean", "reward_current", "exact_return", "eval_reward_greedy", "eval_reward_sampled")
+#: The columns that hold "the reward" of a run (docs/metrics.md, "One reward"), in order: the first with a finite
+#: value is the one ``final_reward`` / ``peak_reward`` in summary.json, the console and ``analyze`` report.
+REWARD_COLUMNS = ("reward_current", "reward_mean")
 GRID_FILE = "grid.json"
 SWEEP_RESULTS = "sweep_results.csv"
 LOCK_NAME = ".lock"
@@ -235,7 +238,7 @@ class RunDir:
             summary = _read_json(self.summary_path, "summary.json")
         except (RunError, OSError):
             return None
-        return summary if isinstance(summary, dict) else None
+        return upgrade_summary(summary) if isinstance(summary, dict) else None
 
     # ---------------------------------------------------------------------------------------- metrics
     def append_metrics(self, row: dict[str, Any]) -> None:
@@ -427,7 +430,13 @@ class RunDir:
                 peak_update, peak_value = max(finite, key=lambda uv: uv[1])
                 summary[f"peak_{key}"] = peak_value
                 summary[f"peak_{key}_update"] = peak_update
+        reward = next((key for key in REWARD_COLUMNS if f"final_{key}" in summary), None)
+        if reward is not None:  # the one reward (docs/metrics.md): what the detector and analyze watch
+            summary.update(reward_column=reward, final_reward=summary[f"final_{reward}"],
+                           peak_reward=summary[f"peak_{reward}"], peak_reward_update=summary[f"peak_{reward}_update"])
         summary.update(extra)
+        if summary.get("collapse_update", None) == -1:  # no collapse: null, as in analyze's collapse_step
+            summary["collapse_update"] = None
         write_text_atomically(self.summary_path, json.dumps(summary, indent=2, default=_json_default) + "\n")
         if self.tracker is not None:  # the summary ends the run: the trackers get it and are closed
             tracker, self.tracker = self.tracker, None
@@ -668,6 +677,21 @@ def _read_json(path: Path, what: str) -> Any:
 
 def _reason(exc: BaseException) -> str:
     return " ".join(str(exc).split())
+
+
+def upgrade_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary.json of an earlier version in today's vocabulary (docs/metrics.md): ``final_reward`` /
+    ``peak_reward`` / ``peak_reward_update`` from the first of :data:`REWARD_COLUMNS` it holds, and
+    ``collapse_update`` null instead of -1 when nothing collapsed.  A current summary comes back unchanged."""
+    out = dict(summary)
+    if "final_reward" not in out:
+        reward = next((key for key in REWARD_COLUMNS if f"final_{key}" in out), None)
+        if reward is not None:
+            out.update(reward_column=reward, final_reward=out[f"final_{reward}"],
+                       peak_reward=out.get(f"peak_{reward}"), peak_reward_update=out.get(f"peak_{reward}_update"))
+    if out.get("collapse_update") == -1:
+        out["collapse_update"] = None
+    return out
 
 
 def _number(path: Path, line: int, row: dict[str, str], key: str) -> float:

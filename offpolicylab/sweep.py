@@ -24,8 +24,9 @@ sweep into the same folder is refused before it writes anything.
 Engines live in the :data:`ENGINES` registry: ``local`` (``concurrent.futures.ProcessPoolExecutor``, spawn
 context) and ``ray`` (:mod:`offpolicylab.sweep_ray`, registered when first asked for).  An engine is
 ``fn(cells: list[Cell], workers: int, progress) -> list[dict]`` that calls :func:`run_cell` on each cell; ``progress``
-is ``"bar"`` (a terminal), ``"lines"`` (``sweep: 3/12 cells done, 2 running, 1 failed`` at most every few seconds)
-or False (:class:`~offpolicylab.progress.SweepProgress`).
+is ``"bar"`` (a terminal), ``"lines"`` (from the first second: updates done with an ETA, read from the cells'
+metrics.csv, and ``sweep: 3/12 cells done, 2 running, 1 failed`` as cells finish) or False
+(:class:`~offpolicylab.progress.SweepProgress`, given the cells by :func:`cell_progress`).
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ from offpolicylab.resume import config_changes
 from offpolicylab.runs import RunDir, RunError, RunLocked, take_lock, write_grid, write_sweep_results
 from offpolicylab.trainer import resolve_config, train
 
-RESULT_KEYS = ("status", "updates_done", "peak_reward_mean", "final_reward_mean", "peak_exact_return",
-               "final_exact_return", "optimal_return", "collapse_update", "error")
+#: sweep_results.csv's columns after the cell's axes: the summary.json keys of the same names (docs/metrics.md)
+RESULT_KEYS = ("status", "updates_done", "peak_reward", "final_reward", "peak_reward_mean", "final_reward_mean",
+               "peak_exact_return", "final_exact_return", "optimal_return", "peak_eval_reward_sampled",
+               "final_eval_reward_sampled", "collapse_update", "error")
 _DONE = ("completed", "collapsed")
 EXIT_ORPHANED = 3  # exit status of a worker whose sweep process is gone
 
@@ -208,7 +211,7 @@ def local_engine(cells: list[Cell], workers: int, progress: bool | str) -> list[
     from offpolicylab.progress import SweepProgress
 
     results: list[dict[str, Any] | None] = [None] * len(cells)
-    bar = SweepProgress(len(cells), progress)
+    bar = SweepProgress(len(cells), progress, **cell_progress(cells))
     groups = seed_groups(cells)
     if workers <= 1:
         for index, group in enumerate(groups):
@@ -238,6 +241,18 @@ def local_engine(cells: list[Cell], workers: int, progress: bool | str) -> list[
         stop_pool(pool)  # every result is in and the workers are idle: end them rather than wait for their teardown
     bar.close()
     return [r or {"status": "failed", "error": "no result"} for r in results]
+
+
+def cell_progress(cells: list[Cell]) -> dict[str, Any]:
+    """What :class:`~offpolicylab.progress.SweepProgress` watches for updates done: the cells' run directories and
+    update counts (a cell whose config cannot be built counts 1 update)."""
+    updates = []
+    for cell in cells:
+        try:
+            updates.append(TrainConfig.from_dict(cell.config).updates)
+        except ValueError:
+            updates.append(1)
+    return {"run_dirs": [cell.out_dir for cell in cells], "updates": updates}
 
 
 def stop_pool(pool: futures.ProcessPoolExecutor) -> None:
@@ -360,6 +375,6 @@ def result_row(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"cell": cell.name, **cell.labels}
     for key in RESULT_KEYS:
         row[key] = summary.get(key, "")
-    if row["collapse_update"] == -1:
+    if row["collapse_update"] in (-1, None):  # no collapse (-1: a summary of an earlier version)
         row["collapse_update"] = ""
     return row

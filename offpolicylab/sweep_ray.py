@@ -174,12 +174,13 @@ def start_ray(ray: Any, options: dict[str, Any], init_kwargs: dict[str, Any]) ->
 def run_cells_on_ray(ray: Any, cells: list[Cell], progress: bool | str) -> list[dict[str, Any]]:
     """Submit every cell as one task (1 CPU, one retry) and collect the summaries in cell order."""
     from offpolicylab.progress import SweepProgress
+    from offpolicylab.sweep import cell_progress
 
     task = ray.remote(num_cpus=1, max_retries=CELL_RETRIES, retry_exceptions=False)(attempt_cell)
     driver = (socket.gethostname(), os.getpid())
     pending = {task.remote(cell.config, cell.out_dir, driver): i for i, cell in enumerate(cells)}
     results: list[dict[str, Any]] = [{} for _ in cells]
-    bar = SweepProgress(len(cells), progress)
+    bar = SweepProgress(len(cells), progress, **cell_progress(cells))
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)

@@ -16,7 +16,8 @@ trackio        ``trackio.init`` on Trackio's local database (``TRACKIO_DIR``, de
                ``trackio show --project offpolicylab``).
 =============  ======================================================================================================
 
-Scalars are named ``train/<column>``, ``eval/<column>`` (``eval_*`` and ``exact_*`` columns) and ``time/<column>``,
+Scalars are named ``train/<column>``, ``eval/<name>`` (``eval_<name>`` columns; ``exact_*`` columns keep their
+name: ``eval/exact_return``) and ``time/<name>`` (``time_<name>`` columns),
 with the update (0-based, as in ``metrics.csv``) as the step; a value that is NaN (no evaluation at that update) is
 not logged.  The tracker's run name is the run directory's name, its group the parent folder's (a sweep's cells).
 Each library is imported only when asked for; a missing one is refused before the run starts, in one line, and so is
@@ -75,11 +76,15 @@ def check_installed(names: Iterable[str]) -> None:
 
 
 def scalar_name(column: str) -> str:
-    """The tracker's name of a metrics column: ``train/…``, ``eval/…`` or ``time/…``."""
-    if column.startswith(("eval_", "exact_")):
+    """The tracker's name of a metrics column (docs/metrics.md): ``eval_x`` → ``eval/x``, ``exact_x`` →
+    ``eval/exact_x``, ``time_x`` → ``time/x``, any other ``x`` → ``train/x`` (the group is not repeated in the name;
+    :func:`offpolicylab.logs.column_of_tag` is the inverse)."""
+    if column.startswith("eval_"):
+        return "eval/" + column.removeprefix("eval_")
+    if column.startswith("exact_"):
         return f"eval/{column}"
     if column.startswith("time_"):
-        return f"time/{column}"
+        return "time/" + column.removeprefix("time_")
     return f"train/{column}"
 
 
