@@ -54,3 +54,19 @@ def _read_only(path: Path) -> bool:
 def physical_memory() -> int:
     """Bytes of physical memory on this machine (what the memory guards compare a lower bound of the need with)."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine: it exists (``kill(pid, 0)``; one of another user counts) and
+    is not a zombie (ended but not yet reaped, state ``Z`` in ``/proc/PID/stat``)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]

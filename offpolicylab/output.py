@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from offpolicylab.locations import output_folder
+from offpolicylab.locations import output_folder, process_alive
 
 _PARTS = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")
 _TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.tmp-\d+$")
@@ -127,15 +127,8 @@ def glob_escape(name: str) -> str:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # this process writes no two outputs to one place at once
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """Whether process ``pid`` runs; this process never writes two outputs to one place at once."""
+    return pid != os.getpid() and process_alive(pid)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -48,7 +48,7 @@ from typing import Any
 from offpolicylab.batched import MEMBER_FIELDS, train_together
 from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.grid import Cell, expand_grid
-from offpolicylab.locations import output_folder
+from offpolicylab.locations import output_folder, process_alive
 from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
 from offpolicylab.resume import config_changes
@@ -292,20 +292,8 @@ def exit_with(pid: int, period: float = 0.5) -> threading.Thread:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, counts as ended)."""
-    if os.getppid() == pid:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+    """Whether process ``pid`` runs (a zombie counts as ended); this worker's parent always does."""
+    return os.getppid() == pid or process_alive(pid)
 
 
 register_engine("local", local_engine)

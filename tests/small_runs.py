@@ -38,3 +38,27 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 def column(path: Path, name: str) -> list[float]:
     return [float(row[name]) for row in read_rows(path)]
+
+
+def train_killed_at(config: TrainConfig, out: Path, next_update: int, monkeypatch: Any) -> None:
+    """Train ``config`` into ``out`` and die (KeyboardInterrupt, like a kill) when the checkpoint of
+    ``next_update`` is about to be saved; the checkpoint saving is restored afterwards."""
+    from offpolicylab import trainer
+    from offpolicylab.runs import RunDir
+
+    save = RunDir.save_checkpoint
+
+    def dies(self: RunDir, state: dict) -> None:
+        if state["next_update"] == next_update:
+            raise KeyboardInterrupt
+        save(self, state)
+
+    monkeypatch.setattr(RunDir, "save_checkpoint", dies)
+    try:
+        trainer.train(config, out)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError(f"the run ended without reaching the checkpoint of update {next_update}")
+    finally:
+        monkeypatch.setattr(RunDir, "save_checkpoint", save)

@@ -77,8 +77,11 @@ def metric_mismatches(got: str, want: str, rtol: float = RTOL, atol: float = ATO
         return [f"{len(got_rows) - 1} rows, expected {len(want_rows) - 1}"]
     header = want_rows[0]
     bad = []
-    for line, (got_row, want_row) in enumerate(zip(got_rows[1:], want_rows[1:]), start=2):
-        for column, x, y in zip(header, got_row, want_row):
+    for line, (got_row, want_row) in enumerate(zip(got_rows[1:], want_rows[1:], strict=True), start=2):
+        if len(got_row) != len(want_row):
+            bad.append(f"line {line}: {len(got_row)} cells, expected {len(want_row)}")
+            continue
+        for column, x, y in zip(header, got_row, want_row, strict=True):
             if x == y:
                 continue
             if x == "" or y == "" or abs(float(x) - float(y)) > atol + rtol * abs(float(y)):

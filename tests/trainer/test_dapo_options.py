@@ -13,7 +13,7 @@ import torch
 from offpolicylab import trainer
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Rollout
-from tests.small_runs import column, mdp_config, read_rows
+from tests.small_runs import column, mdp_config, read_rows, train_killed_at
 
 
 # ------------------------------------------------------------------------------------ overlong punishment
@@ -136,22 +136,11 @@ def test_dynamic_sampling_and_overlong_runs_resume_identically(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed after update 5's row, before its checkpoint: the resumed run's metrics equal an uninterrupted one's
     (the extra sampling rounds draw from the run's own generator, which the checkpoint holds)."""
-    from offpolicylab.runs import RunDir
 
     config = mdp_config(dynamic_sampling=True, overlong_buffer=1, schedule="stale_k:2", updates=8,
                         world_params={"vocab_size": 3, "length": 3, "num_prompts": 2, "eos": True})
     trainer.train(config, tmp_path / "full")
-    save = RunDir.save_checkpoint
-
-    def dies(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 6:
-            raise KeyboardInterrupt
-        save(self, state)
-
-    monkeypatch.setattr(RunDir, "save_checkpoint", dies)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(config, tmp_path / "cut")
-    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    train_killed_at(config, tmp_path / "cut", 6, monkeypatch)
     trainer.train(config, tmp_path / "cut", resume=True)
 
     def strip(rows: list[dict[str, str]]) -> list[dict[str, str]]:

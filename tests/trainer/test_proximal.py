@@ -14,7 +14,7 @@ from offpolicylab.objectives import get_objective
 from offpolicylab.proximal import proximal_logp
 from offpolicylab.runs import RunDir
 from offpolicylab.staleness import Schedule, parse_schedule
-from tests.small_runs import column, mdp_config, read_rows
+from tests.small_runs import column, mdp_config, read_rows, train_killed_at
 from tests.trainer.golden_runs import normalized_metrics
 
 ROWS, WIDTH = 2, 3
@@ -125,17 +125,7 @@ def test_decoupled_ppo_resumed_inside_a_step_ends_identical(tmp_path: Path, monk
     config = mdp_config(objective="decoupled_ppo", objective_params={"prox_period": 4}, schedule="stale_k:4",
                         updates=10, lr=5.0, optimizer="sgd")
     trainer.train(config, tmp_path / "full")
-    save = RunDir.save_checkpoint
-
-    def dies(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 7:
-            raise KeyboardInterrupt
-        save(self, state)
-
-    monkeypatch.setattr(RunDir, "save_checkpoint", dies)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(config, tmp_path / "cut")
-    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    train_killed_at(config, tmp_path / "cut", 7, monkeypatch)
     assert set(RunDir(tmp_path / "cut").load_checkpoint()["objective"]["proximal"]) == {6, 7}
     trainer.train(config, tmp_path / "cut", resume=True)
     assert normalized_metrics(tmp_path / "cut") == normalized_metrics(tmp_path / "full")
