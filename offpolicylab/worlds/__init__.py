@@ -20,7 +20,6 @@ from offpolicylab.worlds.synthetic_lm import (
     MAX_SHARPNESS_SPREAD,
     MAX_TEACHER_SCALE,
     PRESET_NAMES,
-    PRESETS,
     Recipe,
     SyntheticLM,
     build_synthetic_lm,

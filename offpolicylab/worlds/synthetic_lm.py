@@ -44,9 +44,9 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
