@@ -49,7 +49,7 @@ CASES = [
     ([*RUN, "--policy-param", "sampler_precision=fp4", "--out", "{tmp}/out"],
      "sampler_precision='fp4' is invalid; valid: one of fp32, bf16, fp16, fp8_e4m3, fp8_e5m2"),
     (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "preset=qwen", "--out", "{tmp}/out"],
-     "parameter preset='qwen' is invalid; valid: one of seed_scale, smollm2"),
+     "parameter preset='qwen' is invalid; valid: one of seed_scale, smollm2, seed_scale_v6"),
     (["run", "--world", "synthetic_lm", "--objective", "grpo", "--world-param", "pi0_temperature=0", "--out",
       "{tmp}/out"], "parameter pi0_temperature=0.0 is out of range; valid: a float in [0.05, 10] or none"),
 ]

@@ -193,3 +193,23 @@ def test_v5_default_recipe_is_untouched():
 
     assert (PACKAGED_DIR / f"{PRESETS['seed_scale'].digest()[:32]}.pt").exists()
     assert (PACKAGED_DIR / f"{PRESETS['smollm2'].digest()[:32]}.pt").exists()
+
+
+def test_seed_scale_v6_pi0_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
+    """Calibration target (a) at the shipped ``seed_scale_v6`` π₀: 45–60 % of its temperature-1 tokens below
+    0.01 nat and the 80th percentile in [0.5, 0.85] nat (Qwen3-8B's chain of thought: 50.64 %, 0.672 nat; Wang et
+    al. 2025, arXiv:2506.01939); π₀'s responses end with EOS and carry a chain of ≥ 3 steps on average."""
+    from offpolicylab.synthetic_lm_calibration import SEED_SCALE_TARGETS, seed_scale_table, world_profile_document
+
+    world = make_world("synthetic_lm", preset="seed_scale_v6", cache_dir=str(tmp_path))
+    assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
+    pi0 = world.pretrained_policy()
+    print(seed_scale_table(world, pi0))
+    stats = world_profile_document(world, pi0)["profile"]
+    (low_s, high_s), (low_p, high_p) = SEED_SCALE_TARGETS.values()
+    assert low_s <= stats["share_entropy_below_0.01"] <= high_s
+    assert low_p <= stats["entropy_p80"] <= high_p
+    rollout = pi0.sample(world.eval_prompts(), 4, 1.0, torch.Generator().manual_seed(0))
+    found = world.parse(rollout.prompt_index, rollout.response_ids)
+    assert float(found["ended"].float().mean()) > 0.95
+    assert float(found["steps"].float().mean()) >= 3.0
