@@ -199,7 +199,11 @@ def test_seed_scale_v6_pi0_has_a_reasoning_llms_token_entropies(tmp_path, capsys
     """Calibration target (a) at the shipped ``seed_scale_v6`` π₀: 45–60 % of its temperature-1 tokens below
     0.01 nat and the 80th percentile in [0.5, 0.85] nat (Qwen3-8B's chain of thought: 50.64 %, 0.672 nat; Wang et
     al. 2025, arXiv:2506.01939); π₀'s responses end with EOS and carry a chain of ≥ 3 steps on average."""
-    from offpolicylab.synthetic_lm_calibration import SEED_SCALE_TARGETS, seed_scale_table, world_profile_document
+    from offpolicylab.synthetic_lm_calibration import (
+        SEED_SCALE_TARGETS,
+        seed_scale_table,
+        world_profile_document,
+    )
 
     world = make_world("synthetic_lm", preset="seed_scale_v6", cache_dir=str(tmp_path))
     assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
