@@ -19,7 +19,7 @@ from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
 from offpolicylab.worlds.synthetic_lm import (
     MAX_SHARPNESS_SPREAD,
     MAX_TEACHER_SCALE,
-    PRESETS,
+    PRESET_NAMES,
     Recipe,
     SyntheticLM,
     build_synthetic_lm,
@@ -79,9 +79,11 @@ WORLDS.register(
         "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
         "vocab_size": Param(Recipe.vocab_size, int, low=16,
                             doc="vocabulary V (10 digits, ANS, text): at least num_keys + 12"),
-        "preset": Param("seed_scale", str, choices=tuple(PRESETS),
-                        doc="named recipe: seed_scale (a reasoning LLM's token entropies) or smollm2 "
-                            "(SmolLM2-135M's); the parameters below override it"),
+        "preset": Param("seed_scale", str, choices=PRESET_NAMES,
+                        doc="named recipe: seed_scale (a reasoning LLM's token entropies), smollm2 "
+                            "(SmolLM2-135M's) or seed_scale_v6 (recipe v6, a chain of forks with EOS; under it a "
+                            "parameter at its default below means the preset's value); the parameters below "
+                            "override it"),
         "alpha": Param(None, float, low=0.0, low_open=True, high=MAX_TEACHER_SCALE, optional=True,
                        doc="teacher sharpness: more near-deterministic positions as it grows (default: the "
                            "preset's, 64 / 7)"),

@@ -44,6 +44,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -323,10 +324,13 @@ def random_prompts(recipe: Recipe, n: int, generator: torch.Generator) -> Tensor
     return torch.cat([FIRST_TEXT + keys, context], dim=1)
 
 
-def distill(recipe: Recipe, teacher: Teacher, log_every: int = 0) -> TransformerPolicy:
+def distill(recipe: Recipe, teacher: Teacher, log_every: int = 0,
+            make_prompts: Callable[[Any, int, torch.Generator], Tensor] | None = None) -> TransformerPolicy:
     """π₀ = argmin E_{x, y ~ p_T} Σ_t KL(p_T(· | x, y_{<t}) ‖ π(· | x, y_{<t})), AdamW (weight decay 0.01), linear
     warm-up over 5 % of the steps then cosine decay to 0, ``distill_steps`` steps of ``distill_batch`` fresh teacher
-    sequences (random prompts of the world's form)."""
+    sequences (random prompts of the world's form: ``make_prompts(recipe, n, generator)``, default
+    :func:`random_prompts`)."""
+    make_prompts = make_prompts or random_prompts
     student = make_student(recipe)
     params = student.trainable_parameters()
     optimizer = torch.optim.AdamW(params, lr=recipe.distill_lr, weight_decay=0.01)
@@ -338,7 +342,7 @@ def distill(recipe: Recipe, teacher: Teacher, log_every: int = 0) -> Transformer
     ones, index = torch.ones(batch, 1 + CONTEXT_LEN), torch.zeros(batch, dtype=torch.long)
     for step in range(recipe.distill_steps):
         if step % CORPUS_CHUNK == 0:  # teacher sequences for the next CORPUS_CHUNK steps, sampled in one pass
-            prompts = random_prompts(recipe, CORPUS_CHUNK * batch, generator)
+            prompts = make_prompts(recipe, CORPUS_CHUNK * batch, generator)
             responses, teacher_logps = teacher.sample(prompts, generator)
         rows = slice((step % CORPUS_CHUNK) * batch, (step % CORPUS_CHUNK + 1) * batch)
         prompt, response, teacher_logp = prompts[rows], responses[rows], teacher_logps[rows]
@@ -502,10 +506,21 @@ def check_build_memory(recipe: Recipe) -> None:
                          "GiB; valid: a smaller distill_batch, response_len or vocab_size")
 
 
-def build_synthetic_lm(preset: str = "seed_scale", cache_dir: str | None = None, **recipe: Any) -> SyntheticLM:
+PRESET_NAMES = (*PRESETS, "seed_scale_v6")
+"""Every preset the world accepts: :data:`PRESETS` and recipe v6's chain world
+(:mod:`offpolicylab.worlds.synthetic_lm_v6`)."""
+
+
+def build_synthetic_lm(preset: str = "seed_scale", cache_dir: str | None = None, **recipe: Any) -> Any:
     """The ``synthetic_lm`` world for ``worlds.make_world``: the named :data:`PRESETS` recipe with the given recipe
-    fields (keyword arguments; a ``None`` value keeps the preset's)."""
+    fields (keyword arguments; a ``None`` value keeps the preset's); ``seed_scale_v6`` builds recipe v6's chain world
+    (:func:`offpolicylab.worlds.synthetic_lm_v6.build_chain`)."""
+    if preset not in PRESET_NAMES:
+        raise ValueError(f"preset={preset!r} is unknown; valid: {', '.join(PRESET_NAMES)}")
     if preset not in PRESETS:
-        raise ValueError(f"preset={preset!r} is unknown; valid: {', '.join(PRESETS)}")
+        from offpolicylab.worlds.synthetic_lm_v6 import build_chain
+
+        defaults = {name: getattr(Recipe, name) for name in recipe if hasattr(Recipe, name)}
+        return build_chain(preset, cache_dir, recipe, defaults)
     given = {k: v for k, v in recipe.items() if v is not None}
     return SyntheticLM(replace(PRESETS[preset], **given), cache_dir=cache_dir)

@@ -1,0 +1,402 @@
+"""Recipe v6 of the synthetic-LM world (preset ``seed_scale_v6``): a reward decided by a chain of forks, responses of
+variable length ended by EOS and truncated at T_max (design: ``docs/synthetic_lm_v6.md``).
+
+Tokens (V = 256): 0–9 digits, 10 ANS, 11 EOS, 12 ``=`` (a step's result follows), 13–255 text; a prompt is
+[key token 13 + k, 3 random text tokens].  Grammar of a response::
+
+    y = s_1 … s_n  ANS  a  EOS,        s_j = (text)*  =  d_j
+
+The hidden task: a start digit start[k] per key (balanced) and one step rule G, a permutation of the digits without
+fixed points shared by every key.  The chain is right when d_1 = start[k], d_j = G(d_{j−1}) and a = G(d_n).
+
+**Teacher** p_T (the v5 random transformer; Zheng et al. 2025, arXiv:2510.01161, motivates the regime): at a text
+position p_T = softmax(α κ(h) (ẑ + b)) over text ∪ {=, ANS} with b_= = ``step_bias``, b_ANS = λ (t − t_c); after ``=``
+or ANS a digit from softmax(β_s 1[d = start[k]] + key_scale E[k] + digit_scale ẑ_d) (no step yet) or
+softmax(β_G 1[d = G(d_prev)] + g ẑ_d); after the answer digit EOS; after EOS only EOS.
+
+**Reward**: 0 when truncated (no EOS within T_max), ungrammatical, with fewer than ``min_steps`` steps or off the
+pretrained manifold (m(y) < θ, m the mean teacher log-probability over the tokens up to and including EOS, floored
+at −30; θ its 1st percentile over π₀'s samples); else 1.0 when the chain is right and 0.1 when it is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from offpolicylab.contracts import Prompts
+from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
+from offpolicylab.worlds import synthetic_lm as v5
+from offpolicylab.worlds.fixed_prompts import FixedPrompts
+
+NUM_DIGITS = 10
+ANS = 10
+EOS = 11
+STEP = 12
+FIRST_TEXT = 13
+CONTEXT_LEN = 3
+LOG_FLOOR = -30.0
+CORRECT_REWARD = 1.0
+FORMAT_REWARD = 0.1
+SCORE_CHUNK = 512  # rows of teacher log-probs [rows, T, V] computed at a time
+
+
+@dataclass(frozen=True)
+class ChainRecipe:
+    """Everything that determines the v6 teacher, π₀ and θ (cached by the SHA-256 of this, like v5's Recipe)."""
+
+    task: str = "chain"
+    vocab_size: int = 256
+    response_len: int = 64
+    num_keys: int = 64
+    num_train_prompts: int = 512
+    alpha: float = 64.0
+    sharpness_spread: float = 1.5
+    step_bias: float = 1.75
+    answer_slope: float = 0.25
+    answer_centre: float = 36.0
+    start_bonus: float = 2.0
+    rule_bonus: float = 5.0
+    step_noise: float = 1.5
+    key_scale: float = 1.0
+    digit_scale: float = 0.3
+    min_steps: int = 3
+    teacher_d_model: int = 32
+    teacher_layers: int = 1
+    teacher_heads: int = 2
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    distill_steps: int = 600  # the design's fallback: 1200 steps project to 19 min on this machine
+    distill_batch: int = 128
+    distill_lr: float = 5e-3
+    pi0_temperature: float = 0.7  # chosen by the design's rule from one scan of the distilled student
+    threshold_samples: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < FIRST_TEXT + max(self.num_keys, CONTEXT_LEN) + 1:
+            raise ValueError(f"vocab_size={self.vocab_size} is too small; valid: >= {FIRST_TEXT + self.num_keys + 1}")
+        if self.response_len < 3 * self.min_steps + 3:
+            raise ValueError(f"response_len={self.response_len} is invalid; valid: >= 3 * min_steps + 3 "
+                             f"({3 * self.min_steps + 3})")
+        for name in ("num_keys", "num_train_prompts", "distill_batch", "threshold_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: an integer >= 1")
+        if self.min_steps < 0:
+            raise ValueError(f"min_steps={self.min_steps} is invalid; valid: an integer >= 0")
+        if not 0.05 <= self.pi0_temperature <= 10.0:
+            raise ValueError(f"pi0_temperature={self.pi0_temperature} is invalid; valid: a float in [0.05, 10]")
+        if not 0.0 <= self.alpha <= v5.MAX_TEACHER_SCALE:
+            raise ValueError(f"alpha={self.alpha} is invalid; valid: a float in [0, {v5.MAX_TEACHER_SCALE:g}]")
+        if not 0.0 <= self.sharpness_spread <= v5.MAX_SHARPNESS_SPREAD:
+            raise ValueError(f"sharpness_spread={self.sharpness_spread} is invalid; valid: a float in "
+                             f"[0, {v5.MAX_SHARPNESS_SPREAD:g}]")
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
+        import hashlib
+
+        text = json.dumps({"recipe": asdict(self), "version": v5.RECIPE_VERSION,
+                           "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe()}
+
+
+def _standardise(z: Tensor) -> Tensor:
+    return (z - z.mean(-1, keepdim=True)) / z.std(-1, keepdim=True).clamp(min=1e-6)
+
+
+# ================================================================================================ grammar state
+@dataclass
+class ChainState:
+    """What the grammar needs to know before token y_t, per row [B]: the two previous tokens, whether EOS was
+    written, the last step digit (−1: none) and the number of steps so far."""
+
+    prev: Tensor
+    prev2: Tensor
+    ended: Tensor
+    last_step: Tensor
+    steps: Tensor
+
+    @classmethod
+    def start(cls, prompt: Tensor) -> ChainState:
+        batch = prompt.shape[0]
+        return cls(prompt[:, -1].clone(), prompt[:, -2].clone(), torch.zeros(batch, dtype=torch.bool),
+                   torch.full((batch,), -1, dtype=torch.long), torch.zeros(batch, dtype=torch.long))
+
+    def advance(self, token: Tensor) -> ChainState:
+        """The state before the next token, after ``token`` [B] was written."""
+        is_step = (self.prev == STEP) & (token < NUM_DIGITS) & ~self.ended
+        return ChainState(token, self.prev, self.ended | (token == EOS), torch.where(is_step, token, self.last_step),
+                          self.steps + is_step.long())
+
+    def after_answer(self) -> Tensor:
+        """[B] bool: the previous token is the answer digit (EOS must follow)."""
+        return (self.prev < NUM_DIGITS) & (self.prev2 == ANS)
+
+
+def chain_states(prompt: Tensor, response: Tensor) -> list[ChainState]:
+    """The :class:`ChainState` before each response position t = 0 … T−1."""
+    state = ChainState.start(prompt)
+    states = []
+    for t in range(response.shape[1]):
+        states.append(state)
+        state = state.advance(response[:, t])
+    return states
+
+
+# ================================================================================================ the teacher
+class ChainTeacher:
+    """p_T of the module docstring (no parameter is trained)."""
+
+    def __init__(self, recipe: ChainRecipe) -> None:
+        self.recipe = recipe
+        self.vocab_size, self.response_len = recipe.vocab_size, recipe.response_len
+        shape = TransformerShape(recipe.vocab_size, recipe.vocab_size, 1 + CONTEXT_LEN + recipe.response_len,
+                                 recipe.teacher_d_model, recipe.teacher_layers, recipe.teacher_heads)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(recipe.seed + 7919)
+            self.net = CausalTransformer(shape).eval()
+            direction = torch.randn(shape.d_model)
+            self.key_logits = torch.randn(recipe.num_keys, NUM_DIGITS)
+        self.direction = direction / direction.norm()
+        self.net.requires_grad_(False)
+        generator = torch.Generator().manual_seed(recipe.seed + 15485863)
+        self.start = (torch.arange(recipe.num_keys) % NUM_DIGITS)[torch.randperm(recipe.num_keys, generator=generator)]
+        while True:  # a permutation without fixed points: every step changes the digit
+            rule = torch.randperm(NUM_DIGITS, generator=generator)
+            if bool((rule != torch.arange(NUM_DIGITS)).all()):
+                break
+        self.rule = rule
+        self.free = torch.cat([torch.tensor([ANS]), torch.arange(STEP, recipe.vocab_size)])  # text-position tokens
+
+    def distribution(self, hidden: Tensor, t: Tensor, state: ChainState, key_token: Tensor) -> Tensor:
+        """p_T [B, V] at response position t (a [1] or [B] tensor) from hidden states [B, d] and the state."""
+        r, batch = self.recipe, hidden.shape[0]
+        z = self.net.head(hidden)
+        bias = torch.zeros(batch, self.free.numel())
+        bias[:, 0] = r.answer_slope * (t.float() - r.answer_centre)
+        bias[:, 1] = r.step_bias
+        kappa = torch.exp(r.sharpness_spread * (hidden @ self.direction))
+        text = torch.softmax(r.alpha * kappa[:, None] * (_standardise(z[:, self.free]) + bias), -1)
+        z_digit = _standardise(z[:, :NUM_DIGITS])
+        key = (key_token - FIRST_TEXT).clamp(0, r.num_keys - 1)
+        onehot_start = torch.nn.functional.one_hot(self.start[key], NUM_DIGITS).float()
+        first = torch.softmax(r.start_bonus * onehot_start + r.key_scale * self.key_logits[key]
+                              + r.digit_scale * z_digit, -1)
+        onehot_rule = torch.nn.functional.one_hot(self.rule[state.last_step.clamp(min=0)], NUM_DIGITS).float()
+        following = torch.softmax(r.rule_bonus * onehot_rule + r.step_noise * z_digit, -1)
+        digit = torch.where((state.last_step < 0)[:, None], first, following)
+        probs = torch.zeros(batch, self.vocab_size)
+        probs[:, self.free] = text
+        slot = (state.prev == STEP) | (state.prev == ANS)
+        probs = torch.where(slot[:, None], torch.cat([digit, torch.zeros(batch, self.vocab_size - NUM_DIGITS)], 1),
+                            probs)
+        eos = torch.nn.functional.one_hot(torch.full((batch,), EOS), self.vocab_size).float()
+        return torch.where((state.ended | state.after_answer())[:, None], eos, probs)
+
+    def log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """log p_T(· | x, y_{<t}) for every response position, [B, T, V] (−inf where p_T = 0), one causal pass."""
+        with torch.no_grad():
+            tokens = torch.cat([prompt, response[:, :-1]], dim=1)
+            hidden = self.net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
+            states = chain_states(prompt, response)
+            return torch.stack([self.distribution(hidden[:, t], torch.tensor([t]), states[t], prompt[:, 0])
+                                for t in range(response.shape[1])], 1).log()
+
+    def sample(self, prompt: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """(responses [B, T], log p_T [B, T, V]) sampled with a key/value cache."""
+        batch, width = prompt.shape[0], self.response_len
+        response = torch.zeros(batch, width, dtype=torch.long)
+        log_probs = torch.empty(batch, width, self.vocab_size)
+        cache = KVCache()
+        state = ChainState.start(prompt)
+        with torch.no_grad():
+            inputs = prompt
+            for t in range(width):
+                hidden = self.net(inputs, torch.ones_like(inputs, dtype=torch.bool), cache)[:, -1]
+                probs = self.distribution(hidden, torch.tensor([t]), state, prompt[:, 0])
+                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                response[:, t], log_probs[:, t] = token, probs.log()
+                state = state.advance(token)
+                inputs = token[:, None]
+        return response, log_probs
+
+    def token_log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """log p_T(y_t | x, y_{<t}) [B, T], in chunks of :data:`SCORE_CHUNK` rows."""
+        parts = []
+        for rows in torch.arange(prompt.shape[0]).split(SCORE_CHUNK):
+            logp = self.log_probs(prompt[rows], response[rows])
+            parts.append(logp.gather(-1, response[rows][..., None])[..., 0])
+        return torch.cat(parts)
+
+    def mean_log_prob(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """m(y) = mean over the tokens up to and including the first EOS (all T without one) of
+        max(log p_T(y_t | x, y_{<t}), −30), [B]."""
+        mask = response_mask(response)
+        return (self.token_log_probs(prompt, response).clamp(min=LOG_FLOOR) * mask).sum(1) / mask.sum(1)
+
+
+def response_mask(response: Tensor) -> Tensor:
+    """1 up to and including the first EOS, 0 after it, [B, T] float."""
+    is_eos = (response == EOS).long()
+    return (torch.cumsum(is_eos, 1) - is_eos == 0).float()
+
+
+# ================================================================================================ parsing
+def parse(response: Tensor, start: Tensor, rule: Tensor, prompt: Tensor | None = None) -> dict[str, Tensor]:
+    """Per row [B]: ``ended`` (an EOS within T), ``grammar`` (digits exactly after ``=``/ANS, EOS exactly after the
+    answer digit), ``steps`` (digits after ``=``), ``right`` (d_1 = start, d_j = G(d_{j−1}), answer = G(d_n)),
+    ``length`` (tokens up to and including EOS, T when truncated).  ``start`` [B]: each row's start digit; ``prompt``
+    [B, P] (default: text) gives the tokens before the response."""
+    batch, width = response.shape
+    state = ChainState.start(torch.full((batch, 2), FIRST_TEXT) if prompt is None else prompt)
+    grammar = torch.ones(batch, dtype=torch.bool)
+    right = torch.ones(batch, dtype=torch.bool)
+    expected = start.clone()
+    answered = torch.zeros(batch, dtype=torch.bool)
+    for t in range(width):
+        token, live = response[:, t], ~state.ended
+        slot = (state.prev == STEP) | (state.prev == ANS)
+        ok = ((token < NUM_DIGITS) == slot) & ((token == EOS) == state.after_answer())
+        grammar &= ~live | ok
+        digit = live & slot & (token < NUM_DIGITS)
+        right &= ~digit | (token == expected)
+        answered |= digit & (state.prev == ANS)
+        expected = torch.where(digit, rule[token.clamp(0, NUM_DIGITS - 1)], expected)
+        state = state.advance(token)
+    return {"ended": state.ended, "grammar": grammar & answered, "steps": state.steps, "right": right & answered,
+            "length": response_mask(response).sum(1).long()}
+
+
+# ================================================================================================ the world
+class ChainLM(FixedPrompts):
+    """The ``synthetic_lm`` world at preset ``seed_scale_v6`` (module docstring)."""
+
+    eos_id: int | None = EOS
+
+    def __init__(self, recipe: ChainRecipe | None = None, cache_dir: str | Path | None = None) -> None:
+        self.recipe = recipe or ChainRecipe()
+        r = self.recipe
+        self.vocab_size, self.max_response_len = r.vocab_size, r.response_len
+        self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
+        generator = torch.Generator().manual_seed(r.seed)
+        keys = torch.cat([torch.arange(r.num_train_prompts) % r.num_keys, torch.arange(r.num_keys)])
+        context = torch.randint(FIRST_TEXT, r.vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
+        self.prompt_tokens = torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
+        self.prompt_keys = keys
+        self.num_prompts = r.num_train_prompts
+        self.teacher = ChainTeacher(r)
+        self.cache_dir = Path(cache_dir) if cache_dir else v5.default_cache_dir()
+        self.cache_path = self.cache_dir / f"{r.digest()[:32]}.pt"
+        self.pretrained_state, self.threshold = load_or_build(self)
+
+    def eval_prompts(self) -> Prompts:
+        """The K evaluation prompts (one per key, contexts unseen in training)."""
+        return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))
+
+    def parse(self, prompt_index: Tensor, response_ids: Tensor) -> dict[str, Tensor]:
+        """:func:`parse` of the responses of these prompts."""
+        prompt_index, response_ids = prompt_index.cpu(), response_ids.cpu()
+        return parse(response_ids, self.teacher.start[self.prompt_keys[prompt_index]], self.teacher.rule,
+                     self.prompt_tokens[prompt_index])
+
+    def reward(self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,
+               generator: torch.Generator | None = None) -> Tensor:
+        """1.0 (valid, chain right) / 0.1 (valid, chain wrong) / 0 (truncated, ungrammatical, < min_steps steps or
+        m(y) < θ), [B]."""
+        if response_ids.dim() != 2 or response_ids.shape[1] != self.max_response_len:
+            raise ValueError(f"response_ids must be [B, {self.max_response_len}], got {tuple(response_ids.shape)}")
+        prompt_index, response_ids = prompt_index.cpu(), response_ids.cpu()
+        found = self.parse(prompt_index, response_ids)
+        valid = found["ended"] & found["grammar"] & (found["steps"] >= self.recipe.min_steps)
+        if bool(valid.any()):
+            m = self.teacher.mean_log_prob(self.prompt_tokens[prompt_index[valid]], response_ids[valid])
+            on_manifold = torch.zeros_like(valid)
+            on_manifold[valid] = m >= self.threshold
+            valid = on_manifold
+        return torch.where(valid, torch.where(found["right"], CORRECT_REWARD, FORMAT_REWARD), 0.0)
+
+    def pretrained_policy(self) -> TransformerPolicy:
+        """A fresh copy of π₀ (EOS ends its responses)."""
+        return make_student(self.recipe, self.pretrained_state)
+
+
+# ================================================================================================ building π₀
+def make_student(recipe: ChainRecipe, state: dict[str, Tensor] | None = None) -> TransformerPolicy:
+    """A transformer policy of the recipe's π₀ architecture, EOS = 11."""
+    return TransformerPolicy(recipe.vocab_size, recipe.response_len, eos_id=EOS, prompt_vocab_size=recipe.vocab_size,
+                             max_prompt_len=1 + CONTEXT_LEN, d_model=recipe.d_model, num_layers=recipe.num_layers,
+                             num_heads=recipe.num_heads, seed=recipe.seed, state=state)
+
+
+def random_prompts(recipe: ChainRecipe, n: int, generator: torch.Generator) -> Tensor:
+    """Prompts of the world's form with random keys and contexts (the distillation corpus): [n, 4]."""
+    keys = torch.randint(recipe.num_keys, (n, 1), generator=generator)
+    context = torch.randint(FIRST_TEXT, recipe.vocab_size, (n, CONTEXT_LEN), generator=generator)
+    return torch.cat([FIRST_TEXT + keys, context], dim=1)
+
+
+def load_or_build(world: ChainLM) -> tuple[dict[str, Tensor], float]:
+    """(π₀ state, θ): the recipe's cache file (user cache, then the package's copy); else the same recipe at
+    t_π₀ = 1 (the distilled student, cached the same way) sharpened to t_π₀ with θ recomputed; else distilled
+    (:func:`offpolicylab.worlds.synthetic_lm.distill`) and both files written."""
+    r = world.recipe
+    found = _find(world.cache_dir, r)
+    if found is not None:
+        return found
+    plain = replace(r, pi0_temperature=1.0)
+    student_state = _find(world.cache_dir, plain)
+    if student_state is None:
+        v5.check_build_memory(r)  # type: ignore[arg-type]
+        with torch.random.fork_rng(devices=[]):
+            student = v5.distill(r, world.teacher, make_prompts=random_prompts)  # type: ignore[arg-type]
+            student = make_student(plain, student.state_dict())
+            theta = v5.format_threshold(world, student)  # type: ignore[arg-type]
+        student_state = (student.state_dict(), theta)
+        v5._write_cache(world.cache_dir / f"{plain.digest()[:32]}.pt", plain, *student_state)  # type: ignore[arg-type]
+    if r.pi0_temperature == 1.0:
+        return student_state
+    with torch.random.fork_rng(devices=[]):
+        policy = v5.sharpen(make_student(r, student_state[0]), r.pi0_temperature)
+        theta = v5.format_threshold(world, policy)  # type: ignore[arg-type]
+    v5._write_cache(world.cache_path, r, policy.state_dict(), theta)  # type: ignore[arg-type]
+    return policy.state_dict(), theta
+
+
+def _find(cache_dir: Path, recipe: ChainRecipe) -> tuple[dict[str, Tensor], float] | None:
+    name = f"{recipe.digest()[:32]}.pt"
+    for path in (cache_dir / name, v5.PACKAGED_DIR / name):
+        found = v5._load_cached(path, recipe)  # type: ignore[arg-type]
+        if isinstance(found, str):
+            v5.warn_once(f"ignoring the π₀ cache file {path} ({found})")
+        elif found is not None:
+            return found
+    return None
+
+
+V5_ONLY = ("ans_prob", "delta")
+
+
+def build_chain(preset: str, cache_dir: str | None, given: dict[str, Any], registry_defaults: dict[str, Any]
+                ) -> ChainLM:
+    """The v6 world for :func:`offpolicylab.worlds.synthetic_lm.build_synthetic_lm`: the preset's recipe with the
+    parameters that were given.  The registry fills every unset parameter with v5's default, so a value equal to
+    that default means "the preset's value" here; v5-only parameters must stay at their defaults."""
+    recipe = CHAIN_PRESETS[preset]
+    changes = {}
+    for name, value in given.items():
+        if value is None or registry_defaults.get(name, object()) == value:
+            continue
+        if name in V5_ONLY or not hasattr(recipe, name):
+            raise ValueError(f"{name}={value!r} is not a parameter of preset {preset!r}; valid: leave it unset")
+        changes[name] = value
+    return ChainLM(replace(recipe, **changes), cache_dir=cache_dir)
