@@ -258,9 +258,10 @@ PARAMETER_GRIDS: dict[str, list[dict[str, Any]]] = {
 }
 
 
-#: the detector of ``analyze`` and of the live warning in training runs, chosen on the benchmark's training split
-DEFAULT_DETECTOR = "kl_slope"
-DEFAULT_PARAMS: dict[str, Any] = {}
+#: the detector of ``analyze`` and of the live warning in training runs, chosen by the committed rule on the
+#: benchmark's training split (experiments/collapse_benchmark.md; its measured scores: docs/diagnosing.md)
+DEFAULT_DETECTOR = "ess_grad"
+DEFAULT_PARAMS: dict[str, Any] = {"ess_min": 0.7, "factor": 3.0, "patience": 5}
 
 
 def default_warning() -> Detector:
