@@ -288,3 +288,23 @@ def test_non_finite_values_count_as_not_logged(tmp_path: Path) -> None:
     assert summary["status"] == "completed"
     assert summary["not_finite"] == {"grad_norm": 6, "reward_mean": 5}
     assert not set(summary["detector"]["spike_steps"]) & {25, 50, 75, 100, 125, 150}
+
+
+def test_analyze_reports_the_collapse_warning_of_the_chosen_detector(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A verl log whose gradient norm jumps 1 → 10 at step 50: the default warning (ess_grad: 20-step average
+    above 3 × the median for 5 steps) first holds at the k-th high step, (1 − α)^k < 7/9 with α = 2/21, and fires
+    4 steps later; --detector names another detector."""
+    log = tmp_path / "run.jsonl"
+    with open(log, "w") as fh:
+        for step in range(100):
+            data = {"critic/score/mean": 0.5, "actor/grad_norm": 1.0 if step < 50 else 10.0, "actor/ppo_kl": 0.001}
+            fh.write(json.dumps({"step": step, "data": data}) + "\n")
+    k = math.floor(math.log(7 / 9) / math.log(1 - 2 / 21)) + 1
+    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "a")]) == 0
+    warned = json.loads((tmp_path / "a" / "summary.json").read_text())["warning"]
+    assert warned["detector"] == "ess_grad" and warned["first_step"] == 50 + k - 1 + 4
+    assert "gradient norm" in warned["reason"]
+    assert f"collapse warning (ess_grad) at step {50 + k + 3}" in capsys.readouterr().out
+    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "b"), "--detector", "reward_spike"]) == 0
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["warning"]["steps"] == []
