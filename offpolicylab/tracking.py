@@ -228,6 +228,10 @@ class TrackioSink:
     def close(self, summary: dict[str, Any]) -> None:
         with contextlib.redirect_stdout(sys.stderr):
             self.run.finish()
+        # trackio's exit hook finishes the context's current run again, printing on stdout after everything else
+        context = getattr(self.trackio, "context_vars", None)
+        if context is not None and context.current_run.get() is self.run:
+            context.current_run.set(None)
 
 
 # ============================================================================================ the tracker
