@@ -147,21 +147,28 @@ def default_cache_dir() -> Path:
 
 
 # ================================================================================================ the teacher
+def random_teacher(recipe: Any) -> tuple[CausalTransformer, Tensor, Tensor]:
+    """The teacher's frozen random parts from ``recipe.seed``: its causal transformer over prompt + response, the
+    unit direction u of the sharpness κ(h) = exp(γ u·h), and the key logits E [num_keys, 10] (the data's
+    key-dependent answer beliefs).  Shared by every recipe's teacher, so one seed gives one network."""
+    shape = TransformerShape(recipe.vocab_size, recipe.vocab_size, 1 + CONTEXT_LEN + recipe.response_len,
+                             recipe.teacher_d_model, recipe.teacher_layers, recipe.teacher_heads)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed + 7919)
+        net = CausalTransformer(shape).eval()
+        direction = torch.randn(shape.d_model)
+        key_logits = torch.randn(recipe.num_keys, NUM_DIGITS)
+    net.requires_grad_(False)
+    return net, direction / direction.norm(), key_logits
+
+
 class Teacher:
     """The random teacher p_T of the module docstring (no parameters are trained)."""
 
     def __init__(self, recipe: Recipe) -> None:
         self.recipe = recipe
         self.vocab_size, self.response_len = recipe.vocab_size, recipe.response_len
-        shape = TransformerShape(recipe.vocab_size, recipe.vocab_size, 1 + CONTEXT_LEN + recipe.response_len,
-                                 recipe.teacher_d_model, recipe.teacher_layers, recipe.teacher_heads)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe.seed + 7919)
-            self.net = CausalTransformer(shape).eval()
-            direction = torch.randn(shape.d_model)
-            self.key_logits = torch.randn(recipe.num_keys, NUM_DIGITS)  # the data's key-dependent answer beliefs
-        self.direction = direction / direction.norm()
-        self.net.requires_grad_(False)
+        self.net, self.direction, self.key_logits = random_teacher(recipe)
 
     def log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
         """log p_T(· | x, y_{<t}) for every response position, [B, T, V] (−inf where p_T = 0), one causal pass."""

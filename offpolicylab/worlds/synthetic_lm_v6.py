@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Prompts
-from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
+from offpolicylab.policies.transformer import KVCache, TransformerPolicy
 from offpolicylab.worlds import synthetic_lm as v5
 from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
@@ -160,15 +160,7 @@ class ChainTeacher:
     def __init__(self, recipe: ChainRecipe) -> None:
         self.recipe = recipe
         self.vocab_size, self.response_len = recipe.vocab_size, recipe.response_len
-        shape = TransformerShape(recipe.vocab_size, recipe.vocab_size, 1 + CONTEXT_LEN + recipe.response_len,
-                                 recipe.teacher_d_model, recipe.teacher_layers, recipe.teacher_heads)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe.seed + 7919)
-            self.net = CausalTransformer(shape).eval()
-            direction = torch.randn(shape.d_model)
-            self.key_logits = torch.randn(recipe.num_keys, NUM_DIGITS)
-        self.direction = direction / direction.norm()
-        self.net.requires_grad_(False)
+        self.net, self.direction, self.key_logits = v5.random_teacher(recipe)  # CONTEXT_LEN is v5's 3 too
         generator = torch.Generator().manual_seed(recipe.seed + 15485863)
         self.start = (torch.arange(recipe.num_keys) % NUM_DIGITS)[torch.randperm(recipe.num_keys, generator=generator)]
         while True:  # a permutation without fixed points: every step changes the digit
