@@ -187,7 +187,8 @@ class TrainConfig:
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(data) - set(names))
         if unknown:
-            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
+            shown = ", ".join(key if key.isidentifier() else repr(key) for key in map(str, unknown))
+            raise ValueError(f"unknown config key(s) {shown}; valid: {', '.join(names)}")
         return cls(**data)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from offpolicylab.grid import MAX_CELLS, expand_grid, load_grid
@@ -147,6 +147,7 @@ config_keys = st.sampled_from(["world", "objective", "updates", "seed", "lr", "s
 
 @given(base=st.dictionaries(config_keys, json_values, max_size=4),
        axes=st.one_of(json_values, st.dictionaries(config_keys, st.lists(json_values, max_size=3), max_size=2)))
+@example(base={}, axes={"\n": [None]})  # once found: an unknown key holding a newline was printed raw
 @settings(max_examples=150, deadline=None)
 def test_fuzzed_grids_expand_or_raise_one_line_value_errors(base: dict[str, Any], axes: Any) -> None:
     grid = {"base": {**GRID["base"], **base}, "axes": axes}
