@@ -317,18 +317,20 @@ class SyntheticLM(FixedPrompts):
 
 
 # ================================================================================================ building π₀
-def make_student(recipe: Recipe, state: dict[str, Tensor] | None = None) -> TransformerPolicy:
-    """A transformer policy of the recipe's π₀ architecture (initial weights from ``recipe.seed``)."""
-    return TransformerPolicy(recipe.vocab_size, recipe.response_len, prompt_vocab_size=recipe.vocab_size,
+def make_student(recipe: Recipe, state: dict[str, Tensor] | None = None, eos_id: int | None = None) -> TransformerPolicy:
+    """A transformer policy of the recipe's π₀ architecture (initial weights from ``recipe.seed``; ``eos_id``: the
+    token that ends a response, none by default)."""
+    return TransformerPolicy(recipe.vocab_size, recipe.response_len, eos_id=eos_id, prompt_vocab_size=recipe.vocab_size,
                              max_prompt_len=1 + CONTEXT_LEN, d_model=recipe.d_model, num_layers=recipe.num_layers,
                              num_heads=recipe.num_heads, seed=recipe.seed, state=state)
 
 
-def random_prompts(recipe: Recipe, n: int, generator: torch.Generator) -> Tensor:
-    """Prompts of the world's form with random keys and contexts (the distillation corpus): [n, 4]."""
+def random_prompts(recipe: Recipe, n: int, generator: torch.Generator, first_text: int = FIRST_TEXT) -> Tensor:
+    """Prompts of the world's form with random keys and contexts (the distillation corpus): [n, 4], key tokens
+    ``first_text + k`` and context tokens from ``first_text`` up."""
     keys = torch.randint(recipe.num_keys, (n, 1), generator=generator)
-    context = torch.randint(FIRST_TEXT, recipe.vocab_size, (n, CONTEXT_LEN), generator=generator)
-    return torch.cat([FIRST_TEXT + keys, context], dim=1)
+    context = torch.randint(first_text, recipe.vocab_size, (n, CONTEXT_LEN), generator=generator)
+    return torch.cat([first_text + keys, context], dim=1)
 
 
 def distill(recipe: Recipe, teacher: Teacher, log_every: int = 0,

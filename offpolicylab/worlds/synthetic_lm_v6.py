@@ -324,17 +324,14 @@ class ChainLM(FixedPrompts):
 
 # ================================================================================================ building π₀
 def make_student(recipe: ChainRecipe, state: dict[str, Tensor] | None = None) -> TransformerPolicy:
-    """A transformer policy of the recipe's π₀ architecture, EOS = 11."""
-    return TransformerPolicy(recipe.vocab_size, recipe.response_len, eos_id=EOS, prompt_vocab_size=recipe.vocab_size,
-                             max_prompt_len=1 + CONTEXT_LEN, d_model=recipe.d_model, num_layers=recipe.num_layers,
-                             num_heads=recipe.num_heads, seed=recipe.seed, state=state)
+    """v5's π₀ architecture (:func:`~offpolicylab.worlds.synthetic_lm.make_student`) with EOS = 11 ending responses."""
+    return v5.make_student(recipe, state, eos_id=EOS)  # type: ignore[arg-type]
 
 
 def random_prompts(recipe: ChainRecipe, n: int, generator: torch.Generator) -> Tensor:
-    """Prompts of the world's form with random keys and contexts (the distillation corpus): [n, 4]."""
-    keys = torch.randint(recipe.num_keys, (n, 1), generator=generator)
-    context = torch.randint(FIRST_TEXT, recipe.vocab_size, (n, CONTEXT_LEN), generator=generator)
-    return torch.cat([FIRST_TEXT + keys, context], dim=1)
+    """v5's distillation prompts (:func:`~offpolicylab.worlds.synthetic_lm.random_prompts`) in this world's
+    vocabulary (text from token 13): [n, 4]."""
+    return v5.random_prompts(recipe, n, generator, first_text=FIRST_TEXT)  # type: ignore[arg-type]
 
 
 def load_or_build(world: ChainLM) -> tuple[dict[str, Tensor], float]:
