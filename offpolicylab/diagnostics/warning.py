@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,14 +104,15 @@ class Alarm:
         return False
 
 
-class Detector:
+class Detector(ABC):
     """A streaming collapse warning: :meth:`observe` one update's row; a reason string when an alarm starts."""
 
     name = "detector"
-    warmup = 20
+    warmup = 20  # updates before a detector that compares with its own history may alarm
 
+    @abstractmethod
     def observe(self, update: int, row: Row) -> str | None:
-        raise NotImplementedError
+        """Feed update ``update``'s logged metrics; the alarm's reason when one starts here, else None."""
 
 
 class RewardSpike(Detector):
