@@ -60,21 +60,10 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
 def test_token_mdp_figure_has_one_line_per_configuration_and_bands_in_range(tmp_path: Path) -> None:
     """``demo --world token_mdp`` (small): six configurations (three objectives on-policy and at stale_k:32), each
     its own line, with evaluation points every 5 updates; a band is never wider than its seeds' range."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     grid = demo.demo_grid(10, "token_mdp")
     grid["axes"]["seed"] = [0, 1]
     run_sweep(grid, tmp_path / "demo", workers=1)
-    figures = []
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(plt, "close", figures.append)
-    try:
-        demo.demo_figure(tmp_path / "demo", tmp_path / "demo.png")
-    finally:
-        monkey.undo()
+    figures = drawn_figures(tmp_path / "demo", tmp_path / "demo.png")
     ax = figures[0].axes[0]
     labels = [line.get_label() for line in ax.lines if not line.get_label().startswith("_")]
     assert sorted(labels) == sorted(f"{name}, {schedule}" for name in ("grpo (ε = 0.2)",
@@ -90,24 +79,13 @@ def test_token_mdp_figure_has_one_line_per_configuration_and_bands_in_range(tmp_
 def test_demo_figure_marks_the_detectors_flags(tmp_path: Path) -> None:
     """A collapse event in a run's events.jsonl is drawn as a marker on that run's line (the figure's axes hold one
     marker per flag, at the flagged update and the return interpolated there)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     grid = {"base": {"world": "bandit", "policy": "tabular", "updates": 6, "eval_every": 2, "lr": 0.1},
             "axes": {"objective": ["grpo"], "seed": [0, 1]}}
     rows = run_sweep(grid, tmp_path / "demo", workers=1)
     flagged = RunDir(tmp_path / "demo" / rows[1]["cell"])
     with open(flagged.path / "events.jsonl", "a") as fh:
         fh.write(json.dumps({"event": "collapse", "update": 3}) + "\n")
-    figures = []
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(plt, "close", figures.append)
-    try:
-        demo.demo_figure(tmp_path / "demo", tmp_path / "demo.png")
-    finally:
-        monkey.undo()
+    figures = drawn_figures(tmp_path / "demo", tmp_path / "demo.png")
     markers = [line for line in figures[0].axes[0].lines if line.get_marker() == "X" and len(line.get_xdata())]
     assert len(markers) == 1 and list(markers[0].get_xdata()) == [3]
 
@@ -119,3 +97,20 @@ def test_unknown_demo_world_is_a_one_line_error(capsys: pytest.CaptureFixture[st
     assert "invalid choice: 'gsm8k'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="valid: token_mdp, synthetic_lm"):
         demo.demo_grid(world="gsm8k")
+
+
+def drawn_figures(runs: Path, out: Path) -> list:
+    """The matplotlib figures ``demo.demo_figure`` draws for ``runs`` (kept open: ``plt.close`` is intercepted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(plt, "close", figures.append)
+    try:
+        demo.demo_figure(runs, out)
+    finally:
+        monkey.undo()
+    return figures
