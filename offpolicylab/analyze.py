@@ -27,8 +27,8 @@ from typing import Any
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.diagnostics.warning import (
+    CHOSEN_PARAMS,
     DEFAULT_DETECTOR,
-    DEFAULT_PARAMS,
     DETECTORS,
     alarms,
     make_detector,
@@ -122,8 +122,8 @@ def detect(metrics: dict[str, dict[int, float]], kl_name: str | None, detector: 
 def warn(metrics: dict[str, dict[int, float]], kl_name: str | None, name: str | None) -> dict[str, Any]:
     """The collapse warning ``name`` fed each logged step's metrics in order (the KL the detector reads, as
     |k1| for a k1 log, under ``kl_k3``): its onsets, the first step and reason, and the parameters used."""
-    params = DEFAULT_PARAMS if name in (None, DEFAULT_DETECTOR) else {}
     name = name or DEFAULT_DETECTOR
+    params = CHOSEN_PARAMS[name]
     rows: dict[int, dict[str, float]] = {}
     for metric, series in metrics.items():
         for step, number in series.items():

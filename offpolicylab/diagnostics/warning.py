@@ -263,7 +263,15 @@ PARAMETER_GRIDS: dict[str, list[dict[str, Any]]] = {
 #: the detector of ``analyze`` and of the live warning in training runs, chosen by the committed rule on the
 #: benchmark's training split (experiments/collapse_benchmark.md; its measured scores: docs/diagnosing.md)
 DEFAULT_DETECTOR = "ess_grad"
-DEFAULT_PARAMS: dict[str, Any] = {"ess_min": 0.7, "factor": 3.0, "patience": 5}
+#: each detector's parameters as chosen on the benchmark's training split (the ones docs/diagnosing.md scores)
+CHOSEN_PARAMS: dict[str, dict[str, Any]] = {
+    "reward_spike": {},
+    "verl_ranges": {"patience": 5},
+    "kl_slope": {"rise": 0.3, "patience": 5},
+    "ess_grad": {"ess_min": 0.7, "factor": 3.0, "patience": 5},
+    "combined": {"rise": 0.3, "ess_min": 0.7, "factor": 3.0, "entropy_change": 0.4},
+}
+DEFAULT_PARAMS: dict[str, Any] = CHOSEN_PARAMS[DEFAULT_DETECTOR]
 
 
 def default_warning() -> Detector:

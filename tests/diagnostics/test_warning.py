@@ -111,3 +111,11 @@ def test_synthetic_histories_are_labelled_as_built_and_reproducible() -> None:
         history = synthetic_history(seed)
         assert (fall_update(history["evaluations"]) is not None) == history["falls"] == (seed % 2 == 1)
     assert synthetic_history(3)["rows"][:50] == synthetic_history(3)["rows"][:50]
+
+
+def test_every_detector_has_its_chosen_parameters_and_they_build() -> None:
+    from offpolicylab.diagnostics.warning import CHOSEN_PARAMS, DEFAULT_DETECTOR, DEFAULT_PARAMS, DETECTORS
+
+    assert set(CHOSEN_PARAMS) == set(DETECTORS) and DEFAULT_PARAMS == CHOSEN_PARAMS[DEFAULT_DETECTOR]
+    for name, params in CHOSEN_PARAMS.items():
+        assert make_detector(name, **params).name == name
