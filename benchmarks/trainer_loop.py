@@ -46,11 +46,10 @@ import torch
 
 from offpolicylab import trainer
 from offpolicylab.batched import build_runs
-from offpolicylab.batched.loop import run_stack
-from offpolicylab.batched.stack import Stack
 from offpolicylab.config import TrainConfig, parse_assignments
 from offpolicylab.profiling import breakdown
 from offpolicylab.runs import RunDir
+from offpolicylab.stack import Stack
 
 
 class TwoClockStopwatch(trainer.Stopwatch):
@@ -86,7 +85,7 @@ def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
     trainer.open_run(run, built, resume=False)
     watch = TwoClockStopwatch()
     start, start_cpu = time.perf_counter(), time.thread_time()
-    trainer.run_updates(built, run, 0, watch, progress=False)
+    trainer.run_updates(Stack.one(built, run), 0, watch, progress=False)
     total, total_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
     if hasattr(run, "close"):
         run.close()
@@ -104,7 +103,7 @@ def seeds_run(config: TrainConfig, root: Path, index: int, seeds: int) -> dict[s
     stack = Stack.of(members, runs, [member.optimizer.state_dict() for member in members], rng_states)
     watch = TwoClockStopwatch()
     start, start_cpu = time.perf_counter(), time.thread_time()
-    run_stack(stack, 0, watch, progress=False)
+    trainer.run_updates(stack, 0, watch, progress=False)
     total, total_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
     for run in runs:
         run.close()

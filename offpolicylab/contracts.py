@@ -34,7 +34,10 @@ class Prompts:
 
     @staticmethod
     def concat(parts: list[Prompts]) -> Prompts:
-        """Prompts of several sources row-wise (equal widths); world metadata cannot be joined."""
+        """Prompts of several sources row-wise (equal widths); world metadata cannot be joined.  One part is
+        returned as it is."""
+        if len(parts) == 1:
+            return parts[0]
         if any(part.meta for part in parts):
             raise ValueError("prompts with metadata cannot be joined; run the seeds separately (--seed)")
         return Prompts(ids=torch.cat([p.ids for p in parts]), mask=torch.cat([p.mask for p in parts]),
@@ -76,7 +79,10 @@ class Rollout:
 
     def split(self, count: int) -> list[Rollout]:
         """The ``count`` equal consecutive row blocks (block s: rows s·B/count … (s+1)·B/count − 1), each with its
-        group ids counted from 0; the inverse of :meth:`concat` of equal-sized rollouts."""
+        group ids counted from 0; the inverse of :meth:`concat` of equal-sized rollouts.  One block is the rollout
+        itself."""
+        if count == 1:
+            return [self]
         rows = len(self) // count
         if rows * count != len(self):
             raise ValueError(f"a rollout of {len(self)} rows does not split into {count} equal blocks")

@@ -49,6 +49,8 @@ from offpolicylab.diagnostics.profile import (
     side_by_side,
     token_profile,
 )
+from offpolicylab.profiling import Stopwatch
+from offpolicylab.trainer import Run, Stack, build, collect, train_update
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, SyntheticLM
 
@@ -184,30 +186,29 @@ def degenerate_scores(world: SyntheticLM) -> dict[str, float]:
 
 
 def update_kls(config: TrainConfig, updates: int) -> list[float]:
-    """KL_u (module docstring) for ``updates`` on-policy updates of ``config``."""
-    from offpolicylab.trainer import Stopwatch, build, generate, group_advantages, token_batch
+    """KL_u (module docstring) for ``updates`` updates of ``config``, trained by the trainer's own phases
+    (:func:`~offpolicylab.trainer.collect`, :func:`~offpolicylab.trainer.train_update`: the loss, KL penalty,
+    proximal log-probs and clipping of a training run), the run's batch scored before and after each step."""
+    return measured_updates(config, updates)[1]
 
-    parts = build(config)
-    params = list(parts.policy.trainable_parameters())
-    kls = []
+
+def measured_updates(config: TrainConfig, updates: int) -> tuple[Run, list[float]]:
+    """(the run after ``updates`` updates of ``config``, KL_u of each update): the policy's parameters are those a
+    training run of ``config`` has after ``updates`` updates."""
+    run = build(config)
+    stack, watch, kls = Stack.one(run), Stopwatch(), []
     for update in range(updates):
-        rollout = generate(parts, update, Stopwatch())
-        advantages = group_advantages(rollout.rewards, rollout.group_ids, parts.advantage == "std")
-        logp, entropy = parts.policy.score(rollout)
-        batch = token_batch(rollout, logp, entropy, advantages, update)
-        parts.objective.update(batch)
-        loss = parts.objective(batch).loss
-        parts.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        fresh = collect(stack, update, watch)
+        rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
         with torch.no_grad():
-            before = torch.log_softmax(_logits(parts.policy, rollout).double(), -1)
-            parts.optimizer.step()
-            after = torch.log_softmax(_logits(parts.policy, rollout).double(), -1)
-            kl = (before.exp() * (before - after)).sum(-1)
-            mask = rollout.response_mask
-            kls.append(float((kl * mask).sum() / mask.sum()))
-    return kls
+            before = torch.log_softmax(_logits(run.policy, rollout).double(), -1)
+        train_update(stack, update, fresh, watch)
+        with torch.no_grad():
+            after = torch.log_softmax(_logits(run.policy, rollout).double(), -1)
+        kl = (before.exp() * (before - after)).sum(-1)
+        mask = rollout.response_mask
+        kls.append(float((kl * mask).sum() / mask.sum()))
+    return run, kls
 
 
 def _logits(policy: Any, rollout: Any) -> torch.Tensor:

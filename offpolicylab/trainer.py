@@ -1,31 +1,31 @@
-"""The training loop of one run (docs/design.md, "One update").
+"""The one update loop (docs/design.md, "One update"): a single run is a stack of one.
 
-    schedule → rollout → TokenBatch → objective → step → evaluation → run directory
+    schedule → rollouts → TokenBatch → objective → step → evaluation → run directory
 
-At update ``u`` (the policy's version is ``u``: it has taken ``u`` optimizer steps), :func:`run_updates` does, in
-this order, each phase a function of its own:
+As in vectorised RL libraries (Stable-Baselines3's ``VecEnv``, CleanRL's vector environments), :func:`run_updates`
+trains a :class:`~offpolicylab.stack.Stack` of runs — one run (:func:`train`), or several seeds / objectives of one
+configuration trained as one computation (:mod:`offpolicylab.batched`).  At update ``u`` (the policy's version is
+``u``: it has taken ``u`` optimizer steps) it runs, in this order:
 
 1. **collect**   the batches whose generating version is ``u`` are sampled now and buffered (:mod:`offpolicylab
                  .staleness`): ``policy.sample(prompts, G, temperature)`` records ``behavior_logp`` and
                  ``world.reward`` scores it (:func:`collect`, :func:`generate`).  Old weights are never kept — stale
-                 data is data generated earlier, not a copy of an earlier policy.  The batch consumed at ``u`` is
-                 taken from the buffer (:func:`take`).
-2. **batch**     ``policy.score`` gives ``logp`` (with grad) and ``entropy``; group-relative advantages, one per
-                 sequence: ``mean`` A_i = r_i − mean_{j∈g(i)} r_j (REC paper, Yao et al. 2025) or ``std``
-                 A_i = (r_i − r̄)/(std_{j∈g(i)} r_j + 1e-6) (GRPO, Shao et al. 2024, DeepSeekMath, arXiv
-                 2402.03300); staleness = u − version per sequence (:func:`make_batch`).
-3. **loss**      ``objective.update(batch)`` once per optimizer update, then ``objective(batch)`` → loss, metrics.
-4. **step**      backward, global-norm gradient clipping (:func:`backward`), optimizer step — skipped, and the run
-                 stopped, when the loss or gradient is not finite.
-5. **evaluate**  every ``eval_every`` updates the sampled reward on ``world.eval_prompts()`` with its standard
+                 data is data generated earlier, not a copy of an earlier policy.
+2. **train**     the batch consumed at ``u`` is taken from the buffer (:func:`take`); ``policy.score`` gives ``logp``
+                 (with grad) and ``entropy``; group-relative advantages, one per sequence: ``mean``
+                 A_i = r_i − mean_{j∈g(i)} r_j (REC paper, Yao et al. 2025) or ``std`` A_i = (r_i − r̄)/(std_{j∈g(i)}
+                 r_j + 1e-6) (GRPO, Shao et al. 2024, DeepSeekMath, arXiv 2402.03300); staleness = u − version per
+                 sequence (:func:`make_batches`); ``objective.update(batch)``, then ``objective(batch)`` → loss,
+                 metrics; backward, global-norm gradient clipping, optimizer step — skipped, and the run stopped, when
+                 its loss or gradient is not finite (:func:`train_update`).
+3. **evaluate**  every ``eval_every`` updates the sampled reward on ``world.eval_prompts()`` with its standard
                  error, the greedy reward, the sampled KL(π‖π_0) and, where the world is enumerable, the exact return
                  J(π) and KL(π‖π_0) (:func:`evaluate`).
-6. **record**    collapse detection (:mod:`offpolicylab.diagnostics.collapse`), the metrics row, histogram samples,
+4. **record**    collapse detection (:mod:`offpolicylab.diagnostics.collapse`), the metrics row, histogram samples,
                  events (:func:`record`) and the atomic checkpoint (:mod:`offpolicylab.runs`).
 
-Several seeds of one configuration can train as one stacked computation: :mod:`offpolicylab.batched` drives these
-same phase functions for a stack of runs.  This module knows no concrete world or policy: it builds them through
-their registries and asks for optional abilities through the protocols of :mod:`offpolicylab.contracts`.
+This module knows no concrete world or policy: it builds them through their registries and asks for optional
+abilities through the protocols of :mod:`offpolicylab.contracts`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import math
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +55,13 @@ from offpolicylab.contracts import (
     GreedyPolicy,
     MemoryPlanningPolicy,
     Policy,
+    Prompts,
     Rollout,
     TextPolicy,
     World,
 )
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
-from offpolicylab.diagnostics.warning import Detector, default_warning
 from offpolicylab.locations import physical_memory
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
@@ -72,14 +72,16 @@ from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_
 from offpolicylab.resume import check_extension, config_changes, tail_key, watches_tail
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.samples import sample_arrays
+from offpolicylab.stack import Run, Stack, make_optimizer
 from offpolicylab.staleness import Schedule, parse_schedule
 from offpolicylab.tracking import Tracker, check_installed, open_tracker, parse_report_to
 from offpolicylab.worlds import WORLDS, make_world
-from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence
+from offpolicylab.worlds.exact import MAX_ENUMERATION, kl_divergence, sequence_logprobs
 
 INITIAL_VERSION = 0
 
-__all__ = ["Run", "Stopwatch", "TrainingFailed", "build", "train"]
+__all__ = ["Run", "Stack", "Stopwatch", "TrainingFailed", "build", "collect", "run_updates", "train",
+           "train_update"]
 
 
 class TrainingFailed(RuntimeError):
@@ -87,39 +89,17 @@ class TrainingFailed(RuntimeError):
 
 
 @dataclass
-class Run:
-    """Everything one run is made of, built (and validated) from a :class:`TrainConfig` before any file is written."""
-
-    config: TrainConfig
-    world: World
-    policy: Policy
-    objective: Objective
-    schedule: Schedule
-    optimizer: torch.optim.Optimizer
-    generator: torch.Generator
-    detector: CollapseDetector
-    advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
-    reference: Policy | None = None  # π_0, frozen: mixture / offline data, the KL(π‖π_0) at evaluation
-    enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
-    memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start
-    buffer: dict[int, Rollout] = field(default_factory=dict)  # rollouts generated, not yet consumed
-    warning: Detector = field(default_factory=default_warning)  # the live collapse warning (fed the metrics rows)
-    alarm: tuple[int, str] | None = None  # the latest warning: (update, reason)
-    reference_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
-    sampled: list[Rollout] = field(default_factory=list)  # dynamic sampling: every rollout this update sampled
-    dynamic_counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # this update: rounds, groups, kept
-
-
-@dataclass
 class Step:
-    """What one update computed before it is recorded: the consumed batch, the objective's output, the pre-clip
-    gradient norm and the rollouts the current policy generated at this update."""
+    """What one member's update computed before it is recorded: the consumed batch, the objective's output, the
+    pre-clip gradient norm, the rollouts the current policy generated at this update, the consumed rollout (its
+    token ids: completions.jsonl of a text policy) and whether the loss and gradient were finite."""
 
     batch: TokenBatch
     output: LossOutput
     grad_norm: Tensor
     fresh: list[Rollout]
-    rollout: Rollout | None = None  # the consumed batch (its token ids: completions.jsonl of a text policy)
+    rollout: Rollout
+    finite: bool
 
 
 # ================================================================================================ the loop
@@ -130,9 +110,9 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
     uninterrupted run).  Bad configuration raises ``ValueError`` before the directory is touched.  ``progress``:
     ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` lines on stderr at most every few seconds (for logs;
-    :mod:`offpolicylab.progress`), False nothing; either prints the run's settings first.  ``profile=True`` profiles the updates
-    (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory and prints
-    the section table and the top functions on stderr."""
+    :mod:`offpolicylab.progress`), False nothing; either prints the run's settings first.  ``profile=True`` profiles
+    the updates (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory
+    and prints the section table and the top functions on stderr."""
     directory = RunDir(run_dir, fsync=config.fsync)
     if resume:  # nothing to resume: refused before the lock creates anything
         config = with_stored_plan(config, directory.read_config())
@@ -142,65 +122,92 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         if progress:
             log(describe_run(run.config, run.memory_plan))
         watch = stopwatch or Stopwatch()
-        statuses = guarded([directory], profile, lambda: [run_updates(run, directory, start, watch, progress)],
-                           watch, start)
+        stack = Stack.one(run, directory)
+        statuses = guarded(stack.directories, profile, lambda: run_updates(stack, start, watch, progress), watch,
+                           start)
         return write_summary(directory, run, statuses[0])
 
 
-def run_updates(run: Run, directory: RunDir, start: int, watch: Stopwatch, progress: bool | str) -> str:
-    """Updates ``start … config.updates − 1`` of one run; returns the final status (``completed``, or
-    ``collapsed`` when the collapse detector fired or a step was not finite)."""
-    cfg = run.config
+def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) -> list[str]:
+    """Updates ``start … updates − 1`` of every member of ``stack``; each member's final status (``completed``, or
+    ``collapsed`` when its collapse detector fired or a step was not finite).  A member that stops (a non-finite
+    step, or a collapse with ``stop_on_collapse``) leaves the stack; the others go on."""
+    cfg = stack.config
+    statuses: list[str | None] = [None] * len(stack)
+    active = list(range(len(stack)))  # the original index of each member still in the stack
+    labels = [f"[seed {run.config.seed}] " if stack.stacked else "" for run in stack.runs]
     clock = time.perf_counter()
     view = Progress(progress, cfg.updates, start)  # the console (progress.py)
     for update in range(start, cfg.updates):
         tick = time.perf_counter()
-        fresh = collect(run, update, watch)                                   # 1. schedule → rollouts
-        rollout = take(run, update)
-        with watch("policy_forward"):                                         # 2. TokenBatch
-            logp, entropy = run.policy.score(rollout)
-        with watch("other"):
-            batch = make_batch(run, rollout, logp, entropy, update)
-        with watch("objective"):                                              # 3. loss
-            output = compute_loss(run, batch, update)
-        with watch("policy_backward"):                                        # 4. step
-            run.optimizer.zero_grad(set_to_none=True)
-            grad_norm = backward(output.loss, run.policy.trainable_parameters(), cfg.grad_clip)
-        step = Step(batch, output, grad_norm, fresh, rollout)
-        row = update_rows([run], update, [step])[0]
-        finite = is_finite(row)
-        if finite:
-            with watch("policy_backward"):
-                run.optimizer.step()
-        evaluated = finite and is_due(update, cfg.eval_every, cfg.updates)    # 5. evaluation
-        with watch("eval"):
-            row.update(evaluate(run, update) if evaluated else dict.fromkeys(eval_columns(run)))
-        stops = record(run, directory, update, row, step, finite, (tick, clock), watch)   # 6. run directory
-        view.update([row], [""], update_warnings([row], [run.detector.collapsed_at], [run.alarm]))
-        if stops:
-            view.close()
-            save_adapter(run, directory)
-            return "collapsed"
-        if is_checkpoint_due(cfg, update):
-            with watch("checkpoint"):
-                directory.save_checkpoint(checkpoint_state(run, update + 1))
-                save_adapter(run, directory)
+        fresh = collect(stack, update, watch)                                      # 1. collect
+        steps = train_update(stack, update, fresh, watch)                          # 2. train
+        rows = update_rows(stack.runs, update, steps)
+        with watch("eval"):                                                        # 3. evaluate
+            due = [step.finite and is_due(update, cfg.eval_every, cfg.updates) for step in steps]
+            for row, numbers in zip(rows, evaluate_due(stack, update, due), strict=True):
+                row.update(numbers)
+        stopped = record_stack(stack, update, rows, steps, (tick, clock), watch)   # 4. record
+        view.update(rows, [labels[i] for i in active],
+                    update_warnings(rows, [run.detector.collapsed_at for run in stack.runs],
+                                    [run.alarm for run in stack.runs]))
+        save_checkpoints(stack, update, stopped, watch)
+        for index in stopped:
+            statuses[active[index]] = "collapsed"
+        if stopped:
+            kept = [index for index in range(len(stack)) if index not in stopped]
+            if not kept:
+                break
+            stack = stack.keep(kept)
+            active = [active[index] for index in kept]
     view.close()
-    return final_status(run)
+    for index, run in zip(active, stack.runs, strict=True):
+        statuses[index] = statuses[index] or final_status(run)
+    return [status or "completed" for status in statuses]
 
 
-# ================================================================================================ phases
-def collect(run: Run, update: int, watch: Stopwatch) -> list[Rollout]:
-    """Generate the batches the schedule asks for at ``update`` into the buffer (and, in a stale queue's drained
-    tail, one batch for the collapse detector alone, kept in the buffer under the key a longer run trains it as, so
-    that ``--resume --updates N`` extends the run exactly: :mod:`offpolicylab.resume`); the rollouts generated now."""
-    keys, tail = batches_due(run, update)
-    run.sampled, run.dynamic_counts = [], [0, 0, 0]
-    batches = [generate(run, update, watch) for _ in range(len(keys) + tail)]
-    run.buffer.update(zip(keys, batches, strict=False))
-    if tail and (key := tail_key(run.schedule, update)) is not None:  # trained on if the run is extended
-        run.buffer[key] = batches[-1]
-    return run.sampled if run.config.dynamic_sampling else batches  # dynamic sampling samples more than it keeps
+def record_stack(stack: Stack, update: int, rows: list[dict[str, Any]], steps: list[Step],
+                 clocks: tuple[float, float], watch: Stopwatch) -> list[int]:
+    """Each member's :func:`record`; the indices of the members that stop here (their adapters saved)."""
+    stopped = []
+    for index, (run, directory, row, step) in enumerate(zip(stack.runs, stack.directories, rows, steps,
+                                                            strict=True)):
+        if record(run, directory, update, row, step, clocks, watch):
+            stopped.append(index)
+            save_adapter(run, directory)
+    return stopped
+
+
+def save_checkpoints(stack: Stack, update: int, stopped: list[int], watch: Stopwatch) -> None:
+    """When due, the checkpoint of each member that goes on (its optimizer state is its slice of the stack's)."""
+    if not is_checkpoint_due(stack.config, update):
+        return
+    with watch("checkpoint"):
+        for index, (run, directory) in enumerate(zip(stack.runs, stack.directories, strict=True)):
+            if index not in stopped:
+                directory.save_checkpoint(checkpoint_state(run, update + 1, stack.member_optimizer(index),
+                                                           stack.rng_state(index)))
+                save_adapter(run, directory)
+
+
+# ================================================================================================ 1. collect
+def collect(stack: Stack, update: int, watch: Stopwatch) -> list[list[Rollout]]:
+    """Generate the batches the schedule asks for at ``update`` into every member's buffer (the members' batches are
+    due together: one schedule), and, in a stale queue's drained tail, one batch for the collapse detector alone,
+    kept in the buffer under the key a longer run trains it as, so that ``--resume --updates N`` extends the run
+    exactly (:mod:`offpolicylab.resume`); each member's rollouts generated now (with dynamic sampling: every
+    rollout it sampled)."""
+    keys, tail = batches_due(stack.runs[0], update)
+    for run in stack.runs:
+        run.sampled, run.dynamic_counts = [], [0, 0, 0]
+    generated = [generate(stack, update, watch) for _ in range(len(keys) + tail)]
+    fresh = [[batch[index] for batch in generated] for index in range(len(stack))]
+    key = tail_key(stack.runs[0].schedule, update) if tail else None
+    for run, own in zip(stack.runs, fresh, strict=True):
+        run.buffer.update(zip(keys, own, strict=False))
+        if key is not None:  # trained on if the run is extended
+            run.buffer[key] = own[-1]
+    return [run.sampled if run.config.dynamic_sampling else own for run, own in zip(stack.runs, fresh, strict=True)]
 
 
 def batches_due(run: Run, update: int) -> tuple[list[int], bool]:
@@ -219,37 +226,42 @@ def take(run: Run, update: int) -> Rollout:
     return rollout
 
 
-def generate(run: Run, version: int, watch: Stopwatch) -> Rollout:
-    """One batch: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions (with
-    ``dynamic_sampling``: :func:`dynamic_batch`)."""
-    if run.config.dynamic_sampling:
-        return dynamic_batch(run, version, watch)
-    return sample_batch(run, version, watch)
+def generate(stack: Stack, version: int, watch: Stopwatch) -> list[Rollout]:
+    """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions
+    (with ``dynamic_sampling``, which a stack of one uses: :func:`dynamic_batch`)."""
+    if stack.config.dynamic_sampling:
+        return [dynamic_batch(stack, version, watch)]
+    return sample_batches(stack, version, watch)
 
 
-def sample_batch(run: Run, version: int, watch: Stopwatch, shaped: bool = True) -> Rollout:
-    """One sampled batch with the world's rewards (plus the overlong punishment unless ``shaped=False``)."""
-    pieces = []
-    for is_reference, count, tag in batch_sources(run, version):
-        prompts = run.world.sample_prompts(count, run.generator)
-        policy = run.reference if is_reference else run.policy
+def sample_batches(stack: Stack, version: int, watch: Stopwatch, shaped: bool = True) -> list[Rollout]:
+    """One sampled batch per member with the world's rewards (plus the overlong punishment unless
+    ``shaped=False``): the stack's policy samples every member's prompts at once, each member's rows with its own
+    generator, so each member draws what its separate run draws, in the same order."""
+    runs, pieces = stack.runs, [[] for _ in stack.runs]
+    generators = stack.generators([run.generator for run in runs])
+    for is_initial, count, tag in batch_sources(runs[0], version):
+        prompts = Prompts.concat([run.world.sample_prompts(count, run.generator) for run in runs])
+        policy = stack.initial if is_initial else stack.policy
         with watch("policy_forward"):
-            rollout = sample(policy, prompts, run.config, run.generator)
-        pieces.append(stamped(rollout, tag))
+            rollout = sample(policy, prompts, stack.config, generators)
+        for own, block in zip(pieces, stamped(rollout, tag).split(len(stack)), strict=True):
+            own.append(block)
     with watch("other"):
-        return with_rewards(run, Rollout.concat(pieces), shaped=shaped)
+        return [with_rewards(run, Rollout.concat(own), shaped=shaped) for run, own in zip(runs, pieces, strict=True)]
 
 
-def dynamic_batch(run: Run, version: int, watch: Stopwatch) -> Rollout:
+def dynamic_batch(stack: Stack, version: int, watch: Stopwatch) -> Rollout:
     """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11: keep a group only if
-    0 < |{o_i correct}| < G): sample batches, keep the groups whose world rewards are not all equal, until
-    ``prompts_per_update`` groups are kept or ``dynamic_sampling_max_batches`` rounds were sampled; the first
-    ``prompts_per_update`` kept groups form the batch, filled when short with equal-reward groups in the order they
-    were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on accuracy);
-    the batch returned carries the punishment."""
+    0 < |{o_i correct}| < G) for a stack of one: sample batches, keep the groups whose world rewards are not all
+    equal, until ``prompts_per_update`` groups are kept or ``dynamic_sampling_max_batches`` rounds were sampled; the
+    first ``prompts_per_update`` kept groups form the batch, filled when short with equal-reward groups in the order
+    they were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on
+    accuracy); the batch returned carries the punishment."""
+    (run,) = stack.runs
     cfg, kept, equal = run.config, [], []
     while len(run.sampled) - run.dynamic_counts[0] < cfg.dynamic_sampling_max_batches:
-        rollout = sample_batch(run, version, watch, shaped=False)
+        (rollout,) = sample_batches(stack, version, watch, shaped=False)
         run.sampled.append(with_overlong_penalty(run, rollout))
         varied = varied_rows(rollout.rewards, rollout.group_ids)
         kept.append(rollout.select(varied.nonzero().squeeze(1)))
@@ -342,14 +354,45 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 
     return torch.where(lengths > max_len, torch.full_like(ramp, -1.0), ramp) * factor
 
 
-def make_batch(run: Run, rollout: Rollout, logp: Tensor, entropy: Tensor, update: int) -> TokenBatch:
-    """The objective's input: per-token ``logp`` (with grad) and ``entropy`` of ``rollout``'s tokens, its behaviour
-    log-probs, the run's group-relative advantages (:func:`advantages_of`) and each sequence's staleness at
-    ``update`` (and, when the objective has a KL penalty, π_0's log-probs of the tokens:
-    :func:`~offpolicylab.reference.reference_logp`)."""
-    batch = token_batch(rollout, logp, entropy, advantages_of(run, rollout), update, proximal_of(run, logp, update))
-    reference = reference_logp(run.reference, rollout, [run.objective])  # the KL penalty's π_ref = π_0
-    return batch if reference is None else batch.replace(ref_logp=reference)
+# ================================================================================================ 2. train
+def train_update(stack: Stack, update: int, fresh: list[list[Rollout]], watch: Stopwatch) -> list[Step]:
+    """The train phase of ``update``: each member's consumed batch scored by the stack's policy in one forward
+    (:func:`make_batches`), each member's loss (:func:`compute_loss`), one backward of Σ_s loss_s, each member's
+    gradient clipped by its own global norm (:meth:`~offpolicylab.stack.Stack.clip_gradients`), and one optimizer
+    step unless no member's loss and gradient are finite (a non-finite member stops; its slice is left behind)."""
+    rollouts = [take(run, update) for run in stack.runs]
+    joined = Rollout.concat(rollouts)
+    with watch("policy_forward"):
+        logp, entropy = stack.policy.score(joined)
+    with watch("other"):
+        batches = make_batches(stack, rollouts, joined, logp, entropy, update)
+    with watch("objective"):
+        outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
+    with watch("policy_backward"):
+        stack.optimizer.zero_grad(set_to_none=True)
+        torch.stack([output.loss for output in outputs]).sum().backward()
+        norms = stack.clip_gradients(stack.config.grad_clip)
+        finite = torch.stack([torch.isfinite(output.loss.detach()) & torch.isfinite(norm)
+                              for output, norm in zip(outputs, norms, strict=True)]).tolist()
+        if any(finite):
+            stack.optimizer.step()
+    return [Step(*parts) for parts in zip(batches, outputs, norms, fresh, rollouts, finite, strict=True)]
+
+
+def make_batches(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Tensor, entropy: Tensor,
+                 update: int) -> list[TokenBatch]:
+    """Each member's objective input: per-token ``logp`` (with grad) and ``entropy`` of its rollout's tokens (its
+    row block of ``joined``), its behaviour log-probs, its group-relative advantages (:func:`advantages_of`), each
+    sequence's staleness at ``update``, log π_prox for an objective that reads it (:func:`proximal_of`) and, when an
+    objective has a KL penalty, π_0's log-probs of the tokens (:func:`~offpolicylab.reference.reference_logp`)."""
+    runs, own_logp = stack.runs, stack.split(logp)
+    advantages = torch.cat([advantages_of(run, rollout) for run, rollout in zip(runs, rollouts, strict=True)])
+    proximal = [proximal_of(run, own, update) for run, own in zip(runs, own_logp, strict=True)]
+    prox_logp = None if all(p is None for p in proximal) else torch.cat(
+        [own.detach() if p is None else p for p, own in zip(proximal, own_logp, strict=True)])
+    whole = token_batch(joined, logp, entropy, advantages, update, prox_logp)
+    reference = reference_logp(stack.initial, joined, [run.objective for run in runs])  # the KL penalty's π_ref
+    return (whole if reference is None else whole.replace(ref_logp=reference)).split(len(stack))
 
 
 def advantages_of(run: Run, rollout: Rollout) -> Tensor:
@@ -398,12 +441,6 @@ def compute_loss(run: Run, batch: TokenBatch, update: int) -> LossOutput:
     return run.objective(batch, metrics=False)
 
 
-def backward(loss: Tensor, params: list[torch.nn.Parameter], max_norm: float) -> Tensor:
-    """∇loss into ``params``' gradients, clipped to global norm ``max_norm``; the pre-clip norm."""
-    loss.backward()
-    return torch.nn.utils.clip_grad_norm_(params, max_norm)
-
-
 def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[str, Any]]:
     """The metrics row of each run's update before evaluation: the update, the step's numbers (:func:`scalars`, one
     host transfer for all) and the current policy's own reward."""
@@ -430,15 +467,11 @@ def shaping_columns(run: Run, batch: TokenBatch) -> dict[str, float]:
     return out
 
 
-def is_finite(row: dict[str, Any]) -> bool:
-    return math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"])
-
-
-def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: Step, finite: bool,
-           clocks: tuple[float, float], watch: Stopwatch) -> bool:
+def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: Step, clocks: tuple[float, float],
+           watch: Stopwatch) -> bool:
     """Collapse detection, the metrics row, events and samples of one update; whether the run stops here (a
     non-finite step, or a collapse with ``stop_on_collapse``)."""
-    cfg, (tick, clock) = run.config, clocks
+    cfg, (tick, clock), finite = run.config, clocks, step.finite
     with watch("other"):
         now = time.perf_counter()
         row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
@@ -456,7 +489,7 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
             directory.event("collapse", update, reason=reason)
         if cfg.sample_every and update % cfg.sample_every == 0:
             directory.write_samples(update, sample_arrays(step.batch, step.output.token_mask, cfg.seed, update))
-            if step.rollout is not None and isinstance(run.policy, TextPolicy):
+            if isinstance(run.policy, TextPolicy):
                 write_completions(directory, update, completions(run.policy, step.rollout, step.batch))
     return not finite or (reason is not None and cfg.stop_on_collapse)
 
@@ -575,7 +608,7 @@ def build(config: TrainConfig) -> Run:
     policy = make_policy(config.policy, world, **config.policy_params)
     config, memory_plan = plan_memory(config, world, policy)
     enumerable = is_enumerable(world)
-    keep_reference = schedule.other_share > 0 or enumerable or tracks_kl_init(config) or uses_reference([objective])
+    keep_initial = schedule.other_share > 0 or enumerable or tracks_kl_init(config) or uses_reference([objective])
     check_entropy_gradient(objective, policy)
     check_installed(parse_report_to(config.report_to))  # a missing tracker library: refused before any file
     return Run(
@@ -585,7 +618,7 @@ def build(config: TrainConfig) -> Run:
         detector=CollapseDetector(margin=config.collapse_margin, gain_fraction=config.collapse_gain_fraction,
                                   factor=config.collapse_spike, window=config.collapse_window),
         advantage=advantage_used(config, objective),
-        reference=frozen_copy(policy) if keep_reference else None, enumerable=enumerable, memory_plan=memory_plan,
+        initial=frozen_copy(policy) if keep_initial else None, enumerable=enumerable, memory_plan=memory_plan,
     )
 
 
@@ -643,15 +676,6 @@ def with_stored_plan(config: TrainConfig, stored: dict[str, Any]) -> TrainConfig
     planned = {k: v for k, v in stored.get("policy_params", {}).items()
                if k in names and k not in config.policy_params}
     return replace(config, policy_params={**config.policy_params, **planned}) if planned else config
-
-
-def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
-    params = list(params)
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr)
-    if config.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr)
-    return torch.optim.SGD(params, lr=config.lr)
 
 
 def check_overlong(config: TrainConfig, world: World) -> None:
@@ -907,24 +931,52 @@ def eval_columns(run: Run) -> list[str]:
     return columns
 
 
-def evaluate(run: Run, update: int) -> dict[str, float]:
-    """Monte-Carlo J: the mean reward of ``eval_samples`` sampled responses per prompt of ``world.eval_prompts()``
-    and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the reward of greedy
-    responses; the sampled KL(π‖π_0) (:func:`kl_from_scores`) when tracked; exact J(π) and KL(π‖π_0) when the world
-    can enumerate its responses.  Uses its own generator (:func:`eval_generator`), so evaluation never shifts the
-    training randomness."""
-    cfg, policy, prompts = run.config, run.policy, run.world.eval_prompts()
-    generator = eval_generator(cfg, update)
-    sampled = policy.sample(prompts, cfg.eval_samples, cfg.temperature, generator)
-    numbers = sampled_numbers(run, sampled, generator)
-    if isinstance(policy, GreedyPolicy):
-        numbers["eval_reward_greedy"] = greedy_reward(run, policy.greedy(prompts), generator)
+# ================================================================================================ 3. evaluate
+def evaluate_due(stack: Stack, update: int, due: list[bool]) -> list[dict[str, Any]]:
+    """Each member's evaluation numbers where ``due`` (the whole stack at once when every member is due, else each
+    due member as a stack of one), empty columns where not."""
+    if all(due):
+        return evaluate(stack, update)
+    return [evaluate(Stack.one(run), update)[0] if ok else dict.fromkeys(eval_columns(run))
+            for run, ok in zip(stack.runs, due, strict=True)]
+
+
+def evaluate(stack: Stack, update: int) -> list[dict[str, float]]:
+    """Each member's Monte-Carlo J: the mean reward of ``eval_samples`` sampled responses per prompt of
+    ``world.eval_prompts()`` and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the
+    reward of greedy responses; the sampled KL(π‖π_0) (:func:`kl_from_scores`) when tracked; exact J(π) and
+    KL(π‖π_0) when the world can enumerate its responses.  Each member uses its own generator
+    (:func:`eval_generator`), so evaluation never shifts the training randomness; the stack's policies sample, decode
+    greedily, score and enumerate for all members at once."""
+    runs, cfg = stack.runs, stack.config
+    generators = [eval_generator(run.config, update) for run in runs]
+    prompts = Prompts.concat([run.world.eval_prompts() for run in runs])
+    sampled = stack.policy.sample(prompts, cfg.eval_samples, cfg.temperature, stack.generators(generators))
+    blocks = sampled.split(len(stack))
+    numbers = [sampled_numbers(run, block, generator)
+               for run, block, generator in zip(runs, blocks, generators, strict=True)]
+    if isinstance(stack.policy, GreedyPolicy):
+        greedy = stack.policy.greedy(prompts).split(len(stack))
+        for own, run, block, generator in zip(numbers, runs, greedy, generators, strict=True):
+            own["eval_reward_greedy"] = greedy_reward(run, block, generator)
     if tracks_kl_init(cfg):
         with torch.no_grad():
-            numbers.update(kl_from_scores(run.reference.score(sampled)[0], sampled))
-    if run.enumerable:
-        numbers.update(exact_diagnostics(run))
+            initial_logp = stack.split(stack.initial.score(sampled)[0])
+        for own, block, logp in zip(numbers, blocks, initial_logp, strict=True):
+            own.update(kl_from_scores(logp, block))
+    if runs[0].enumerable:
+        for own, run, logp in zip(numbers, runs, enumerated_logprobs(stack), strict=True):
+            own.update(exact_diagnostics(run, logp))
     return numbers
+
+
+def enumerated_logprobs(stack: Stack) -> list[Tensor]:
+    """log π_s(y|x) [N, M] of each member over the enumerable world's prompts × responses, scored by the stack."""
+    world = stack.runs[0].world
+    enumeration = world.enumeration
+    prompts = Prompts.concat([enumeration.prompts] * len(stack))
+    return stack.split(sequence_logprobs(stack.policy, prompts, enumeration.ids, enumeration.mask, 1.0,
+                                         world.vocab_size))
 
 
 def eval_generator(config: TrainConfig, update: int) -> torch.Generator:
@@ -966,9 +1018,9 @@ def exact_diagnostics(run: Run, logp: Tensor | None = None) -> dict[str, float]:
     (``logp``: log π(y|x) [N, M] when already computed; π_0's log-probs are computed once per run and cached)."""
     enumeration = run.world.enumeration
     logp = enumeration.logprobs(run.policy) if logp is None else logp
-    if run.reference_logprobs is None:
-        run.reference_logprobs = enumeration.logprobs(run.reference)
-    return {"exact_return": enumeration.return_of(logp), "exact_kl_init": kl_divergence(logp, run.reference_logprobs)}
+    if run.initial_logprobs is None:
+        run.initial_logprobs = enumeration.logprobs(run.initial)
+    return {"exact_return": enumeration.return_of(logp), "exact_kl_init": kl_divergence(logp, run.initial_logprobs)}
 
 
 def exact_optimum(world: World) -> dict[str, float]:

@@ -1,9 +1,10 @@
 """Runs trained as one computation: several seeds of one configuration (``offpolicylab run --seeds 0,1,2``), or a
 sweep's cells that differ only in seed and objective (docs/design.md, "Batched seeds").
 
-A layer beside the trainer: it builds each run with :func:`offpolicylab.trainer.build`, stacks their policies
-(:class:`~offpolicylab.batched.stack.Stack`) and drives the trainer's phase functions for the stack
-(:func:`~offpolicylab.batched.loop.run_stack`).  Every run writes the run directory its separate run writes.
+A layer above the trainer: it checks that the runs can train together, builds each with
+:func:`offpolicylab.trainer.build`, stacks them (:meth:`offpolicylab.stack.Stack.of`) and hands the stack to the
+trainer's one update loop (:func:`offpolicylab.trainer.run_updates`).  Every run writes the run directory its
+separate run writes.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ from typing import Any
 
 import torch
 
-from offpolicylab.batched.loop import run_stack
-from offpolicylab.batched.stack import Stack, stack_policies, stackable
 from offpolicylab.config import MAX_SEED, TrainConfig
 from offpolicylab.policies import policy_ability
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.progress import describe_run
 from offpolicylab.runs import RunDir, RunError
+from offpolicylab.stack import Stack, stack_policies, stackable
 from offpolicylab.trainer import (
     Run,
     build,
@@ -32,6 +32,7 @@ from offpolicylab.trainer import (
     open_run,
     open_trackers,
     resolve_config,
+    run_updates,
     train,
     write_summary,
 )
@@ -92,7 +93,7 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
                 f"; seeds {','.join(str(c.seed) for c in configs)} batched")
         stack = Stack.of(runs, directories, [run.optimizer.state_dict() for run in runs], rng_states)
         watch = stopwatch or Stopwatch()
-        statuses = guarded(directories, profile, lambda: run_stack(stack, starts[0], watch, progress), watch,
+        statuses = guarded(directories, profile, lambda: run_updates(stack, starts[0], watch, progress), watch,
                            starts[0])
         return [write_summary(directory, run, status)
                 for directory, run, status in zip(directories, runs, statuses, strict=True)]

@@ -161,7 +161,9 @@ class TokenBatch:
         """The ``count`` equal consecutive row blocks as batches (several runs' batches joined row-wise), each
         with its group ids counted from 0.  Not validated again: validation and padding removal work token by token,
         so a block equals its rows validated on their own; the batch-level caches (ESS, ratio summary) are left to
-        be computed per block."""
+        be computed per block.  One block is the batch itself."""
+        if count == 1:
+            return [self]
         rows = self.batch_size // count
         if rows * count != self.batch_size:
             raise ValueError(f"a batch of {self.batch_size} rows does not split into {count} equal blocks")

@@ -13,11 +13,11 @@ import torch
 
 from offpolicylab import batched, sweep, trainer
 from offpolicylab import grid as grid_module
-from offpolicylab.batched.stack import stack_policies
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts
 from offpolicylab.policies.transformer import TransformerPolicy
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy, stack_modules
+from offpolicylab.stack import stack_policies
 from tests.trainer.golden_runs import normalized_metrics
 from tests.trainer.test_seeds import assert_same_run, interrupted
 

@@ -71,7 +71,7 @@ def scripted(rewards: list[list[float]]) -> Rollout:
 def scripted_run(monkeypatch: pytest.MonkeyPatch, rounds: list[list[list[float]]], **changes) -> trainer.Run:
     run = trainer.build(TrainConfig(**{**mdp_config().to_dict(), "dynamic_sampling": True, **changes}))
     batches = iter(rounds)
-    monkeypatch.setattr(trainer, "sample_batch", lambda *args, **kwargs: scripted(next(batches)))
+    monkeypatch.setattr(trainer, "sample_batches", lambda *args, **kwargs: [scripted(next(batches))])
     return run
 
 
@@ -79,7 +79,7 @@ def test_dynamic_sampling_keeps_varied_groups_by_hand(monkeypatch: pytest.Monkey
     """N = 2 prompts: round 1 has one varied group ([0, 1]), round 2 another ([1, 0]) → the batch is those two,
     group ids 0, 1; 2 rounds, 2 of 4 groups kept; reward_current sees all 8 sampled rewards."""
     run = scripted_run(monkeypatch, [[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[5, 6], [7, 8]]])
-    fresh = trainer.collect(run, 0, trainer.Stopwatch())
+    (fresh,) = trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
     batch = run.buffer[run.schedule.key(0)]
     assert batch.rewards.tolist() == [0, 1, 1, 0] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert run.dynamic_counts == [2, 4, 2]
@@ -91,10 +91,10 @@ def test_dynamic_sampling_truncates_and_fills(monkeypatch: pytest.MonkeyPatch) -
     """Three varied groups in round 1 → the first two; with one round allowed and one varied group, the batch is
     filled with the first equal-reward group."""
     run = scripted_run(monkeypatch, [[[0, 1], [2, 3], [4, 5]]])
-    trainer.collect(run, 0, trainer.Stopwatch())
+    trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
     assert run.buffer[run.schedule.key(0)].rewards.tolist() == [0, 1, 2, 3]
     run = scripted_run(monkeypatch, [[[1, 1], [2, 2], [0, 1]]], dynamic_sampling_max_batches=1)
-    trainer.collect(run, 0, trainer.Stopwatch())
+    trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
     batch = run.buffer[run.schedule.key(0)]
     assert batch.rewards.tolist() == [0, 1, 1, 1] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert run.dynamic_counts == [1, 3, 1]
@@ -107,7 +107,7 @@ def test_dynamic_sampling_run_trains_on_varied_groups(tmp_path: Path) -> None:
 
     run = trainer.build(mdp_config(dynamic_sampling=True, group_size=2))
     for update in range(6):
-        trainer.collect(run, update, trainer.Stopwatch())
+        trainer.collect(trainer.Stack.one(run), update, trainer.Stopwatch())
         batch = run.buffer.pop(run.schedule.key(update))
         assert batch.group_ids.tolist() == [0, 0, 1, 1]
         if run.dynamic_counts[2] >= 2:

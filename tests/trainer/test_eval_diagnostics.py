@@ -67,11 +67,11 @@ def test_sampled_kl_matches_numpy_on_the_same_samples() -> None:
     sampled = parts.policy.sample(parts.world.eval_prompts(), 16, 1.0, gen)
     sampled = sampled.with_(response_mask=(torch.rand(sampled.response_mask.shape, generator=gen) > 0.2).float())
     with torch.no_grad():
-        initial = parts.reference.score(sampled)[0].double().numpy()
+        initial = parts.initial.score(sampled)[0].double().numpy()
     current = sampled.behavior_logp.double().numpy()
     valid = sampled.response_mask.numpy() > 0
     delta = (initial - current)[valid]  # log π_0/π
-    got = trainer.kl_to_initial(parts.reference, sampled)
+    got = trainer.kl_to_initial(parts.initial, sampled)
     assert got["eval_kl_init_k1"] == pytest.approx(np.mean(-delta), rel=1e-5)
     assert got["eval_kl_init_k3"] == pytest.approx(np.mean(np.expm1(delta) - delta), rel=1e-5)
 
@@ -80,9 +80,9 @@ def test_sampled_kl_is_unbiased_for_the_exact_kl() -> None:
     """Token sums of k1 and k3 are unbiased for the sequence KL(π‖π_0); with fixed-length responses (T tokens)
     T · (token mean) → the exact KL by enumeration.  40 000 responses: the Monte-Carlo error is ~1 %."""
     parts = _moved_policy()
-    exact = parts.world.exact_kl(parts.policy, parts.reference)
+    exact = parts.world.exact_kl(parts.policy, parts.initial)
     sampled = parts.policy.sample(parts.world.eval_prompts(), 20_000, 1.0, torch.Generator().manual_seed(1))
-    got = trainer.kl_to_initial(parts.reference, sampled)
+    got = trainer.kl_to_initial(parts.initial, sampled)
     length = parts.world.max_response_len
     assert exact > 0.3
     assert length * got["eval_kl_init_k1"] == pytest.approx(exact, rel=0.05)
@@ -119,8 +119,8 @@ def test_kl_to_initial_is_off_for_the_llm_policy_unless_asked() -> None:
 def test_without_kl_tracking_no_frozen_copy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """In a world that cannot be enumerated, eval_kl_init=off keeps no second policy (the memory it saves)."""
     monkeypatch.setattr(trainer, "is_enumerable", lambda world: False)
-    assert trainer.build(mdp_config(eval_kl_init="off")).reference is None
-    assert trainer.build(mdp_config()).reference is not None
+    assert trainer.build(mdp_config(eval_kl_init="off")).initial is None
+    assert trainer.build(mdp_config()).initial is not None
 
 
 # ------------------------------------------------------------------------------------------ the current policy's reward

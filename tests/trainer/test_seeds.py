@@ -14,13 +14,13 @@ import torch
 
 from offpolicylab import batched, cli, trainer
 from offpolicylab.batched import parse_seeds
-from offpolicylab.batched.stack import Stack, member_state, stacked_state
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts, Rollout
 from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.runs import RunDir, RunError
+from offpolicylab.stack import Stack, member_state, stacked_state
 from tests.small_runs import bandit_config, mdp_config, read_rows
 from tests.trainer.golden_runs import normalized_metrics
 
@@ -190,8 +190,9 @@ def interrupted(config: TrainConfig, out: Path, monkeypatch: pytest.MonkeyPatch,
 def test_batched_resume_ends_identical_to_separate_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = CONFIGS["mdp_ac_mispo_stale_noisy_mixture"]
     interrupted(config, tmp_path / "batched", monkeypatch, at=6)
-    # the first seed wrote row 5 and died saving checkpoint 6; the others stopped after row 4 (checkpoint 3)
-    assert [len(read_rows(tmp_path / "batched" / f"seed={s}")) for s in SEEDS] == [6, 5, 5]
+    # every seed wrote row 5 (records come before checkpoints); the first died saving checkpoint 6, so every seed's
+    # checkpoint is at 3 and the resume cuts rows 3–5 back
+    assert [len(read_rows(tmp_path / "batched" / f"seed={s}")) for s in SEEDS] == [6, 6, 6]
     batched.train_seeds(config, SEEDS, tmp_path / "batched", resume=True)
     for seed in SEEDS:
         assert_same_run(tmp_path / "batched" / f"seed={seed}", separate(config, seed, tmp_path / f"alone{seed}"),

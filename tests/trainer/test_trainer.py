@@ -280,5 +280,5 @@ def test_exact_diagnostics_match_the_world_enumeration(tmp_path: Path) -> None:
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     got = trainer.exact_diagnostics(parts)
     assert got["exact_return"] == pytest.approx(parts.world.exact_return(parts.policy), rel=1e-9)
-    assert got["exact_kl_init"] == pytest.approx(parts.world.exact_kl(parts.policy, parts.reference), rel=1e-9)
+    assert got["exact_kl_init"] == pytest.approx(parts.world.exact_kl(parts.policy, parts.initial), rel=1e-9)
     assert got["exact_kl_init"] > 0

@@ -281,6 +281,39 @@ def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
 
 
+@pytest.mark.parametrize("changes", [{}, {"objective_params": {"kl_coef": 0.5}},
+                                     {"objective": "decoupled_ppo", "schedule": "stale_k:1"}])
+def test_calibration_updates_are_a_training_runs_updates(cache, tmp_path, changes):
+    """The calibration tool drives the trainer's own phases: after u updates its policy is bit for bit the policy a
+    training run of the same configuration checkpoints after u updates (also with a KL penalty, which needs π_0's
+    log-probs, and decoupled PPO, which needs π_prox), and KL_0 equals the KL between π_0 and that checkpoint's
+    policy, computed here from the two policies' logits on the first batch."""
+    from offpolicylab import trainer
+    from offpolicylab.config import TrainConfig
+    from offpolicylab.runs import RunDir
+    from offpolicylab.synthetic_lm_calibration import measured_updates
+
+    params = {**TINY, "cache_dir": str(cache)}
+    config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
+                                    "prompts_per_update": 2, "group_size": 4, "lr": 1e-3, "updates": 3,
+                                    "eval_every": 1, **changes})
+    run, kls = measured_updates(config, 3)
+    trainer.train(config, tmp_path / "three")
+    for name, value in RunDir(tmp_path / "three").load_checkpoint()["policy"].items():
+        assert torch.equal(run.policy.state_dict()[name], value), name
+    trainer.train(replace(config, updates=1), tmp_path / "one")
+    fresh = trainer.build(config)
+    trainer.collect(trainer.Stack.one(fresh), 0, trainer.Stopwatch())
+    batch = fresh.buffer[fresh.schedule.key(0)]
+    logits = [fresh.policy.response_logits(batch.prompt_ids, batch.prompt_mask, batch.prompt_index,
+                                           batch.response_ids).double().log_softmax(-1).detach()]
+    fresh.policy.load_state_dict(RunDir(tmp_path / "one").load_checkpoint()["policy"])
+    logits.append(fresh.policy.response_logits(batch.prompt_ids, batch.prompt_mask, batch.prompt_index,
+                                                batch.response_ids).double().log_softmax(-1).detach())
+    kl = (logits[0].exp() * (logits[0] - logits[1])).sum(-1)
+    assert kls[0] == pytest.approx(float((kl * batch.response_mask).sum() / batch.response_mask.sum()), rel=1e-12)
+
+
 # ------------------------------------------------------------------ the shipped recipes against the real-LM profiles
 def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
     """The default (``seed_scale``) recipe's π₀ — the copy shipped with the package — has the token entropies of a
