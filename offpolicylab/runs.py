@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -419,10 +420,10 @@ class RunDir:
         """summary.json with ``status``, the number of updates and final / peak values of the main metrics."""
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is invalid; valid: {', '.join(STATUSES)}")
-        rows = self.read_metrics()
+        rows, path = self.read_metrics(), self.metrics_path
         summary: dict[str, Any] = {"status": status, "updates_done": len(rows)}
         for key in SUMMARY_KEYS:
-            values = [(int(_number(self.metrics_path, line, r, "update")), _number(self.metrics_path, line, r, key))
+            values = [(int(_number(path, line, r, "update")), _number(path, line, r, key))
                       for line, r in enumerate(rows, 2) if r.get(key, "") not in ("", None)]
             finite = [(u, v) for u, v in values if math.isfinite(v)]
             if finite:
@@ -744,7 +745,14 @@ ENVIRONMENT_PACKAGES = ("offpolicylab", "torch", "numpy", "scipy", "gymnasium", 
 
 def environment() -> dict[str, Any]:
     """The Python version, the installed versions of :data:`ENVIRONMENT_PACKAGES` and — when the package runs from
-    a git checkout — the commit and whether the checkout has uncommitted changes (``git`` on this machine only)."""
+    a git checkout — the commit and whether the checkout has uncommitted changes (``git`` on this machine only),
+    found once per process (a sweep creates many run directories; reading 13 packages' metadata and running git
+    costs about as much as a short toy run)."""
+    return dict(_environment())
+
+
+@functools.cache
+def _environment() -> dict[str, Any]:
     import platform
     from importlib import metadata
 

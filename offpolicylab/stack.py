@@ -185,18 +185,17 @@ class Stack:
         return list(value.split(value.shape[0] // len(self)))
 
     def clip_gradients(self, max_norm: float) -> list[Tensor]:
-        """Each member's pre-clip global gradient norm (``torch.nn.utils.get_total_norm`` of its slices), its
-        gradient scaled by min(1, max_norm / (norm + 1e-6)) as ``clip_grad_norm_`` scales a separate run's."""
+        """Each member's pre-clip global gradient norm ‖g_s‖ = ‖(‖g_s,p‖₂)_p‖₂ over the parameters p (as
+        ``torch.nn.utils.get_total_norm`` of its slices), its gradient scaled by min(1, max_norm / (‖g_s‖ + 1e-6)) as
+        ``clip_grad_norm_`` scales a separate run's — all members in one pass per parameter."""
         params = list(self.policy.trainable_parameters())
         if not self.stacked:
             return [torch.nn.utils.clip_grad_norm_(params, max_norm)]
         grads = [p.grad for p in params if p.grad is not None]
-        norms = []
-        for index in range(len(self)):
-            own = [g[index] for g in grads]
-            norm = torch.nn.utils.get_total_norm(own)
-            scale = torch.clamp(float(max_norm) / (norm + 1e-6), max=1.0)
-            for g in own:
-                g.mul_(scale)
-            norms.append(norm)
-        return norms
+        members = len(self)
+        per_param = torch.stack([torch.linalg.vector_norm(g.reshape(members, -1), dim=1) for g in grads], dim=1)
+        norms = torch.linalg.vector_norm(per_param, dim=1)
+        scale = torch.clamp(float(max_norm) / (norms + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(scale.reshape(members, *([1] * (g.dim() - 1))))
+        return list(norms.unbind())

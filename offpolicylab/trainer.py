@@ -382,11 +382,14 @@ def train_update(stack: Stack, update: int, fresh: list[list[Rollout]], watch: S
 def make_batches(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Tensor, entropy: Tensor,
                  update: int) -> list[TokenBatch]:
     """Each member's objective input: per-token ``logp`` (with grad) and ``entropy`` of its rollout's tokens (its
-    row block of ``joined``), its behaviour log-probs, its group-relative advantages (:func:`advantages_of`), each
+    row block of ``joined``), its behaviour log-probs, its group-relative advantages (:func:`group_advantages`, its run's estimator), each
     sequence's staleness at ``update``, log π_prox for an objective that reads it (:func:`proximal_of`) and, when an
     objective has a KL penalty, π_0's log-probs of the tokens (:func:`~offpolicylab.reference.reference_logp`)."""
     runs, own_logp = stack.runs, stack.split(logp)
-    advantages = torch.cat([advantages_of(run, rollout) for run, rollout in zip(runs, rollouts, strict=True)])
+    estimators = [run.advantage == "std" for run in runs]  # per run: mean or std normalisation
+    std_norm = estimators[0] if len(set(estimators)) == 1 else torch.cat(
+        [torch.full((len(rollout),), std) for std, rollout in zip(estimators, rollouts, strict=True)])
+    advantages = group_advantages(joined.rewards, joined.group_ids, std_norm)  # the joined groups are distinct
     proximal = [proximal_of(run, own, update) for run, own in zip(runs, own_logp, strict=True)]
     prox_logp = None if all(p is None for p in proximal) else torch.cat(
         [own.detach() if p is None else p for p, own in zip(proximal, own_logp, strict=True)])
@@ -395,23 +398,22 @@ def make_batches(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: T
     return (whole if reference is None else whole.replace(ref_logp=reference)).split(len(stack))
 
 
-def advantages_of(run: Run, rollout: Rollout) -> Tensor:
-    """The run's group-relative advantage of each row of ``rollout`` (:func:`group_advantages`, the run's
-    estimator)."""
-    return group_advantages(rollout.rewards, rollout.group_ids, run.advantage == "std")
-
-
-def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool, eps: float = 1e-6) -> Tensor:
-    """A_i = r_i − r̄_{g(i)}  (÷ (σ_{g(i)} + eps) when ``std_norm``; σ is the population std of the group)."""
+def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor, eps: float = 1e-6) -> Tensor:
+    """A_i = r_i − r̄_{g(i)}  (÷ (σ_{g(i)} + eps) when ``std_norm``; σ is the population std of the group);
+    ``std_norm`` may be a [B] bool tensor choosing per row (runs with different estimators joined row-wise: the
+    other rows are divided by 1, which is exact)."""
     groups = int(group_ids.max()) + 1
     zeros = rewards.new_zeros(groups)
     count = zeros.index_add(0, group_ids, torch.ones_like(rewards))
     mean = zeros.index_add(0, group_ids, rewards) / count
     centered = rewards - mean[group_ids]
-    if not std_norm:
+    if std_norm is False:
         return centered
     var = zeros.index_add(0, group_ids, centered**2) / count
-    return centered / (var.sqrt()[group_ids] + eps)
+    spread = var.sqrt()[group_ids] + eps
+    if std_norm is True:
+        return centered / spread
+    return centered / torch.where(std_norm, spread, torch.ones((), dtype=spread.dtype))
 
 
 def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:

@@ -66,26 +66,33 @@ def trust_region_mask(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Te
     return (tr & (mask > 0)).to(mask.dtype)
 
 
-def effective_sample_size(log_ratio: Tensor, mask: Tensor) -> Tensor:
+def effective_sample_size(log_ratio: Tensor, mask: Tensor, blocks: int = 1) -> Tensor:
     """ESS = (Σ w)² / (n · Σ w²), w = r over the n valid tokens; 1 for uniform ratios, → 1/n when one dominates.
 
     Computed with weights rescaled by max(w) (ESS is scale-free), so log-ratios of ±50 stay finite: the weights are
     e^((Δ − max Δ)·m)·m, max Δ over the valid tokens, exactly 0 on padding.  (The padding never reaches ``exp`` as
     a huge negative number: CPU ``exp`` takes a slow path for arguments far below its range; benchmarks/README.md.)
-    Source: Kong (1992); P3O "Trust the Batch" (FeynRL).
+    ``blocks`` > 1: the ESS of each of ``blocks`` equal consecutive row blocks (several runs' batches joined
+    row-wise), shape [blocks], each reduced exactly as its block alone.  Source: Kong (1992); P3O "Trust the Batch"
+    (FeynRL).
     """
     if log_ratio.numel() == 0:
-        return log_ratio.new_ones(())
-    mask = mask.to(log_ratio.dtype)
-    delta = _masked(log_ratio.detach(), mask)
-    tokens = mask.sum()
+        return log_ratio.new_ones(() if blocks == 1 else (blocks,))
+    mask = mask.to(log_ratio.dtype).reshape(blocks, -1)
+    delta = _masked(log_ratio.detach().reshape(blocks, -1), mask)
+    tokens = mask.sum(-1)
     floor = torch.finfo(delta.dtype).max
-    top = ((mask - 1.0) * floor + delta).max()  # Δ on valid tokens, −finfo.max on padding: the valid max
+    top = ((mask - 1.0) * floor + delta).amax(-1, keepdim=True)  # Δ on valid tokens, −finfo.max on padding
     top = torch.where(top > -floor, top, delta.new_zeros(()))  # no valid token: weights 0
     weights = ((delta - top) * mask).exp() * mask
-    ess = weights.sum() ** 2 / (tokens.clamp_min(1.0) * (weights * weights).sum()).clamp_min(
+    ess = weights.sum(-1) ** 2 / (tokens.clamp_min(1.0) * (weights * weights).sum(-1)).clamp_min(
         torch.finfo(delta.dtype).tiny)
-    return torch.where(tokens > 0, ess, delta.new_ones(()))
+    return _shaped(torch.where(tokens > 0, ess, delta.new_ones(())), blocks)
+
+
+def _shaped(values: Tensor, blocks: int) -> Tensor:
+    """A per-block statistic [blocks] as the caller asked for it: a 0-d tensor when ``blocks`` is 1."""
+    return values.reshape(()) if blocks == 1 else values
 
 
 def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
@@ -104,12 +111,14 @@ def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
 
 
 def fused_ratio_summary(
-    delta: Tensor, mask: Tensor, ratio: Tensor | None = None, ess: Tensor | None = None
+    delta: Tensor, mask: Tensor, ratio: Tensor | None = None, ess: Tensor | None = None, blocks: int = 1
 ) -> dict[str, Tensor]:
     """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
     :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``; ``ratio`` = e^Δ may be
     passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))), and so may ``ess``
-    (:func:`effective_sample_size` of the same arguments).
+    (:func:`effective_sample_size` of the same arguments).  ``blocks`` > 1: the statistics of each of ``blocks``
+    equal consecutive row blocks (several runs' batches joined row-wise), each a [blocks] tensor, every block reduced
+    exactly as it would be alone (one call for a stack of runs instead of one per run).
 
     Fused: an exp for r (none when ``ratio`` is given), one for the ESS weights (none when ``ess`` is given) and an
     expm1 for k3; one reduction per statistic; the padding removed by multiplying with the 0/1 mask (no
@@ -120,23 +129,25 @@ def fused_ratio_summary(
     with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all of them.
     """
     if delta.numel() == 0:
-        return {key: delta.new_ones(()) if key == "ess" else delta.new_zeros(()) for key in RATIO_METRICS}
-    mask = mask.to(delta.dtype)
-    tokens = mask.sum()
+        return {key: _shaped(delta.new_ones(blocks) if key == "ess" else delta.new_zeros(blocks), blocks)
+                for key in RATIO_METRICS}
+    mask = mask.to(delta.dtype).reshape(blocks, -1)
+    delta = delta.reshape(blocks, -1)
+    tokens = mask.sum(-1)
     count = tokens.clamp_min(1.0)
     work = torch.empty_like(delta)
     if ratio is None:
         torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
     else:
-        torch.clamp(ratio, max=math.exp(EXP_CLAMP), out=work)
+        torch.clamp(ratio.reshape(blocks, -1), max=math.exp(EXP_CLAMP), out=work)
     work.mul_(mask)  # valid ratios, 0 on padding
     ratio_max, ratio_tail = _top_quantile(work, tokens, RATIO_TAIL_QUANTILE)
-    metrics = {"ratio_mean": work.sum() / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
-    metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum() / count
-    metrics["m2"] = torch.mul(delta, delta, out=work).sum() / count
-    metrics["ess"] = effective_sample_size(delta, mask) if ess is None else ess
+    metrics = {"ratio_mean": work.sum(-1) / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
+    metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum(-1) / count
+    metrics["m2"] = torch.mul(delta, delta, out=work).sum(-1) / count
+    metrics["ess"] = effective_sample_size(delta, mask, blocks).reshape(blocks) if ess is None else ess.reshape(blocks)
     metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work)
-    return metrics
+    return {key: _shaped(value, blocks) for key, value in metrics.items()}
 
 
 def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -145,16 +156,18 @@ def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     other statistics."""
     if log_ratio.numel() == 0:
         return log_ratio.new_zeros(()), log_ratio.new_zeros(())
-    delta = _masked(log_ratio.detach(), mask)
-    return _kl_terms(delta, mask.to(delta.dtype).sum().clamp_min(1.0), torch.empty_like(delta))
+    delta = _masked(log_ratio.detach(), mask).reshape(1, -1)
+    count = mask.to(delta.dtype).reshape(1, -1).sum(-1).clamp_min(1.0)
+    k1, k3 = _kl_terms(delta, count, torch.empty_like(delta))
+    return k1.reshape(()), k3.reshape(())
 
 
 def _kl_terms(delta: Tensor, count: Tensor, work: Tensor) -> tuple[Tensor, Tensor]:
-    """(Σ(−Δ), Σ(e^min(Δ, 80) − 1 − Δ)) / count of a ``delta`` that is 0 on padding; ``work``: a scratch buffer
-    like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ: the same number, and +0 (not −0) when ΣΔ = 0."""
-    k1 = (0.0 - delta.sum()) / count
+    """(Σ(−Δ), Σ(e^min(Δ, 80) − 1 − Δ)) / count per row of a [blocks, N] ``delta`` that is 0 on padding; ``work``: a
+    scratch buffer like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ: the same number, and +0 (not −0) when ΣΔ = 0."""
+    k1 = (0.0 - delta.sum(-1)) / count
     torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
-    return k1, work.sub_(delta).sum() / count
+    return k1, work.sub_(delta).sum(-1) / count
 
 
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")
@@ -162,39 +175,42 @@ RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", 
 
 
 def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Tensor]:
-    """(max, q-quantile) of the valid entries of ``values`` ≥ 0 whose padding is 0, ``tokens`` valid entries; the
-    quantile interpolates as :func:`masked_quantile` does, read from the top ⌈(1 − q)·(N − 1)⌉ + 2 values (the
-    lower of the two interpolated order statistics is at most (1 − q)·(n − 1) + 1 ranks from the top)."""
-    flat = values.reshape(-1)
-    k = min(flat.numel(), math.ceil((1.0 - q) * (flat.numel() - 1)) + 2)
-    top = largest(flat, k)  # descending
+    """(max, q-quantile) per row of the valid entries of ``values`` [blocks, N] ≥ 0 whose padding is 0, ``tokens``
+    [blocks] valid entries per row; the quantile interpolates as :func:`masked_quantile` does, read from the top
+    ⌈(1 − q)·(N − 1)⌉ + 2 values (the lower of the two interpolated order statistics is at most (1 − q)·(n − 1) + 1
+    ranks from the top)."""
+    n = values.shape[-1]
+    k = min(n, math.ceil((1.0 - q) * (n - 1)) + 2)
+    top = largest(values, k)  # [blocks, k], descending
     count = tokens.to(torch.int64)
     position = q * (count - 1).clamp_min(0).to(torch.float64)  # as masked_quantile: float64
     below = position.floor()
     low = (count - 1 - below.long()).clamp(0, k - 1)  # rank from the top of order statistic ⌊p⌋
     high = (low - 1).clamp_min(0)  # of ⌊p⌋ + 1 (the same one at the very top)
-    pair = top.gather(0, torch.stack([low, high]))  # a gather, not top[low]: indexing with a tensor syncs the host
-    value = pair[0] + (position - below).to(values.dtype) * (pair[1] - pair[0])
-    value = torch.where(position > below, value, pair[0])
-    return top[0], torch.where(count > 0, value, values.new_zeros(()))
+    pair = top.gather(-1, torch.stack([low, high], -1))  # a gather, not top[low]: indexing with a tensor syncs the host
+    value = pair[:, 0] + (position - below).to(values.dtype) * (pair[:, 1] - pair[:, 0])
+    value = torch.where(position > below, value, pair[:, 0])
+    return top[:, 0], torch.where(count > 0, value, values.new_zeros(()))
 
 
 TOPK_BLOCK = 64
 """Block length of :func:`largest`."""
 
 
-def largest(flat: Tensor, k: int) -> Tensor:
-    """The k largest values of the 1-D ``flat``, descending — exactly ``flat.topk(k).values``, read from the k
-    blocks of :data:`TOPK_BLOCK` values with the largest maxima: a value among the k largest lies in such a block
-    (otherwise k blocks would each hold a larger value).  One pass for the block maxima and two small ``topk``
-    instead of one ``topk`` over all N values, with static shapes (no host sync).  Sizes that are not a multiple of
-    the block, or with fewer than 4k blocks, take the plain ``topk``."""
-    blocks = flat.numel() // TOPK_BLOCK
-    if flat.numel() % TOPK_BLOCK or blocks < 4 * k:
-        return flat.topk(k).values
-    grid = flat.view(blocks, TOPK_BLOCK)
-    chosen = grid.amax(dim=1).topk(k).indices
-    return grid.index_select(0, chosen).reshape(-1).topk(k).values
+def largest(values: Tensor, k: int) -> Tensor:
+    """The k largest values along the last dimension of ``values`` ([N] or [rows, N]), descending — exactly
+    ``values.topk(k).values``, read from the k blocks of :data:`TOPK_BLOCK` values with the largest maxima: a value
+    among the k largest lies in such a block (otherwise k blocks would each hold a larger value).  One pass for the
+    block maxima and two small ``topk`` instead of one ``topk`` over all N values, with static shapes (no host
+    sync).  Sizes that are not a multiple of the block, or with fewer than 4k blocks, take the plain ``topk``."""
+    n = values.shape[-1]
+    blocks = n // TOPK_BLOCK
+    if n % TOPK_BLOCK or blocks < 4 * k:
+        return values.topk(k).values
+    rows = values.reshape(-1, blocks, TOPK_BLOCK)
+    chosen = rows.amax(dim=-1).topk(k).indices  # [rows, k]
+    picked = rows.gather(1, chosen[..., None].expand(-1, -1, TOPK_BLOCK))
+    return picked.reshape(rows.shape[0], -1).topk(k).values.reshape(*values.shape[:-1], k)
 
 
 def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:

@@ -48,6 +48,11 @@ class TokenBatch:
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
     _summary: dict[str, Tensor] | None = field(default=None, init=False, repr=False, compare=False)  # ratio_summary()
+    _block: tuple[TokenBatch, int, int] | None = field(default=None, init=False, repr=False, compare=False)
+    """(the joined batch, its blocks, this block's index) of a :meth:`split` block: its ESS and ratio summary are
+    computed for every block of the joined batch in one call."""
+    _blocks: tuple[Tensor, list[dict[str, Tensor]]] | None = field(default=None, init=False, repr=False,
+                                                                    compare=False)  # per-block ESS, summaries
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -121,15 +126,33 @@ class TokenBatch:
         """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
         detached; computed once per batch and shared by the objective (P3O) and its metrics."""
         if self._ess is None:
-            self._ess = stats.effective_sample_size(self.delta(), self.mask)
+            self._ess = (stats.effective_sample_size(self.delta(), self.mask) if self._block is None else
+                         self._block[0].block_ess(self._block[1])[self._block[2]])
         return self._ess
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
         :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch."""
         if self._summary is None:
-            self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess())
+            self._summary = (stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess())
+                             if self._block is None else self._block[0].block_summaries(self._block[1])[self._block[2]])
         return self._summary
+
+    def block_ess(self, count: int) -> Tensor:
+        """[count] the ESS of each of the ``count`` equal row blocks (:meth:`split`), in one call."""
+        if self._blocks is None or self._blocks[0].numel() != count:
+            self._blocks = (stats.effective_sample_size(self.delta(), self.mask, blocks=count), [])
+        return self._blocks[0]
+
+    def block_summaries(self, count: int) -> list[dict[str, Tensor]]:
+        """The ratio summary (:meth:`ratio_summary`) of each of the ``count`` equal row blocks (:meth:`split`), in one
+        :func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` call."""
+        ess = self.block_ess(count)
+        if not self._blocks[1]:
+            joined = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), ess, blocks=count)
+            columns = {key: value.unbind() for key, value in joined.items()}
+            self._blocks[1].extend({key: value[index] for key, value in columns.items()} for index in range(count))
+        return self._blocks[1]
 
     def sequence_log_ratio(self) -> Tensor:
         """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
@@ -154,7 +177,7 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
-        out._delta = out._ratio = out._ess = out._summary = None
+        out._delta = out._ratio = out._ess = out._summary = out._block = out._blocks = None
         return out
 
     def split(self, count: int) -> list[TokenBatch]:
@@ -179,7 +202,8 @@ class TokenBatch:
                 block.group_ids = block.group_ids - block.group_ids.min()
             block._delta = None if self._delta is None else self._delta[part]
             block._ratio = None if self._ratio is None else self._ratio[part]
-            block._ess = block._summary = None
+            block._ess = block._summary = block._blocks = None
+            block._block = (self, count, index)
             blocks.append(block)
         return blocks
 
