@@ -200,14 +200,14 @@ def prepare_worlds(grid: dict[str, Any], out: Path) -> None:
 
 
 # ============================================================================================ per run
-def j_column(run: plots.Run) -> str:
+def j_column(run: plots.RunRecord) -> str:
     """``exact_return`` when the run recorded it, else the Monte-Carlo ``eval_reward_sampled``."""
     if "exact_return" in run.metrics and run.metrics["exact_return"].notna().any():
         return "exact_return"
     return "eval_reward_sampled"
 
 
-def j_curve(run: plots.Run) -> pd.DataFrame:
+def j_curve(run: plots.RunRecord) -> pd.DataFrame:
     """Evaluated updates with columns update, J and se (0 for an exact return)."""
     column = j_column(run)
     curve = run.metrics[["update", column]].dropna().rename(columns={column: "J"})
@@ -216,12 +216,12 @@ def j_curve(run: plots.Run) -> pd.DataFrame:
     return curve.assign(se=se).reset_index(drop=True)
 
 
-def staleness_of(run: plots.Run) -> int:
+def staleness_of(run: plots.RunRecord) -> int:
     """The run's nominal staleness (:func:`_schedule_staleness`)."""
-    return _schedule_staleness(run.staleness)
+    return _schedule_staleness(run.schedule)
 
 
-def run_stats(run: plots.Run) -> dict[str, Any]:
+def run_stats(run: plots.RunRecord) -> dict[str, Any]:
     """J₀, peak (and its update and SE), final (and SE), gain, collapse verdict and the mechanism numbers."""
     curve = j_curve(run)
     if curve.empty:

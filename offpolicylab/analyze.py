@@ -153,7 +153,7 @@ def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str,
         "detector": {
             "reward": sources[REWARD], "kl": sources.get(kl_name) if kl_name else None,
             "kl_as": kl_name, "grad_norm": sources.get("grad_norm"), "loss": sources.get("loss"), "spike_steps": trace.spikes,
-            **{key: getattr(detector, key) for key in ("margin", "gain_fraction", "factor", "window", "alpha",
+            **{key: getattr(detector, key) for key in ("margin", "gain_fraction", "spike", "window", "alpha",
                                                        "warmup")},
         },
         "metrics": dict(sorted(sources.items())),

@@ -1,6 +1,6 @@
 """Seaborn figures drawn from run directories; plots never re-run training.
 
-Runs are read by :mod:`offpolicylab.runs` (the only reader of run directories) as :class:`~offpolicylab.runs.Run`
+Runs are read by :mod:`offpolicylab.runs` (the only reader of run directories) as :class:`~offpolicylab.runs.RunRecord`
 records; this module gives each a legend label.  Every figure function takes loaded runs and returns a matplotlib ``Figure``; when the runs lack the data a figure
 needs it raises :class:`FigureSkipped` with the reason, and :func:`plot_runs` prints that reason and goes on.
 
@@ -35,7 +35,7 @@ from offpolicylab.diagnostics import correlation  # noqa: E402
 from offpolicylab.diagnostics.ratios import entropy_by_ratio_deviation  # noqa: E402
 from offpolicylab.objectives import objective_params  # noqa: E402
 from offpolicylab.output import OutputWriter  # noqa: E402
-from offpolicylab.runs import Run, load_samples, sample_update  # noqa: E402
+from offpolicylab.runs import RunRecord, load_samples, sample_update  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- colours
 #: Okabe & Ito (2008) then Paul Tol's "muted" scheme: both designed to stay distinct under colour-vision deficiency.
@@ -108,25 +108,25 @@ def staleness_sort_key(label: str) -> tuple[int, float, str]:
     return (1, float(numbers[0]) if numbers else math.inf, label)
 
 
-def labelled(runs: list[Run]) -> list[Run]:
+def labelled(runs: list[RunRecord]) -> list[RunRecord]:
     """Give each run without a legend label its sweep cell's objective label, else :func:`run_label`."""
     for run in runs:
         run.label = run.label or run.labels.get("objective") or run_label(run.config)
     return runs
 
 
-def load_run(run_dir: str | Path) -> Run:
+def load_run(run_dir: str | Path) -> RunRecord:
     """One run directory (:func:`offpolicylab.runs.load_run`) with its legend label."""
     return labelled([runs_io.load_run(run_dir)])[0]
 
 
-def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """Every run directory under ``paths`` (:func:`offpolicylab.runs.load_runs`) with legend labels."""
     return labelled(runs_io.load_runs(paths))
 
 
 # ----------------------------------------------------------------------------------------------- frames
-def metrics_frame(runs: Sequence[Run], columns: Sequence[str]) -> pd.DataFrame:
+def metrics_frame(runs: Sequence[RunRecord], columns: Sequence[str]) -> pd.DataFrame:
     """Long frame of the given metric columns (only runs that have at least one), with run identity columns."""
     frames = []
     for run in runs:
@@ -135,14 +135,14 @@ def metrics_frame(runs: Sequence[Run], columns: Sequence[str]) -> pd.DataFrame:
             continue
         frame = run.metrics[["update", *present]].copy()
         frame["objective"], frame["label"] = run.objective, run.label
-        frame["staleness"], frame["seed"], frame["run"] = run.staleness, run.seed, str(run.path)
+        frame["staleness"], frame["seed"], frame["run"] = run.schedule, run.seed, str(run.path)
         frames.append(frame)
     if not frames:
         raise FigureSkipped(f"no run has any of the columns {list(columns)}")
     return pd.concat(frames, ignore_index=True)
 
 
-def reward_column(runs: Sequence[Run]) -> str:
+def reward_column(runs: Sequence[RunRecord]) -> str:
     """The column of the runs' one reward (docs/metrics.md, "One reward"): the first of
     :data:`offpolicylab.runs.REWARD_COLUMNS` that every run records a value of, else ``reward_mean``."""
     for column in runs_io.REWARD_COLUMNS:
@@ -151,7 +151,7 @@ def reward_column(runs: Sequence[Run]) -> str:
     return "reward_mean"
 
 
-def return_column(runs: Sequence[Run]) -> str:
+def return_column(runs: Sequence[RunRecord]) -> str:
     """``exact_return`` when every run records it, else ``eval_reward_greedy``, else ``reward_mean``."""
     for column in ("exact_return", "eval_reward_greedy", "reward_mean"):
         if all(column in r.metrics.columns and r.metrics[column].notna().any() for r in runs):
@@ -159,7 +159,7 @@ def return_column(runs: Sequence[Run]) -> str:
     raise FigureSkipped("runs share no return column (exact_return, eval_reward_greedy or reward_mean)")
 
 
-def return_table(runs: Sequence[Run], column: str | None = None) -> pd.DataFrame:
+def return_table(runs: Sequence[RunRecord], column: str | None = None) -> pd.DataFrame:
     """Peak (max over updates) and final (last recorded value) of the return per run, then the mean over seeds
     for each (label, staleness) cell.  Columns: label, objective, staleness, peak, final, seeds."""
     column = column or return_column(runs)
@@ -168,7 +168,7 @@ def return_table(runs: Sequence[Run], column: str | None = None) -> pd.DataFrame
         values = run.metrics[column].dropna() if column in run.metrics.columns else pd.Series(dtype=float)
         if values.empty:
             continue
-        rows.append({"label": run.label, "objective": run.objective, "staleness": run.staleness,
+        rows.append({"label": run.label, "objective": run.objective, "staleness": run.schedule,
                      "peak": float(values.max()), "final": float(values.iloc[-1])})
     if not rows:
         raise FigureSkipped(f"no run records {column}")
@@ -176,7 +176,7 @@ def return_table(runs: Sequence[Run], column: str | None = None) -> pd.DataFrame
     return table.agg(peak=("peak", "mean"), final=("final", "mean"), seeds=("peak", "size"))
 
 
-def acceptance_m2_correlation(runs: Sequence[Run]) -> dict[str, float]:
+def acceptance_m2_correlation(runs: Sequence[RunRecord]) -> dict[str, float]:
     """Pearson r, p and Spearman ρ, p between per-update ``accept_rate`` and ``m2`` pooled over the runs."""
     frame = metrics_frame(runs, ["accept_rate", "m2"])
     if "accept_rate" not in frame or "m2" not in frame:
@@ -190,7 +190,7 @@ def acceptance_m2_correlation(runs: Sequence[Run]) -> dict[str, float]:
             "spearman_r": spearman.statistic, "spearman_p": spearman.pvalue, "n": float(pearson.n)}
 
 
-def sample_frame(runs: Sequence[Run], max_files: int | None = None) -> pd.DataFrame:
+def sample_frame(runs: Sequence[RunRecord], max_files: int | None = None) -> pd.DataFrame:
     """Token-level frame from the runs' sample files: update, log_ratio, advantage, entropy (when present),
     kept (when present), plus run identity.  ``max_files`` keeps that many files per run, evenly spaced."""
     frames = []
@@ -208,7 +208,7 @@ def sample_frame(runs: Sequence[Run], max_files: int | None = None) -> pd.DataFr
                 if key in data and data[key].size == frame.shape[0]:
                     frame[key] = data[key].ravel()
             frame["update"] = sample_update(path)
-            frame["label"], frame["objective"], frame["staleness"] = run.label, run.objective, run.staleness
+            frame["label"], frame["objective"], frame["staleness"] = run.label, run.objective, run.schedule
             frames.append(frame)
     if not frames:
         raise FigureSkipped("no run has samples/*.npz with log_ratio and advantage arrays")
@@ -295,7 +295,7 @@ _AXIS_LABELS = {
 }
 
 
-def training_curves(runs: Sequence[Run], metrics: Sequence[str] | None = None) -> Figure:
+def training_curves(runs: Sequence[RunRecord], metrics: Sequence[str] | None = None) -> Figure:
     """Reward (and exact return where known) against update, one column per staleness schedule, colour per
     objective; a collapse event is marked with an × at the update it was detected.  The reward is the run's one
     reward (docs/metrics.md): ``reward_current`` where every run records it, else ``reward_mean``."""
@@ -304,7 +304,7 @@ def training_curves(runs: Sequence[Run], metrics: Sequence[str] | None = None) -
 
     def mark_collapses(ax: plt.Axes, metric: str, staleness: str) -> None:
         for run in runs:
-            if run.staleness != staleness or metric not in run.metrics.columns:
+            if run.schedule != staleness or metric not in run.metrics.columns:
                 continue
             series = run.metrics.set_index("update")[metric].dropna()
             for update in run.collapse_updates():
@@ -317,7 +317,7 @@ def training_curves(runs: Sequence[Run], metrics: Sequence[str] | None = None) -
                           decorate=mark_collapses)
 
 
-def ratio_histograms(runs: Sequence[Run], snapshots: int = 4, max_runs: int = 6) -> Figure:
+def ratio_histograms(runs: Sequence[RunRecord], snapshots: int = 4, max_runs: int = 6) -> Figure:
     """Histograms of log r = log π_θ − log π_b at a few updates across training, split by advantage sign
     (one row per run, one column per snapshot); counts on a log scale."""
     frame = sample_frame(runs, max_files=snapshots)
@@ -355,7 +355,7 @@ def ratio_histograms(runs: Sequence[Run], snapshots: int = 4, max_runs: int = 6)
     return fig
 
 
-def entropy_vs_clipping(runs: Sequence[Run]) -> Figure:
+def entropy_vs_clipping(runs: Sequence[RunRecord]) -> Figure:
     """Left: mean entropy of tokens the objective clipped/masked vs tokens it kept (per run label).
     Right: mean token entropy by |r − 1| bin (does entropy rise with ratio deviation?)."""
     frame = sample_frame(runs)
@@ -392,7 +392,7 @@ def entropy_vs_clipping(runs: Sequence[Run]) -> Figure:
     return fig
 
 
-def acceptance_vs_m2(runs: Sequence[Run]) -> Figure:
+def acceptance_vs_m2(runs: Sequence[RunRecord]) -> Figure:
     """Per-update trajectory acceptance rate against M2 = mean (log r)², with Pearson and Spearman r and p."""
     stats = acceptance_m2_correlation(runs)
     frame = metrics_frame(runs, ["accept_rate", "m2"]).dropna(subset=["accept_rate", "m2"])
@@ -418,7 +418,7 @@ def acceptance_target(update: np.ndarray, a_start: float, a_end: float, warmup: 
     return a_start + (a_end - a_start) * progress
 
 
-def controller_dynamics(runs: Sequence[Run]) -> Figure:
+def controller_dynamics(runs: Sequence[RunRecord]) -> Figure:
     """AC-MIS-PO: the trajectory bound b_k over training, and trajectory acceptance against the target A*_k."""
     chosen = [r for r in runs if r.objective == "ac_mispo" and {"traj_bound", "accept_rate"} <= set(r.metrics)]
     if not chosen:
@@ -446,7 +446,7 @@ def controller_dynamics(runs: Sequence[Run]) -> Figure:
     return fig
 
 
-def _metric_panels(runs: Sequence[Run], metrics: Sequence[str], title: str, row_height: float = 2.6,
+def _metric_panels(runs: Sequence[RunRecord], metrics: Sequence[str], title: str, row_height: float = 2.6,
                    decorate: Callable[[plt.Axes, str, str], None] | None = None) -> Figure:
     """One row per metric the runs report, one column per staleness schedule, a line per label;
     ``decorate(ax, metric, staleness)`` may add to each panel after its lines are drawn."""
@@ -474,17 +474,17 @@ def _metric_panels(runs: Sequence[Run], metrics: Sequence[str], title: str, row_
     return fig
 
 
-def ess_and_kl(runs: Sequence[Run]) -> Figure:
+def ess_and_kl(runs: Sequence[RunRecord]) -> Figure:
     """Effective sample size and the k1 / k3 KL(π_b ‖ π_θ) estimates over training, by staleness."""
     return _metric_panels(runs, ["ess", "kl_k1", "kl_k3"], "ESS and KL to the behaviour policy over training")
 
 
-def clip_fraction(runs: Sequence[Run]) -> Figure:
+def clip_fraction(runs: Sequence[RunRecord]) -> Figure:
     """Share of tokens clipped (PPO-style) or masked by the objective over training, by staleness."""
     return _metric_panels(runs, ["clip_frac", "mask_frac"], "Clipped / masked token fraction over training")
 
 
-def veto_fraction(runs: Sequence[Run]) -> Figure:
+def veto_fraction(runs: Sequence[RunRecord]) -> Figure:
     """Mu-GRPO negative-advantage veto: share of tokens vetoed per update."""
     chosen = [r for r in runs if "nav_frac" in r.metrics.columns and r.metrics["nav_frac"].notna().any()]
     if not chosen:
@@ -492,7 +492,7 @@ def veto_fraction(runs: Sequence[Run]) -> Figure:
     return _metric_panels(chosen, ["nav_frac"], "Negative-advantage veto fraction over training")
 
 
-def return_heatmap(runs: Sequence[Run]) -> Figure:
+def return_heatmap(runs: Sequence[RunRecord]) -> Figure:
     """Objective × staleness heatmaps of peak and final return (mean over seeds), from :func:`return_table`."""
     column = return_column(runs)
     table = return_table(runs, column)
@@ -513,7 +513,7 @@ def return_heatmap(runs: Sequence[Run]) -> Figure:
 
 
 #: name -> figure function; :func:`plot_runs` writes ``<name>.png`` for each that applies.
-FIGURES: dict[str, Callable[[Sequence[Run]], Figure]] = {
+FIGURES: dict[str, Callable[[Sequence[RunRecord]], Figure]] = {
     "training_curves": training_curves,
     "return_heatmap": return_heatmap,
     "clip_fraction": clip_fraction,
@@ -577,7 +577,7 @@ DPI_RANGE = (10, 600)
 
 
 def run_plot_command(args: argparse.Namespace) -> int:
-    """Run ``offpolicylab plot`` from parsed arguments; bad input (checked before any run is read: the output
+    """RunRecord ``offpolicylab plot`` from parsed arguments; bad input (checked before any run is read: the output
     folder, the resolution) -> one line on stderr and exit code 2; a disk error while writing -> one line, exit 1."""
     try:
         if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:

@@ -6,7 +6,6 @@ once (no grad) into ``TokenBatch.ref_logp``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -30,11 +29,3 @@ def reference_logp(reference: Policy | None, rollout: Rollout, objectives: Itera
     with torch.no_grad():
         logp, _ = reference.score(rollout)
     return logp.detach().to(rollout.behavior_logp.dtype)
-
-
-def check_entropy_gradient(objective: Objective, policy: Any) -> None:
-    """Refuse ``entropy_coef`` > 0 with a policy whose ``score`` returns the entropy without gradient (class
-    attribute ``entropy_gradient = False``), before anything is written."""
-    if getattr(objective, "entropy_coef", 0.0) > 0 and not getattr(policy, "entropy_gradient", True):
-        raise ValueError(f"entropy_coef={objective.entropy_coef:g} needs the policy's entropy with gradient, which "
-                         f"policy {type(policy).__name__} does not compute; valid: entropy_coef=0 with this policy")

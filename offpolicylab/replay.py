@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from offpolicylab.corrections import Correction, parse_specs
+from offpolicylab.diagnostics import stats
 from offpolicylab.objectives import Objective, TokenBatch, get_objective, objective_params
 from offpolicylab.output import OutputWriter
 from offpolicylab.runs import RunDir, load_samples, sample_update, write_text_atomically
@@ -289,13 +290,14 @@ def collect(into: Pooled, batch: TokenBatch, kept: torch.Tensor, grad: torch.Ten
 
 
 def kish_ess(values: np.ndarray, log: bool = False) -> float:
-    """(Σw)² / (n Σw²) of weights w (``log``: of w = e^values, computed as e^(values − max) so nothing overflows);
-    NaN for no weights, 0 when every weight is 0."""
+    """(Σw)² / (n Σw²) of weights w (``log``: of w = e^values): the toolkit's one ESS,
+    :func:`~offpolicylab.diagnostics.stats.effective_sample_size`, on float64 log-weights (rescaled by the largest,
+    so nothing overflows); NaN for no weights, 0 when every weight is 0."""
     if values.size == 0:
         return math.nan
-    w = np.exp(values - values.max()) if log else values
-    square = float(np.sum(w * w))
-    return float(np.sum(w) ** 2 / (values.size * square)) if square > 0 else 0.0
+    with np.errstate(divide="ignore"):  # a zero weight is a log-weight of −inf: weight 0
+        log_w = torch.from_numpy(np.asarray(values if log else np.log(values), dtype=np.float64).reshape(1, -1))
+    return float(stats.effective_sample_size(log_w, torch.ones_like(log_w)))
 
 
 # ------------------------------------------------------------------------------------------------ corrections

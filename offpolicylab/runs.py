@@ -1,6 +1,6 @@
 """Run directories: this module is the only one that writes or reads their files (docs/design.md, "Run
 directories").  :class:`RunDir` writes a run while it trains; :func:`load_run` / :func:`load_runs` read finished
-runs as :class:`Run` records for plots, the demo figure, paper figures and experiments.
+runs as :class:`RunRecord` records for plots, the demo figure, paper figures and experiments.
 
     config.json                  the resolved TrainConfig
     metrics.csv                  one row per update, ``update`` first, appended and flushed every update;
@@ -450,7 +450,7 @@ _SAMPLE_PREFIX = "update_"
 
 
 @dataclass
-class Run:
+class RunRecord:
     """One finished (or interrupted) run directory, read back: its config, metrics (a DataFrame, one row per
     update), events, summary (None while running), sample files, and ``labels``, the axis labels of its sweep cell
     (``{}`` outside a sweep).  ``label`` is the legend label a figure shows (see :mod:`offpolicylab.plots`)."""
@@ -469,7 +469,7 @@ class Run:
         return str(self.config.get("objective", "unknown"))
 
     @property
-    def staleness(self) -> str:
+    def schedule(self) -> str:
         """The schedule as its command-line spelling (``on_policy``, ``stale_k:256``, ...)."""
         return str(self.config.get("schedule", "on_policy"))
 
@@ -500,7 +500,7 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
-def load_run(path: str | Path, labels: dict[str, str] | None = None) -> Run:
+def load_run(path: str | Path, labels: dict[str, str] | None = None) -> RunRecord:
     """Read one run directory; ``config.json`` and ``metrics.csv`` are required, the rest optional.  ``labels``
     default to the run's sweep-cell labels when its parent folder holds the sweep's grid file."""
 
@@ -512,7 +512,7 @@ def load_run(path: str | Path, labels: dict[str, str] | None = None) -> Run:
     samples = sorted(run.samples_dir.glob(f"{_SAMPLE_PREFIX}*.npz")) if run.samples_dir.is_dir() else []
     if labels is None:
         labels = sweep_labels(run.path.parent).get(run.path.name, {})
-    return Run(run.path, config, metrics, run.read_events(), run.read_summary(), samples, dict(labels))
+    return RunRecord(run.path, config, metrics, run.read_events(), run.read_summary(), samples, dict(labels))
 
 
 def read_metrics_frame(path: Path) -> pd.DataFrame:
@@ -563,7 +563,7 @@ def checked_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def load_runs(paths: Iterable[str | Path]) -> list[Run]:
+def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
     """Every run directory found under ``paths`` (see :func:`find_run_dirs`), with its sweep labels."""
     dirs = find_run_dirs(paths)
     if not dirs:

@@ -64,11 +64,12 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.locations import physical_memory
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch, get_objective
+from offpolicylab.objectives.regularization import check_entropy_gradient
 from offpolicylab.policies import POLICIES, make_policy, policy_ability
 from offpolicylab.profiling import LoopProfile, Stopwatch
 from offpolicylab.progress import Progress, describe_run, update_warnings
 from offpolicylab.proximal import proximal_logp
-from offpolicylab.reference import check_entropy_gradient, reference_logp, uses_reference
+from offpolicylab.reference import reference_logp, uses_reference
 from offpolicylab.resume import check_extension, config_changes, tail_key, watches_tail
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.samples import sample_arrays
@@ -321,9 +322,7 @@ def stamped(rollout: Rollout, version: int) -> Rollout:
 def with_rewards(run: Run, rollout: Rollout, shaped: bool = True) -> Rollout:
     """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random), plus the
     overlong punishment (:func:`with_overlong_penalty`) unless ``shaped=False``."""
-    rewards = run.world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask,
-                               generator=run.generator)
-    rollout = rollout.with_(rewards=rewards.to(torch.float32))
+    rollout = rollout.with_(rewards=rewards_of(run.world, rollout, run.generator))
     return with_overlong_penalty(run, rollout) if shaped else rollout
 
 
@@ -618,7 +617,7 @@ def build(config: TrainConfig) -> Run:
         optimizer=make_optimizer(config, policy.trainable_parameters()),
         generator=torch.Generator().manual_seed(config.seed),
         detector=CollapseDetector(margin=config.collapse_margin, gain_fraction=config.collapse_gain_fraction,
-                                  factor=config.collapse_spike, window=config.collapse_window),
+                                  spike=config.collapse_spike, window=config.collapse_window),
         advantage=advantage_used(config, objective),
         initial=frozen_copy(policy) if keep_initial else None, enumerable=enumerable, memory_plan=memory_plan,
     )
@@ -1030,8 +1029,10 @@ def exact_optimum(world: World) -> dict[str, float]:
 
 
 def rewards_of(world: World, rollout: Rollout, generator: torch.Generator) -> Tensor:
+    """The world's rewards [B] of ``rollout``'s responses as float32 (``generator`` serves worlds whose rewards are
+    random): the one reward call of training batches and evaluation."""
     rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=generator)
-    return rewards.float().cpu()
+    return rewards.to(torch.float32)
 
 
 def log(text: str) -> None:

@@ -76,7 +76,7 @@ def expected_gradient_return(objective: str, params: dict, optimizer: str, steps
     return float(world.exact_return(policy))
 
 
-def summarise(runs: list[plots.Run]) -> pd.DataFrame:
+def summarise(runs: list[plots.RunRecord]) -> pd.DataFrame:
     table = common.last_values(runs, "exact_return")
     summary = table.groupby("label", as_index=False)["exact_return"].agg(["mean", "min", "max"]).reset_index()
     summary = summary.rename(columns={"mean": "final_exact_return", "min": "seed_min", "max": "seed_max"})
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     common.write_result(out, result)
 
 
-def bar_figure(runs: list[plots.Run], summary) -> plots.Figure:
+def bar_figure(runs: list[plots.RunRecord], summary) -> plots.Figure:
     objective_of = {r.label: r.objective for r in runs}
     plots._setup()
     fig, ax = plots.plt.subplots(figsize=(7.5, 0.35 * len(summary) + 1.5))

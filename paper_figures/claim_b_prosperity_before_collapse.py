@@ -38,7 +38,7 @@ def grid(small: bool) -> dict:
     }
 
 
-def runs_for(args) -> tuple[list[plots.Run], object]:
+def runs_for(args) -> tuple[list[plots.RunRecord], object]:
     """The shared (b)/(c) runs (a completed cell is not re-run)."""
     out = common.claim_dir(args, "b_prosperity_before_collapse")
     return common.sweep(grid(args.small), out / "runs", args.workers), out
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         curve = run.metrics[["update", "exact_return"]].dropna()
         peak = curve.loc[curve["exact_return"].idxmax()]
         half = curve[curve["update"] <= curve["update"].max() / 2]["exact_return"].iloc[-1]
-        rows.append({"label": run.label, "staleness": run.staleness, "seed": run.seed,
+        rows.append({"label": run.label, "staleness": run.schedule, "seed": run.seed,
                      "return_at_half": float(half), "peak": float(peak["exact_return"]),
                      "peak_update": int(peak["update"]), "final": float(curve["exact_return"].iloc[-1]),
                      "collapses": len(run.collapse_updates())})

@@ -48,12 +48,12 @@ def main(argv: list[str] | None = None) -> None:
     m2po = mean[mean["label"].str.startswith("m2po")]
     result["m2po_spread_over_tau"] = {k: round(float(m2po[k].max() - m2po[k].min()), 4)
                                       for k in ("return_at_half", "final")}
-    result["schedule"] = runs[0].staleness
+    result["schedule"] = runs[0].schedule
     m2po_runs = table[table["tau"].notna()].astype({"tau": float})
     common.save_figure(common.point_figure(m2po_runs, "tau", {"return_at_half": "exact return at mid-training",
                                                               "final": "final exact return",
                                                               "mask_frac": "masked tokens (fraction)"},
-                                           None, f"M2PO across τ at {runs[0].staleness} (dots = seeds)",
+                                           None, f"M2PO across τ at {runs[0].schedule} (dots = seeds)",
                                            log_x=True, x_label="τ (second-moment budget, nats²)"), out / "claim_d.png")
     common.save_curves_and_tables(out, "d", runs, "mask_frac", table, result, mean)
 

@@ -103,11 +103,11 @@ def reuse_cells(grid: dict[str, Any], runs: Path, source: Path | None) -> list[s
 
 
 
-def table(runs: list[plots.Run]) -> common.pd.DataFrame:
+def table(runs: list[plots.RunRecord]) -> common.pd.DataFrame:
     rows = []
     for run in runs:
         curve = common.curve_stats(run, threshold=1.0, column=J)
-        rows.append({"label": run.label, "staleness": run.staleness, "seed": run.seed,
+        rows.append({"label": run.label, "staleness": run.schedule, "seed": run.seed,
                      **{k: curve[k] for k in ("return_at_half", "peak", "final")},
                      "collapses": len(run.collapse_updates()),
                      "grad_norm_max": float(run.metrics["grad_norm"].max()),

@@ -42,7 +42,7 @@ def claim_dir(args: argparse.Namespace, claim: str) -> Path:
     return out
 
 
-def sweep(grid: dict[str, Any], out: Path, workers: int) -> list[plots.Run]:
+def sweep(grid: dict[str, Any], out: Path, workers: int) -> list[plots.RunRecord]:
     """Run ``grid`` under ``out`` (in this process when ``workers`` is 1) and load every cell as a run labelled by
     its grid labels."""
     rows = run_sweep(grid, out, workers=workers)
@@ -73,17 +73,17 @@ def write_result(out: Path, result: dict[str, Any], table: pd.DataFrame | None =
     print(json.dumps(clean(result), indent=2))
 
 
-def last_values(runs: list[plots.Run], column: str, tail: int = 1) -> pd.DataFrame:
+def last_values(runs: list[plots.RunRecord], column: str, tail: int = 1) -> pd.DataFrame:
     """Per run: label, staleness, seed and the mean of the last ``tail`` recorded values of ``column``."""
     rows = []
     for run in runs:
         values = run.metrics[column].dropna() if column in run.metrics else pd.Series(dtype=float)
-        rows.append({"label": run.label, "staleness": run.staleness, "seed": run.seed,
+        rows.append({"label": run.label, "staleness": run.schedule, "seed": run.seed,
                      column: float(values.tail(tail).mean()) if len(values) else math.nan})
     return pd.DataFrame(rows)
 
 
-def curve_stats(run: plots.Run, threshold: float = 0.9, column: str = "exact_return") -> dict[str, float]:
+def curve_stats(run: plots.RunRecord, threshold: float = 0.9, column: str = "exact_return") -> dict[str, float]:
     """Shape of one learning curve of ``column``: value at the middle update, peak, final, and the first evaluated
     update at which it reaches ``threshold`` (NaN when it never does)."""
     curve = run.metrics[["update", column]].dropna()
@@ -96,7 +96,7 @@ def curve_stats(run: plots.Run, threshold: float = 0.9, column: str = "exact_ret
             "updates_to_threshold": float(reached.iloc[0]) if len(reached) else math.nan}
 
 
-def metric_mean(run: plots.Run, column: str) -> float:
+def metric_mean(run: plots.RunRecord, column: str) -> float:
     """Mean of ``column`` over all recorded updates (NaN when the run does not record it)."""
     if column not in run.metrics:
         return math.nan
@@ -104,9 +104,9 @@ def metric_mean(run: plots.Run, column: str) -> float:
     return float(values.mean()) if len(values) else math.nan
 
 
-def run_table(runs: list[plots.Run], metrics: tuple[str, ...] = (), threshold: float = 0.9) -> pd.DataFrame:
+def run_table(runs: list[plots.RunRecord], metrics: tuple[str, ...] = (), threshold: float = 0.9) -> pd.DataFrame:
     """One row per run: label, staleness, seed, :func:`curve_stats` and the run-mean of each of ``metrics``."""
-    return pd.DataFrame([{"label": run.label, "staleness": run.staleness, "seed": run.seed,
+    return pd.DataFrame([{"label": run.label, "staleness": run.schedule, "seed": run.seed,
                           **curve_stats(run, threshold), **{m: metric_mean(run, m) for m in metrics}}
                          for run in runs])
 
@@ -130,7 +130,7 @@ def rounded_by_cell(mean: pd.DataFrame, keys: tuple[str, ...]) -> dict[str, dict
     return {f"{r['label']} @ {r['staleness']}": rounded(r, keys) for _, r in mean.iterrows()}
 
 
-def save_curves_and_tables(out: Path, claim: str, runs: list[plots.Run], curve_metric: str, table: pd.DataFrame,
+def save_curves_and_tables(out: Path, claim: str, runs: list[plots.RunRecord], curve_metric: str, table: pd.DataFrame,
                            result: dict[str, Any], mean: pd.DataFrame) -> None:
     """The common tail of a claim: training curves of exact return and ``curve_metric`` as
     ``claim_<claim>_curves.png``, the per-run ``table`` as ``claim_<claim>_runs.csv``, then :func:`write_result`

@@ -7,7 +7,7 @@ still generates one batch for the detector alone (``collapse_tail``, never train
 generates nothing (between stages) R_u is absent and the smoothed reward is held.  With a smoothed reward R̄_u = (1 − α)·R̄_{u−1} + α·R_u and its running peak
 P_u = max_{s≤u} R̄_s and its first value R̄_first, update ``u`` is a collapse when
 
-    P_u − R̄_u ≥ max(margin, gain_fraction · (P_u − R̄_first))   and   some update s ∈ [u − window, u] had a spike:  x_s > factor · x̄_{s−1}
+    P_u − R̄_u ≥ max(margin, gain_fraction · (P_u − R̄_first))   and   some update s ∈ [u − window, u] had a spike:  x_s > spike · x̄_{s−1}
 
 for x = KL estimate (k3 between π_θ and the behaviour policy) or the pre-clip gradient norm, x̄ being their running
 means (spikes only count after ``warmup`` updates, once the means have settled).  A non-finite loss or gradient is a
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 class CollapseDetector:
     margin: float = 0.1
     gain_fraction: float = 0.5
-    factor: float = 5.0
+    spike: float = 5.0  # the config's collapse_spike
     window: int = 20
     alpha: float = 0.1
     warmup: int = 10
@@ -56,8 +56,8 @@ class CollapseDetector:
             if first:
                 self.first = reward
             self.peak = max(self.peak, self.reward_ema)
-        kl_spike = measured_kl and kl > self.factor * self.kl_mean
-        if self.count >= self.warmup and (kl_spike or grad_norm > self.factor * self.grad_mean):
+        kl_spike = measured_kl and kl > self.spike * self.kl_mean
+        if self.count >= self.warmup and (kl_spike or grad_norm > self.spike * self.grad_mean):
             self.last_spike = update
         n = self.count + 1
         self.kl_mean += (kl - self.kl_mean) / n
@@ -84,6 +84,8 @@ class CollapseDetector:
         return {k: float(v) for k, v in asdict(self).items()}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore :meth:`state_dict` (a checkpoint of an earlier version names ``spike`` ``factor``)."""
         for key, value in state.items():
+            key = "spike" if key == "factor" else key
             current = getattr(self, key)
             setattr(self, key, int(value) if isinstance(current, int) else float(value))

@@ -121,7 +121,7 @@ class RewardSpike(Detector):
     name = "reward_spike"
 
     def __init__(self, margin: float = 0.1, window: int = 20, factor: float = 5.0) -> None:
-        self.inner = CollapseDetector(margin=margin, window=window, factor=factor)
+        self.inner = CollapseDetector(margin=margin, window=window, spike=factor)
 
     def observe(self, update: int, row: Row) -> str | None:
         grad = value(row, "grad_norm")

@@ -42,6 +42,7 @@ from trl import GRPOTrainer
 
 from offpolicylab.integrations.record import Recorder, objective_config
 from offpolicylab.objectives import LossOutput, TokenBatch, aggregate, get_objective
+from offpolicylab.objectives.regularization import kl_penalty
 
 _EXTRA_MODEL_INPUTS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
@@ -134,9 +135,9 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
 
     @staticmethod
     def _reference_kl(inputs: dict[str, Any], logp: Tensor) -> Tensor:
-        """k3 estimator of KL(π_θ ‖ π_ref) per token: e^(ref − logp) − (ref − logp) − 1 (as TRL's GRPO)."""
-        delta = inputs["ref_per_token_logps"] - logp
-        return torch.exp(delta) - delta - 1.0
+        """k3 estimator of KL(π_θ ‖ π_ref) per token, e^δ − 1 − δ with δ = ref − logp (TRL's GRPO uses the same
+        estimator): the objectives' own :func:`~offpolicylab.objectives.regularization.kl_penalty`."""
+        return kl_penalty(logp, inputs["ref_per_token_logps"], "k3")
 
     def _log_objective_metrics(self, metrics: Mapping[str, Tensor], mode: str) -> None:
         if not metrics:

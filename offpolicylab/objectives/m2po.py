@@ -21,12 +21,6 @@ from offpolicylab.objectives.policy_gradient import ratio_or_one, straight_throu
 M2PO_VARIANTS = ("mask", "cap")
 
 
-def trust_region_tokens(delta: Tensor, advantages: Tensor) -> Tensor:
-    """H as 0/1 floats: sign(A)·sign(Δ) > 0, i.e. (A > 0, r > 1) or (A < 0, r < 1); ``delta`` is 0 on padding, so
-    padding is never in H (:func:`~offpolicylab.diagnostics.stats.trust_region_mask` on a zero-padded Δ)."""
-    return stats.indicator(torch.gt, torch.sign(advantages.detach()) * torch.sign(delta), 0.0)
-
-
 class SortedTrustRegion:
     """The H values of Δ² in ascending order, v_(1) ≤ … ≤ v_(n) (n = |H|), with their prefix sums P_k = Σ_{j≤k} v_(j),
     sorting only the tail above τ.
@@ -127,7 +121,7 @@ class M2PO(Objective):
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         delta = batch.delta()
-        trust_region = trust_region_tokens(delta, batch.advantages)
+        trust_region = stats.trust_region_mask(delta, batch.advantages, batch.mask)
         delta_sq = delta**2
         in_region = trust_region.sum()
         metrics = {

@@ -19,6 +19,8 @@ estimator has no such cap).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -41,3 +43,11 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
         delta = delta.clamp(-DELTA_CLAMP, DELTA_CLAMP)
         return torch.expm1(delta) - delta
     raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
+
+
+def check_entropy_gradient(objective: Any, policy: Any) -> None:
+    """Refuse ``entropy_coef`` > 0 with a policy whose ``score`` returns the entropy without gradient (class
+    attribute ``entropy_gradient = False``), before anything is written."""
+    if getattr(objective, "entropy_coef", 0.0) > 0 and not getattr(policy, "entropy_gradient", True):
+        raise ValueError(f"entropy_coef={objective.entropy_coef:g} needs the policy's entropy with gradient, which "
+                         f"policy {type(policy).__name__} does not compute; valid: entropy_coef=0 with this policy")

@@ -16,7 +16,7 @@ def test_drop_with_grad_spike_is_a_collapse_at_the_first_low_point() -> None:
     # alpha = 1: the smoothed reward is the reward itself.  Peak 0.9, spike at update 12, drop ≥ 0.2 at 13.
     rewards = [0.1 * min(u, 9) for u in range(12)] + [0.85, 0.6, 0.5]
     grads = [1.0] * 12 + [50.0, 1.0, 1.0]
-    detector = CollapseDetector(margin=0.2, gain_fraction=0.0, factor=5.0, window=5, alpha=1.0, warmup=3)
+    detector = CollapseDetector(margin=0.2, gain_fraction=0.0, spike=5.0, window=5, alpha=1.0, warmup=3)
     assert feed(detector, rewards, [0.01] * 15, grads) == [13]
     assert detector.collapsed_at == 13
 
@@ -65,9 +65,18 @@ def test_non_finite_and_state_round_trip() -> None:
 def test_absent_reward_holds_the_smoothed_reward() -> None:
     """reward None (the current policy generated nothing this update) leaves the smoothed reward and the peak
     unchanged while spikes are still tracked: the drop is judged on the last reward seen."""
-    detector = CollapseDetector(margin=0.2, factor=5.0, window=5, alpha=1.0, warmup=3)
+    detector = CollapseDetector(margin=0.2, spike=5.0, window=5, alpha=1.0, warmup=3)
     rewards = [0.5, 0.6, 0.7, None, None, 0.3, None]
     grads = [1.0, 1.0, 1.0, 1.0, 50.0, 1.0, 1.0]
     flagged = feed(detector, rewards, [0.0] * 7, grads)
     assert flagged == [5]  # 0.7 → 0.3 at u = 5, within 5 updates of the spike at u = 4
     assert detector.reward_ema == 0.3 and detector.peak == 0.7
+
+
+def test_a_checkpointed_detector_of_an_earlier_version_restores_its_spike_factor() -> None:
+    """Checkpoints written before the field was named as the config names it (``collapse_spike``) hold ``factor``."""
+    old = {**CollapseDetector(spike=3.0).state_dict()}
+    old["factor"] = old.pop("spike")
+    restored = CollapseDetector()
+    restored.load_state_dict(old)
+    assert restored.spike == 3.0 and restored.state_dict() == CollapseDetector(spike=3.0).state_dict()

@@ -27,7 +27,7 @@ UPDATES = [0, 10, 20, 30, 40]
 
 
 def fake_run(label: str, staleness: int, seed: int, curve: list[float], se: float = 0.02,
-             collapse: int = -1) -> plots.Run:
+             collapse: int = -1) -> plots.RunRecord:
     """A loaded run with evaluated J at UPDATES (every update has training metrics)."""
     updates = np.arange(41)
     j = pd.Series(curve, index=UPDATES).reindex(updates)
@@ -40,7 +40,7 @@ def fake_run(label: str, staleness: int, seed: int, curve: list[float], se: floa
     schedule = "on_policy" if staleness == 0 else f"stale_k:{staleness}"
     name = f"objective={label}__schedule={schedule.replace(':', '-')}__seed={seed}"
     summary = {"status": "collapsed" if collapse >= 0 else "completed", "collapse_update": collapse}
-    return plots.Run(Path("/nowhere") / name, {"objective": "grpo", "schedule": schedule, "seed": seed}, metrics,
+    return plots.RunRecord(Path("/nowhere") / name, {"objective": "grpo", "schedule": schedule, "seed": seed}, metrics,
                      summary=summary, labels={"objective": label}, label=label)
 
 
@@ -57,7 +57,7 @@ def test_run_stats_reads_peak_final_and_mechanism() -> None:
     assert stats["kl_init_final"] == pytest.approx(0.03) and stats["kl_init_max"] == pytest.approx(0.08)
 
 
-def world(no_tr_flags: tuple[int, int, int], m2po_final: float, clipped_final: float = 0.35) -> list[plots.Run]:
+def world(no_tr_flags: tuple[int, int, int], m2po_final: float, clipped_final: float = 0.35) -> list[plots.RunRecord]:
     """On-policy grpo ends at 0.65; at staleness 8 no-TR rises to 0.8 by u = 20 (ε-clip is at 0.4 there) and falls
     to 0.3 (J₀ 0.2: gain 0.6, half-gain line 0.5)."""
     runs = []
@@ -69,7 +69,7 @@ def world(no_tr_flags: tuple[int, int, int], m2po_final: float, clipped_final: f
     return runs
 
 
-def verdict(runs: list[plots.Run]) -> dict:
+def verdict(runs: list[plots.RunRecord]) -> dict:
     table = pd.DataFrame([experiment.run_stats(r) for r in runs])
     curves = {(r.label, experiment.staleness_of(r), r.seed): experiment.j_curve(r) for r in runs}
     return experiment.criteria(table, curves)

@@ -254,9 +254,9 @@ def test_sorting_only_the_tail_above_tau_gives_the_full_sort_cut(seed: int, tau:
 def test_mask_variant_loss_and_gradient_equal_autograd_bit_for_bit(seed: int) -> None:
     """ℓ = keep·(−A·exp(keep·Δ)) written out and differentiated by autograd (the mask from ``m2po_mask``, tested
     against the brute-force loop above), log-ratios up to ±80: loss and gradient equal the objective's exactly."""
+    from offpolicylab.diagnostics.stats import trust_region_mask
     from offpolicylab.objectives import TokenBatch
     from offpolicylab.objectives.aggregation import aggregate
-    from offpolicylab.objectives.m2po import trust_region_tokens
 
     gen = torch.Generator().manual_seed(seed)
     behavior = torch.rand(16, 12, generator=gen).clamp_min(1e-6).log()
@@ -272,7 +272,7 @@ def test_mask_variant_loss_and_gradient_equal_autograd_bit_for_bit(seed: int) ->
     reference = logp0.clone().requires_grad_(True)
     ref_batch = TokenBatch(logp=reference, behavior_logp=behavior, advantages=advantages, mask=mask)
     delta = ref_batch.delta()
-    keep = 1.0 - m2po_mask(delta**2, trust_region_tokens(delta, ref_batch.advantages), 0.04)
+    keep = 1.0 - m2po_mask(delta**2, trust_region_mask(delta, ref_batch.advantages, mask), 0.04)
     per_token = keep * (-ref_batch.advantages * torch.exp(keep * ref_batch.log_ratio))
     loss = aggregate(per_token, mask, "token-mean", finite_padding=True)
     (expected,) = torch.autograd.grad(loss, reference)

@@ -28,7 +28,7 @@ def paper(monkeypatch: pytest.MonkeyPatch):
 
 def fake_run(common, values: dict[int, float], label: str = "x", seed: int = 0):
     metrics = pd.DataFrame({"update": list(values), "exact_return": list(values.values())})
-    return common.plots.Run(Path(f"/nowhere/{label}{seed}"), {"objective": "grpo", "seed": seed}, metrics,
+    return common.plots.RunRecord(Path(f"/nowhere/{label}{seed}"), {"objective": "grpo", "seed": seed}, metrics,
                             label=label)
 
 

@@ -42,7 +42,7 @@ def test_a_run_reads_back_as_a_typed_record(tmp_path: Path) -> None:
     run = load_run(tmp_path / "r")
     assert run.metrics["reward_mean"].tolist() == [0.5, 0.25]
     assert run.metrics["exact_return"].isna().all()
-    assert (run.objective, run.staleness, run.seed) == ("grpo", "stale_k:4", 3)
+    assert (run.objective, run.schedule, run.seed) == ("grpo", "stale_k:4", 3)
     assert run.collapse_updates() == [1] and run.summary["status"] == "collapsed"
     assert [sample_update(p) for p in run.sample_files] == [1] and run.labels == {}
 

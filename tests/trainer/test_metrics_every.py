@@ -32,8 +32,8 @@ def test_metrics_every_skips_only_the_objective_metrics(tmp_path: Path) -> None:
 
 
 def test_an_absent_kl_is_held_and_never_spikes() -> None:
-    """kl None (metrics skipped): the KL mean is unchanged and no spike is recorded, even with factor < 1."""
-    detector = CollapseDetector(factor=0.5, warmup=1, alpha=1.0)
+    """kl None (metrics skipped): the KL mean is unchanged and no spike is recorded, even with spike < 1."""
+    detector = CollapseDetector(spike=0.5, warmup=1, alpha=1.0)
     detector.observe(0, 0.5, 0.2, 0.0)
     detector.observe(1, 0.5, None, 0.0)
     assert detector.kl_mean == 0.2 and detector.last_spike < 0
