@@ -16,6 +16,9 @@ and measures, besides the run's own ``clip_frac``:
   s = 256 drift of on-policy training);
 - the size of each Adam step relative to the learning rate (median and 99th percentile of |Δθ| / lr);
 - per probe, the lag-1–3 tails (the first rollout batch, where Adam's steps are ±lr, against later ones);
+- by shared key: at lags 1–3, the probe tokens of prompts whose key (the world's ``prompt_keys``) was in a minibatch
+  trained since the probe was drawn, against the others — whether the tail sits where the update's own "features"
+  recur; and the consumed minibatch's own tokens rescored right after the update that trained on them (``self``);
 - at lag 3, the log-ratio with only one parameter group's change applied (the unembedding ``head``, the token and
   position ``embed``-dings, the transformer ``body``), the rest at π_old's values: which parameters carry the tail.
 
@@ -79,6 +82,8 @@ def tail_stats(log_ratio: np.ndarray, p_old: np.ndarray) -> dict:
         return out
 
     result = {"all": stats(log_ratio), "bins": {}}
+    if log_ratio.size == 0:
+        return result
     for name, lo, hi in zip(BIN_NAMES, BINS[:-1], BINS[1:], strict=True):
         inside = (p_old >= lo) & (p_old < hi)
         result["bins"][name] = {"share": float(inside.mean()), **stats(log_ratio[inside])}
@@ -103,6 +108,10 @@ def measure(args: argparse.Namespace) -> dict:
     groups: dict[str, list] = {g: [] for g in GROUPS}
     full3: list = []
     named = [(n, p) for n, p in run.policy.model.named_parameters() if p.requires_grad]
+    keys = getattr(run.world, "prompt_keys", None)
+    trained_keys: list[set[int]] = []
+    by_key: dict[str, dict[int, list]] = {"shared": {1: [], 2: [], 3: []}, "other": {1: [], 2: [], 3: []}}
+    own: list = []
     clip, steps, lengths = [], [], []
     params = run.policy.trainable_parameters()
     start = time.perf_counter()
@@ -126,6 +135,10 @@ def measure(args: argparse.Namespace) -> dict:
         before = [p.detach().clone() for p in params]
         run.optimizer.step()
         with torch.no_grad():
+            if keys is not None:
+                trained_keys.append({int(k) for k in keys[rollout.prompt_index].tolist()})
+            after, _ = run.policy.score(rollout)
+            own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
             delta = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, before, strict=True)])
             ratio = (delta / args.lr).numpy()
             steps.append((update, float(np.median(ratio)), float(np.quantile(ratio, 0.99)), float(ratio.max())))
@@ -141,6 +154,12 @@ def measure(args: argparse.Namespace) -> dict:
                     x = (new - logp_old)[pmask].numpy()
                     probe_lr[lag].append(x)
                     probe_p[lag].append(logp_old[pmask].exp().numpy())
+                    if lag <= 3 and keys is not None:
+                        recent = set().union(*trained_keys[birth:update + 1])
+                        hit = torch.tensor([int(k) in recent for k in keys[probe.prompt_index].tolist()])
+                        shared = (hit[:, None] & pmask)[pmask].numpy()
+                        by_key["shared"][lag].append(x[shared])
+                        by_key["other"][lag].append(x[~shared])
                     if lag <= 3:
                         row = next(r for r in per_birth if r["birth"] == birth)
                         row[str(lag)] = {"outside": float(((x > CLIP_HIGH) | (x < -CLIP_LOW)).mean()),
@@ -171,6 +190,10 @@ def measure(args: argparse.Namespace) -> dict:
         "probe": {str(k): tail_stats(np.concatenate(probe_lr[k]), np.concatenate(probe_p[k]))
                   for k in lags if probe_lr[k]},
         "per_birth": per_birth,
+        "self": tail_stats(np.concatenate(own), np.zeros(sum(a.size for a in own))),
+        "by_key": {name: {str(k): tail_stats(np.concatenate(v), np.zeros(sum(a.size for a in v)))["all"]
+                          for k, v in lags_.items() if v}
+                   for name, lags_ in by_key.items()} if keys is not None else {},
         "groups_lag3": group_table(np.concatenate(full3), {g: np.concatenate(v) for g, v in groups.items()}),
     }
     return result
@@ -191,6 +214,33 @@ def adam_displacement(signal: float, lags: tuple[int, ...] = (1, 2, 3, 256), par
             path.append(theta.copy())
     traj = np.array(path)
     return {k: float(np.sqrt(np.mean((traj[k:] - traj[:-k]) ** 2))) for k in lags}
+
+
+def random_direction(world_params: dict, lr: float, probe_size: int, directions: int = 4, seed: int = 0) -> dict:
+    """|log π_{θ₀+δ}(y | c) − log π_θ₀(y | c)| on π₀'s own samples for random sign steps δ = lr · sign(ξ), ξ ~ N(0, I):
+    a step of Adam's first-update size (±lr on every parameter) in a direction unrelated to any gradient — the
+    network's own per-token sensitivity, which the lag-1 tail at update 0 (δ = −lr · sign(∇)) can be set against."""
+    config = TrainConfig(world="synthetic_lm", world_params=world_params, objective="grpo", schedule="stages:4",
+                         updates=1, lr=lr, seed=seed)
+    run = build(config)
+    gen = torch.Generator().manual_seed(20_000 + seed)
+    params = run.policy.trainable_parameters()
+    with torch.no_grad():
+        probe = sample_rollout(run.policy, run.world.sample_prompts(probe_size, gen), 1, 1.0, gen,
+                               run.config.behavior_logp)
+        old, _ = run.policy.score(probe)
+        mask = probe.response_mask.bool()
+        start = [p.detach().clone() for p in params]
+        changes = []
+        for _ in range(directions):
+            for p, p0 in zip(params, start, strict=True):
+                p.copy_(p0 + lr * torch.sign(torch.randn(p.shape, generator=gen)))
+            new, _ = run.policy.score(probe)
+            changes.append((new - old)[mask].numpy())
+        for p, p0 in zip(params, start, strict=True):
+            p.copy_(p0)
+    p_old = np.tile(old[mask].exp().numpy(), directions)
+    return tail_stats(np.concatenate(changes), p_old)
 
 
 def group_table(full: np.ndarray, only: dict[str, np.ndarray]) -> dict:
@@ -236,6 +286,22 @@ def table(results: list[dict]) -> str:
         lines.append(f"  update 0: {100 * first['3']['outside']:.4f} % / {first['3']['p99.9']:.4f};  later: "
                      f"{100 * np.median([r['outside'] for r in later3]):.4f} % / "
                      f"{np.median([r['p99.9'] for r in later3]):.4f}  ({len(later3)} probes)")
+        if res.get("by_key"):
+            lines.append("by key (probes): tokens of prompts whose key was trained since the probe / the others: "
+                         "share of tokens, p99.9, max, outside")
+            for k in ("1", "2", "3"):
+                a, b = res["by_key"]["shared"].get(k, {"n": 0}), res["by_key"]["other"].get(k, {"n": 0})
+                n = a["n"] + b["n"]
+                if not (a["n"] and b["n"]):
+                    lines.append(f"  lag {k}: {a['n']} of {n} tokens of just-trained keys")
+                    continue
+                lines.append(f"  lag {k}: {100 * a['n'] / n:.1f} % p99.9 {a['p99.9']:.4f} max {a['max']:.3f} outside "
+                             f"{100 * a['outside']:.4f} %  |  other p99.9 {b['p99.9']:.4f} max {b['max']:.3f} "
+                             f"outside {100 * b['outside']:.4f} %")
+        if "self" in res:
+            a = res["self"]["all"]
+            lines.append(f"a minibatch's own tokens right after the update that trained on them: p99 {a['p99']:.4f}, "
+                         f"p99.9 {a['p99.9']:.4f}, max {a['max']:.3f}, outside {100 * a['outside']:.4f} %")
         g = res["groups_lag3"]
         lines.append("lag 3, one parameter group's change only: p99 / p99.9 of |log r|; mean share of the full log r on "
                      "the top 0.1 % tokens")
@@ -266,7 +332,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--adam-floor", action="store_true",
                         help="only print Adam's drift ratio RMS(k = 256) / RMS(k = 2) for pure-noise to pure-signal "
                              "gradients (seconds, no world)")
+    parser.add_argument("--random-direction", action="store_true",
+                        help="only print the tail of |Δ log π| on π₀'s samples after a random ±lr sign step")
     args = parser.parse_args(argv)
+    if args.random_direction:
+        world_params = parse_assignments(args.world_param, "--world-param")
+        res = random_direction(world_params, args.lr, args.probe_size, seed=args.seed)["all"]
+        print(f"random sign step ±{args.lr:g} on every parameter, {world_params or 'default'}: |Δ log π| over "
+              f"{res['n']} tokens: p99 {res['p99']:.4f}, p99.9 {res['p99.9']:.4f}, p99.99 {res['p99.99']:.4f}, max "
+              f"{res['max']:.4f}; p99.9 / p99 {res['p99.9'] / res['p99']:.2f}")
+        return 0
     if args.adam_floor:
         for signal in (0.0, 0.1, 0.3, 1.0):
             d = adam_displacement(signal)

@@ -48,6 +48,10 @@ def test_lag_tails_trains_as_the_trainer_and_measures_the_lags(tmp_path: Path,
     bins = result["probe"]["1"]["bins"]
     assert sum(b["share"] for b in bins.values()) == pytest.approx(1.0)
     assert set(result["groups_lag3"]) == {"full", "head", "embed", "body"}
+    for lag in ("1", "2", "3"):  # every probe token is either of a just-trained key or not
+        split = sum(result["by_key"][name].get(lag, {"n": 0})["n"] for name in ("shared", "other"))
+        assert split == result["probe"][lag]["all"]["n"]
+    assert result["self"]["all"]["max"] > 0  # the trained tokens moved
     assert result["adam_step_over_lr"]["first"][0][1] == pytest.approx(1.0, abs=0.02)  # Adam's first step: ±lr
 
 
