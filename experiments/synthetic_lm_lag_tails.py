@@ -112,7 +112,7 @@ def measure(args: argparse.Namespace) -> dict:
     trained_keys: list[set[int]] = []
     by_key: dict[str, dict[int, list]] = {"shared": {1: [], 2: [], 3: []}, "other": {1: [], 2: [], 3: []}}
     own: list = []
-    clip, steps, lengths = [], [], []
+    clip, steps, lengths, ids = [], [], [], []
     params = run.policy.trainable_parameters()
     start = time.perf_counter()
     for update in range(args.updates):
@@ -141,7 +141,9 @@ def measure(args: argparse.Namespace) -> dict:
             own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
             delta = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, before, strict=True)])
             ratio = (delta / args.lr).numpy()
-            steps.append((update, float(np.median(ratio)), float(np.quantile(ratio, 0.99)), float(ratio.max())))
+            steps.append((update, float(np.median(ratio)), float(np.quantile(ratio, 0.99)), float(ratio.max()),
+                          float(np.quantile(ratio, 0.999))))
+            ids.append(torch.unique(rollout.response_ids[rollout.response_mask.bool()]).numel())
             mask = rollout.response_mask.bool()
             staleness = int((update - rollout.version[0]).item())
             in_run[staleness].append(np.stack([(logp.detach() - rollout.behavior_logp)[mask].numpy(),
@@ -184,7 +186,10 @@ def measure(args: argparse.Namespace) -> dict:
         "probe_length_mean": lengths,
         "adam_step_over_lr": {"first": steps[:4], "last": steps[-4:],
                               "median_of_medians": float(np.median([s[1] for s in steps])),
-                              "median_p99": float(np.median([s[2] for s in steps]))},
+                              "median_p99": float(np.median([s[2] for s in steps])),
+                              "median_p999_after_10": float(np.median([s[4] for s in steps[10:]] or [np.nan])),
+                              "max_after_10": float(max([s[3] for s in steps[10:]] or [np.nan]))},
+        "distinct_token_ids_per_update": float(np.mean(ids)),
         "in_run": {str(k): tail_stats(np.concatenate([a[0] for a in v]), np.concatenate([a[1] for a in v]))
                    for k, v in in_run.items() if v},
         "probe": {str(k): tail_stats(np.concatenate(probe_lr[k]), np.concatenate(probe_p[k]))
@@ -261,7 +266,10 @@ def table(results: list[dict]) -> str:
                      f"  clip_frac {100 * res['clip_frac_mean']:.4f} %  ({res['seconds']:.0f} s)")
         step = res["adam_step_over_lr"]
         lines.append(f"|Δθ|/lr: median {step['median_of_medians']:.3f}, p99 {step['median_p99']:.2f} (median over "
-                     f"updates); update 0: median {step['first'][0][1]:.3f}, p99 {step['first'][0][2]:.2f}")
+                     f"updates); update 0: median {step['first'][0][1]:.3f}, p99 {step['first'][0][2]:.2f}"
+                     + (f"; after update 10: p99.9 {step['median_p999_after_10']:.2f} (median), max "
+                        f"{step['max_after_10']:.2f}; distinct token ids per update "
+                        f"{res['distinct_token_ids_per_update']:.0f}" if "max_after_10" in step else ""))
         lines.append("| source | lag | tokens | outside [0.8,1.2] | p99 | p99.9 | p99.99 | max |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         for source in ("in_run", "probe"):
