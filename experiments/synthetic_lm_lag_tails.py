@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:  # run as `python experiments/synthetic_lm_lag_tai
 from offpolicylab.behavior import sample_rollout  # noqa: E402
 from offpolicylab.config import TrainConfig, parse_assignments  # noqa: E402
 from offpolicylab.profiling import Stopwatch  # noqa: E402
-from offpolicylab.trainer import backward, build, collect, compute_loss, make_batch, take  # noqa: E402
+from offpolicylab.trainer import Stack, build, collect, train_update  # noqa: E402
 
 GROUPS = ("head", "embed", "body")
 
@@ -97,6 +97,7 @@ def measure(args: argparse.Namespace) -> dict:
                          updates=args.updates, lr=args.lr, seed=args.seed, eval_every=args.updates, sample_every=0,
                          checkpoint_every=args.updates)
     run = build(config)
+    stack = Stack.one(run)
     watch = Stopwatch()
     probe_gen = torch.Generator().manual_seed(10_000 + args.seed)
     lags = sorted({1, 2, 3, *args.long_lags})
@@ -116,8 +117,8 @@ def measure(args: argparse.Namespace) -> dict:
     params = run.policy.trainable_parameters()
     start = time.perf_counter()
     for update in range(args.updates):
-        collect(run, update, watch)
-        rollout = take(run, update)
+        fresh = collect(stack, update, watch)
+        rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
         if update % args.probe_every == 0:
             with torch.no_grad():
                 prompts = run.world.sample_prompts(args.probe_size, probe_gen)
@@ -127,13 +128,9 @@ def measure(args: argparse.Namespace) -> dict:
                            [p.detach().clone() for _, p in named]))
             per_birth.append({"birth": update})
             lengths.append(float(probe.response_mask.sum(-1).float().mean()))
-        logp, entropy = run.policy.score(rollout)
-        batch = make_batch(run, rollout, logp, entropy, update)
-        output = compute_loss(run, batch, update)
-        run.optimizer.zero_grad(set_to_none=True)
-        backward(output.loss, params, run.config.grad_clip)
         before = [p.detach().clone() for p in params]
-        run.optimizer.step()
+        (step,) = train_update(stack, update, fresh, watch)  # the trainer's own train phase
+        logp, output = step.batch.logp, step.output
         with torch.no_grad():
             if keys is not None:
                 trained_keys.append({int(k) for k in keys[rollout.prompt_index].tolist()})
