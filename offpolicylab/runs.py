@@ -1,5 +1,6 @@
-"""Run directories: this module is the only one that writes or reads their files (docs/design.md, "Run
-directories").  :class:`RunDir` writes a run while it trains; :func:`load_run` / :func:`load_runs` read finished
+"""Run directories: this module defines their files and writes and reads them through :class:`RunDir`
+(docs/design.md, "Run directories"; the trainer and the sweep act on a directory only through it, except a sweep's
+``error.txt`` of a failed cell).  :class:`RunDir` writes a run while it trains; :func:`load_run` / :func:`load_runs` read finished
 runs as :class:`RunRecord` records for plots, the demo figure, paper figures and experiments.
 
     config.json                  the resolved TrainConfig
