@@ -17,10 +17,8 @@ from offpolicylab.registry import MAX_SEED, Param, Registry
 from offpolicylab.worlds.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
 from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
 from offpolicylab.worlds.synthetic_lm import (
-    MAX_SHARPNESS_SPREAD,
-    MAX_TEACHER_SCALE,
     PRESET_NAMES,
-    Recipe,
+    RECIPE_PARAMS,
     SyntheticLM,
     build_synthetic_lm,
 )
@@ -73,40 +71,12 @@ WORLDS.register(
 WORLDS.register(
     "synthetic_lm", build_synthetic_lm,
     {
-        "num_keys": Param(Recipe.num_keys, int, low=1, doc="keys k (one evaluation prompt each; the reward asks "
-                                                           "for a hidden digit table[k])"),
-        "num_train_prompts": Param(Recipe.num_train_prompts, int, low=1, doc="fixed training prompts"),
-        "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
-        "vocab_size": Param(Recipe.vocab_size, int, low=16,
-                            doc="vocabulary V (10 digits, ANS, text): at least num_keys + 12"),
+        **RECIPE_PARAMS,
         "preset": Param("seed_scale", str, choices=PRESET_NAMES,
                         doc="named recipe: seed_scale (a reasoning LLM's token entropies), smollm2 "
                             "(SmolLM2-135M's) or seed_scale_v6 (recipe v6, a chain of forks with EOS; under it a "
                             "parameter at its default below means the preset's value); the parameters below "
                             "override it"),
-        "alpha": Param(None, float, low=0.0, low_open=True, high=MAX_TEACHER_SCALE, optional=True,
-                       doc="teacher sharpness: more near-deterministic positions as it grows (default: the "
-                           "preset's, 64 / 7)"),
-        "delta": Param(None, float, low=0.0, high=1.0, high_open=True, optional=True,
-                       doc="teacher tail share: weight of the broad softmax in p_T (default: the preset's, "
-                           "0 / 0.125)"),
-        "pi0_temperature": Param(None, float, low=0.05, high=10.0, optional=True,
-                                 doc="pi0 = the distilled student at this temperature (< 1 sharpens; default: the "
-                                     "preset's, 0.8 / 1)"),
-        "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0, high=MAX_SHARPNESS_SPREAD,
-                                  doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
-        "ans_prob": Param(Recipe.ans_prob, float, low=0.0, high=1.0, low_open=True,
-                          doc="teacher probability of ANS at position T-2"),
-        "digit_scale": Param(Recipe.digit_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
-                             doc="teacher digit logits: context part scale"),
-        "key_scale": Param(Recipe.key_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
-                           doc="teacher digit logits: key part scale"),
-        "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width (a multiple of num_heads)"),
-        "num_layers": Param(Recipe.num_layers, int, low=1, doc="pi0 transformer layers"),
-        "num_heads": Param(Recipe.num_heads, int, low=1, doc="pi0 attention heads"),
-        "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="pi0 distillation steps"),
-        "distill_batch": Param(Recipe.distill_batch, int, low=1, doc="teacher sequences per distillation step"),
-        "seed": Param(Recipe.seed, int, low=0, high=MAX_SEED, doc="world seed (teacher, prompts, table, pi0)"),
         "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
     },
     doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",

@@ -55,6 +55,7 @@ from torch import Tensor
 from offpolicylab.contracts import Prompts
 from offpolicylab.locations import check_writable, physical_memory
 from offpolicylab.policies.transformer import CausalTransformer, KVCache, TransformerPolicy, TransformerShape
+from offpolicylab.registry import MAX_SEED, Param
 from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
 NUM_DIGITS = 10
@@ -98,26 +99,15 @@ class Recipe:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        """Every field that is a world parameter is checked by its registered :data:`RECIPE_PARAMS` entry (one
+        source of truth for the ranges); then the checks across fields and of the fields only a recipe has."""
+        for name, param in RECIPE_PARAMS.items():
+            param.validate(name, getattr(self, name))
         if self.vocab_size < FIRST_TEXT + max(self.num_keys, CONTEXT_LEN) + 1:
             raise ValueError(f"vocab_size={self.vocab_size} is too small; valid: >= {FIRST_TEXT + self.num_keys + 1} "
                              f"(10 digits, ANS and at least num_keys + 1 text tokens)")
-        if self.response_len < 3:
-            raise ValueError(f"response_len={self.response_len} is invalid; valid: >= 3 (text, ANS, digit)")
-        for name in ("num_keys", "num_train_prompts", "distill_batch", "threshold_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: an integer >= 1")
-        if not 0.0 <= self.delta < 1.0:
-            raise ValueError(f"delta={self.delta} is invalid; valid: a float in [0, 1)")
-        if not 0.0 < self.ans_prob <= 1.0:
-            raise ValueError(f"ans_prob={self.ans_prob} is invalid; valid: a float in (0, 1]")
-        if not 0.05 <= self.pi0_temperature <= 10.0:  # below 0.05 the sharpened float32 logits overflow
-            raise ValueError(f"pi0_temperature={self.pi0_temperature} is invalid; valid: a float in [0.05, 10]")
-        for name in ("alpha", "digit_scale", "key_scale"):
-            if not 0.0 <= getattr(self, name) <= MAX_TEACHER_SCALE:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: a float in [0, {MAX_TEACHER_SCALE:g}]")
-        if not 0.0 <= self.sharpness_spread <= MAX_SHARPNESS_SPREAD:
-            raise ValueError(f"sharpness_spread={self.sharpness_spread} is invalid; valid: a float in "
-                             f"[0, {MAX_SHARPNESS_SPREAD:g}]")
+        if self.threshold_samples < 1:
+            raise ValueError(f"threshold_samples={self.threshold_samples} is invalid; valid: an integer >= 1")
 
     def digest(self) -> str:
         """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
@@ -125,6 +115,40 @@ class Recipe:
                            "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
+
+RECIPE_PARAMS: dict[str, Param] = {
+        "num_keys": Param(Recipe.num_keys, int, low=1, doc="keys k (one evaluation prompt each; the reward asks "
+                                                           "for a hidden digit table[k])"),
+        "num_train_prompts": Param(Recipe.num_train_prompts, int, low=1, doc="fixed training prompts"),
+        "response_len": Param(Recipe.response_len, int, low=3, doc="response length T (ANS at T-2, digit at T-1)"),
+        "vocab_size": Param(Recipe.vocab_size, int, low=16,
+                            doc="vocabulary V (10 digits, ANS, text): at least num_keys + 12"),
+        "alpha": Param(None, float, low=0.0, low_open=True, high=MAX_TEACHER_SCALE, optional=True,
+                       doc="teacher sharpness: more near-deterministic positions as it grows (default: the "
+                           "preset's, 64 / 7)"),
+        "delta": Param(None, float, low=0.0, high=1.0, high_open=True, optional=True,
+                       doc="teacher tail share: weight of the broad softmax in p_T (default: the preset's, "
+                           "0 / 0.125)"),
+        "pi0_temperature": Param(None, float, low=0.05, high=10.0, optional=True,
+                                 doc="pi0 = the distilled student at this temperature (< 1 sharpens; default: the "
+                                     "preset's, 0.8 / 1)"),
+        "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0, high=MAX_SHARPNESS_SPREAD,
+                                  doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
+        "ans_prob": Param(Recipe.ans_prob, float, low=0.0, high=1.0, low_open=True,
+                          doc="teacher probability of ANS at position T-2"),
+        "digit_scale": Param(Recipe.digit_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
+                             doc="teacher digit logits: context part scale"),
+        "key_scale": Param(Recipe.key_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
+                           doc="teacher digit logits: key part scale"),
+        "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width (a multiple of num_heads)"),
+        "num_layers": Param(Recipe.num_layers, int, low=1, doc="pi0 transformer layers"),
+        "num_heads": Param(Recipe.num_heads, int, low=1, doc="pi0 attention heads"),
+        "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="pi0 distillation steps"),
+        "distill_batch": Param(Recipe.distill_batch, int, low=1, doc="teacher sequences per distillation step"),
+        "seed": Param(Recipe.seed, int, low=0, high=MAX_SEED, doc="world seed (teacher, prompts, table, pi0)"),
+}
+"""The recipe fields a user may set as world parameters, with their valid ranges (``alpha``, ``delta`` and
+``pi0_temperature`` default to None: the preset's value); :class:`Recipe` checks its fields with them."""
 
 PRESETS: dict[str, Recipe] = {
     "seed_scale": Recipe(),

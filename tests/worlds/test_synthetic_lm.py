@@ -408,3 +408,19 @@ def test_drift_grid_is_eps_clipped_grpo_at_the_papers_two_staleness_settings():
         (1e-4, "stages:4"), (1e-4, "stale_k:256"), (3e-4, "stages:4"), (3e-4, "stale_k:256")]
     assert all(c.config["objective"] == "grpo" and c.config["objective_params"] == {"eps_low": 0.2, "eps_high": 0.2}
                and c.config["updates"] == 300 for c in cells)
+
+
+def test_a_recipe_checks_its_fields_with_the_registered_world_parameters() -> None:
+    """One source of truth: every recipe field a user may set is checked by the Param the world registers, so a value
+    the command line refuses (alpha = 0: the teacher needs a positive sharpness) is refused by Recipe too."""
+    from offpolicylab.worlds import WORLDS
+    from offpolicylab.worlds.synthetic_lm import RECIPE_PARAMS
+
+    registered = WORLDS.params("synthetic_lm")
+    assert all(registered[name] is param for name, param in RECIPE_PARAMS.items())
+    for name, bad in (("alpha", 0.0), ("delta", 1.0), ("pi0_temperature", 0.01), ("ans_prob", 0.0),
+                      ("response_len", 2), ("distill_batch", 0), ("seed", -1)):
+        with pytest.raises(ValueError, match=f"parameter {name}=.* valid:"):
+            Recipe(**{name: bad})
+        with pytest.raises(ValueError, match=f"{name}"):
+            registered[name].validate(name, bad)
