@@ -63,9 +63,9 @@ def calibrate(
     world = GSM8kWorld(policy.tokenizer, problems, problems, max_response_len=max_new_tokens, n_eval=n_prompts)
     prompts = world.eval_prompts(n_prompts)
     generator = torch.Generator().manual_seed(int(seed))
-    rollout = policy.base_policy().sample(prompts, samples_per_prompt, float(temperature), generator)
+    rollout = policy.initial_policy().sample(prompts, samples_per_prompt, float(temperature), generator)
     with torch.no_grad():
-        scored_logp, entropy = policy.base_policy().score(rollout)
+        scored_logp, entropy = policy.initial_policy().score(rollout)
     mask = rollout.response_mask
     profile = token_profile(entropy, rollout.behavior_logp, mask)
     rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)

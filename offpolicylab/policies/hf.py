@@ -6,7 +6,7 @@ raw logits at temperature T: no top-k / top-p / repetition processors from ``gen
 forward over prompt + response ids with the same attention mask and position ids, giving the same numbers for the
 same weights (|Δ| ≤ 1e-4 in fp32, tested).  Only the LoRA parameters train (Hu et al. 2021, "LoRA"); the base model can
 be quantized to 4-bit NF4 (Dettmers et al. 2023, "QLoRA").  The base model *without* the adapter is available as a
-second policy (:meth:`HFPolicy.base_policy`, or ``sample(..., use_adapter=False)``) for the ``mixture`` schedule.
+second policy (:meth:`HFPolicy.initial_policy`, or ``sample(..., use_adapter=False)``) for the ``mixture`` schedule.
 """
 
 from __future__ import annotations
@@ -413,8 +413,9 @@ class HFPolicy:
         with self._adapter(False):
             yield
 
-    def base_policy(self) -> BaseModelPolicy:
-        """The base model without the adapter, as a Policy sharing this one's weights (no copy)."""
+    def initial_policy(self) -> BaseModelPolicy:
+        """The initial policy π_0 of a LoRA run: the base model without the adapter, as a Policy sharing this one's
+        weights (no copy)."""
         return BaseModelPolicy(self)
 
     @contextlib.contextmanager

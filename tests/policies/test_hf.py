@@ -245,7 +245,7 @@ def test_adapter_disabled_is_the_base_model(make_policy, prompts, tokenizer):
     plain = build_model(len(tokenizer), seed=0)  # same seed: the weights the adapter was put on
     expected = reference_logp(plain, prompts, rollout, 1.0)
     mask = rollout.response_mask > 0
-    base = policy.base_policy()
+    base = policy.initial_policy()
     assert base.trainable_parameters() == [] and base.state_dict() == {}
     assert (base.score(rollout)[0].detach() - expected)[mask].abs().max() <= 1e-4
     with policy.adapter_disabled():
