@@ -560,11 +560,10 @@ def raw_log_ratios(runs: Sequence[Run], max_runs: int = 6) -> Figure:
     fig, axes = plt.subplots(len(names), 1, figsize=(8.0, 3.6 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
         rows = counts[counts["run"] == name].to_dict("records")
-        replay.draw_raw_log_ratios(ax, rows, f"{name} ({rows[0]['label']})")
         lines = [f"{row['ratio']}: IS mean {row['is_mean']:.3g}, ESS {row['ess']:.3g}, χ² {row['chi2']:.3g} "
                  f"({row['verl_health']})" for row in health[health["run"] == name].to_dict("records")]
-        ax.text(0.01, 0.97, "\n".join(lines), transform=ax.transAxes, fontsize=7, va="top",
-                bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+        replay.draw_raw_log_ratios(ax, rows, "\n".join([f"{name} ({rows[0]['label']})", *lines]))
+        ax.title.set_fontsize(8)
     fig.suptitle("Raw log-ratios of the recorded batches, before any truncation or mask\n(dotted: the engines' "
                  "default ratio bounds; verl's health ranges: IS mean in [0.5, 2], ESS ≥ 0.3, χ² ≤ 1)", y=1.0)
     fig.tight_layout()

@@ -87,7 +87,7 @@ def test_the_figure_marks_the_engine_bounds_and_writes_the_health_numbers(record
     marks = sorted(t.get_text() for t in ax.texts if t.get_text().startswith("r="))
     assert marks == ["r=0.5", "r=2", "r=3", "r=5"]
     health = fig.offpolicylab_tables[plots.RAW_HEALTH_CSV]
-    box = next(t.get_text() for t in ax.texts if t.get_text().startswith("sampler:"))
+    box = next(line for line in ax.get_title().splitlines() if line.startswith("sampler:"))
     mean = float(health[health["ratio"] == "sampler"]["is_mean"].iloc[0])
     assert f"IS mean {mean:.3g}" in box
     assert math.isfinite(mean)
