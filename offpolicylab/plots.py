@@ -512,6 +512,70 @@ def return_heatmap(runs: Sequence[RunRecord]) -> Figure:
     return fig
 
 
+def raw_log_ratio_tables(runs: Sequence[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(histograms, health) of the raw, pre-truncation log-ratios in the runs' recorded batches (samples/*.npz with
+    the whole batch, ``sample_every`` > 0), computed as ``replay --corrections`` computes them
+    (:func:`offpolicylab.replay.recorded_raw_log_ratios`, :func:`~offpolicylab.replay.raw_histograms`,
+    :func:`~offpolicylab.replay.raw_health`): per run (its directory name and legend label) the counts per
+    :data:`~offpolicylab.replay.RAW_EDGES` bin by ratio — ``sampler``: log π_trainer − log π_sampler, recorded when the
+    sampler computes differently from the trainer; ``staleness``: Δ = log π_θ − log π_behaviour — × version lag ×
+    token-entropy tercile × advantage sign, and per run and ratio verl's health numbers of ρ = e^{log r} (IS mean,
+    ESS, χ²_token; Kong 1992 for the ESS) with the ranges it documents."""
+    from offpolicylab import replay
+
+    counts, health, refused = [], [], []
+    for run in runs:
+        if not run.sample_files:
+            continue
+        try:
+            raw = replay.recorded_raw_log_ratios(run.sample_files)
+        except replay.ReplayError as error:  # e.g. hand-written samples without the whole batch
+            refused.append(str(error))
+            continue
+        if "delta" not in raw or raw["delta"].size == 0:
+            continue
+        ident = {"run": run.path.name, "label": run.label}
+        counts += [{**ident, **row} for row in replay.raw_histograms(raw)]
+        for ratio, key in (("sampler", "sampler"), ("staleness", "delta")):
+            if key in raw:
+                row = replay.raw_health(raw[key])
+                health.append({**ident, "ratio": ratio, **row, "verl_health": replay.health_flags(row)})
+    if not counts:
+        why = f" ({refused[0]})" if refused else ""
+        raise FigureSkipped("no run has samples/*.npz with the whole batch (batch_log_ratio): run with sample_every "
+                            f"> 0{why}")
+    return pd.DataFrame(counts), pd.DataFrame(health)
+
+
+def raw_log_ratios(runs: Sequence[Run], max_runs: int = 6) -> Figure:
+    """The raw log-ratio distribution of each run's recorded batches before any truncation or mask (trainer vs
+    sampler beside current vs behaviour, all recorded updates, lags, terciles and signs pooled), with the engines'
+    default ratio bounds marked and verl's health numbers (IS mean in [0.5, 2], ESS ≥ 0.3, χ²_token ≤ 1) written
+    per panel; the tables behind it (:func:`raw_log_ratio_tables`) are written beside it as CSV files."""
+    from offpolicylab import replay
+
+    counts, health = raw_log_ratio_tables(runs)
+    names = list(dict.fromkeys(counts["run"]))[:max_runs]
+    _setup()
+    fig, axes = plt.subplots(len(names), 1, figsize=(8.0, 3.6 * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        rows = counts[counts["run"] == name].to_dict("records")
+        lines = [f"{row['ratio']}: IS mean {row['is_mean']:.3g}, ESS {row['ess']:.3g}, χ² {row['chi2']:.3g} "
+                 f"({row['verl_health']})" for row in health[health["run"] == name].to_dict("records")]
+        replay.draw_raw_log_ratios(ax, rows, "\n".join([f"{name} ({rows[0]['label']})", *lines]))
+        ax.title.set_fontsize(8)
+    fig.suptitle("Raw log-ratios of the recorded batches, before any truncation or mask\n(dotted: the engines' "
+                 "default ratio bounds; verl's health ranges: IS mean in [0.5, 2], ESS ≥ 0.3, χ² ≤ 1)", y=1.0)
+    fig.tight_layout()
+    fig.offpolicylab_tables = {RAW_COUNTS_CSV: counts, RAW_HEALTH_CSV: health}
+    return fig
+
+
+RAW_COUNTS_CSV, RAW_HEALTH_CSV = "raw_log_ratios.csv", "raw_log_ratio_health.csv"
+#: The CSV files a figure may write beside its PNG (a figure function sets ``fig.offpolicylab_tables``).
+TABLE_FILES = (RAW_COUNTS_CSV, RAW_HEALTH_CSV)
+
+
 #: name -> figure function; :func:`plot_runs` writes ``<name>.png`` for each that applies.
 FIGURES: dict[str, Callable[[Sequence[RunRecord]], Figure]] = {
     "training_curves": training_curves,
@@ -523,13 +587,15 @@ FIGURES: dict[str, Callable[[Sequence[RunRecord]], Figure]] = {
     "acceptance_vs_m2": acceptance_vs_m2,
     "controller_dynamics": controller_dynamics,
     "veto_fraction": veto_fraction,
+    "raw_log_ratios": raw_log_ratios,
 }
 
 
 def plot_runs(paths: Iterable[str | Path], out_dir: str | Path | OutputWriter, figures: Sequence[str] | None = None,
               dpi: int = 110, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Write every applicable figure for the runs under ``paths`` into ``out_dir`` as PNG; returns name -> path.
-    A figure whose data the runs lack is skipped with a one-line message through ``log``."""
+    A figure whose data the runs lack is skipped with a one-line message through ``log``.  ``raw_log_ratios`` also
+    writes the tables behind it (:data:`TABLE_FILES`)."""
     names = list(FIGURES) if figures is None else list(figures)
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
@@ -540,6 +606,7 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path | OutputWriter, f
         for path in run.sample_files:
             load_samples(path)
     written: dict[str, Path] = {}
+    tables: list[Path] = []  # the CSV files behind a figure (raw_log_ratios), beside its PNG
     with target.staging() as out:  # written whole, swapped in at the end: no torn or stale figure stays
         for name in names:
             try:
@@ -550,15 +617,18 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path | OutputWriter, f
             fig.savefig(out / f"{name}.png", dpi=dpi, bbox_inches="tight")
             plt.close(fig)
             written[name] = target.final(out / f"{name}.png")
-    for path in written.values():
+            for file_name, table in getattr(fig, "offpolicylab_tables", {}).items():
+                table.to_csv(out / file_name, index=False)
+                tables.append(target.final(out / file_name))
+    for path in [*written.values(), *tables]:
         log(f"wrote {path}")
     return written
 
 
 def writer(out_dir: str | Path) -> OutputWriter:
     """The output folder of plot, checked before any run is read (docs/bad_input.md)."""
-    return OutputWriter(out_dir, "plot", lambda name: name.endswith(".png") and name[:-4] in FIGURES,
-                        "PNG figures")
+    return OutputWriter(out_dir, "plot", lambda name: (name.endswith(".png") and name[:-4] in FIGURES)
+                        or name in TABLE_FILES, "PNG figures and the CSV tables behind raw_log_ratios")
 
 
 # ----------------------------------------------------------------------------------------------- command line

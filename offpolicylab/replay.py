@@ -328,7 +328,7 @@ def replay_corrections(files: list[Path], chosen: list[Correction]
     scorers = {c.label(): get_objective("reinforce", correction={"engine": c.engine, **c.params}) for c in chosen}
     plain = get_objective("reinforce")
     base_sq = 0.0
-    raw: dict[str, list[np.ndarray]] = {"sampler": [], "delta": [], "adv": [], "lag": [], "entropy": []}
+    raw: list[dict[str, np.ndarray]] = []
     for path in files:
         for part in micro_batches(path):
             if "sampler_log_ratio" not in part:
@@ -354,15 +354,8 @@ def replay_corrections(files: list[Path], chosen: list[Correction]
                 pool.seq_any.append(rejected.any(dim=1)[rows].numpy())
                 pool.ess.append((kish_ess(factor), int(valid.sum())))
                 pool.grad_sq += float((grad.double() ** 2).sum())
-            lag = part.get("staleness")
-            raw["sampler"].append(part["sampler_log_ratio"].double()[valid].numpy())
-            raw["delta"].append(batch.delta().double()[valid].numpy())
-            raw["adv"].append(batch.advantages.double()[valid].numpy())
-            raw["lag"].append((torch.full_like(batch.mask, -1.0) if lag is None else
-                               lag.to(batch.mask.dtype)[:, None].expand_as(batch.mask))[valid].numpy())
-            raw["entropy"].append((torch.full_like(batch.mask, math.nan) if batch.entropy is None
-                                   else batch.entropy)[valid].double().numpy())
-    if not raw["sampler"]:
+            raw.append(raw_log_ratios(part, batch))
+    if not raw:
         raise ReplayError("--corrections needs batches recorded with the sampler's log-probs (batch_sampler_log_ratio); "
                           "these samples have none: record a run whose sampler computes differently from the trainer")
     rows_out = []
@@ -386,13 +379,109 @@ def replay_corrections(files: list[Path], chosen: list[Correction]
             "grad_norm_ratio": math.sqrt(pool.grad_sq / base_sq) if base_sq > 0 else math.nan,
             "verl_health": "ok" if not problems else "; ".join(problems),
         })
-    return rows_out, raw_histograms({key: np.concatenate(value) for key, value in raw.items()})
+    return rows_out, raw_histograms(pooled_raw(raw))
+
+
+def raw_log_ratios(part: dict[str, torch.Tensor], batch: TokenBatch) -> dict[str, np.ndarray]:
+    """The valid tokens of one recorded micro-batch, before any truncation or mask: ``sampler`` = log π_behaviour −
+    log π_sampler (when recorded), ``delta`` = Δ = log π_θ − log π_behaviour, ``adv`` the advantage, ``lag`` the
+    version lag (−1: not recorded) and ``entropy`` the token entropy (NaN: not recorded), all float64 [n]."""
+    valid = batch.mask > 0
+    lag = part.get("staleness")
+    out = {"delta": batch.delta().double()[valid].numpy(),
+           "adv": batch.advantages.double()[valid].numpy(),
+           "lag": (torch.full_like(batch.mask, -1.0) if lag is None else
+                   lag.to(batch.mask.dtype)[:, None].expand_as(batch.mask))[valid].double().numpy(),
+           "entropy": (torch.full_like(batch.mask, math.nan) if batch.entropy is None
+                       else batch.entropy)[valid].double().numpy()}
+    if "sampler_log_ratio" in part:
+        out["sampler"] = part["sampler_log_ratio"].double()[valid].numpy()
+    return out
+
+
+def pooled_raw(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """:func:`raw_log_ratios` of several micro-batches concatenated; ``sampler`` only when every one has it."""
+    keys = set.intersection(*(set(part) for part in parts)) if parts else set()
+    return {key: np.concatenate([part[key] for part in parts]) for key in sorted(keys)}
+
+
+def recorded_raw_log_ratios(files: list[Path]) -> dict[str, np.ndarray]:
+    """The raw log-ratios (:func:`raw_log_ratios`) of every micro-batch of the sample ``files``, pooled; a file
+    without the whole batch (``batch_log_ratio``) raises :class:`ReplayError`."""
+    parts = []
+    for path in files:
+        for part in micro_batches(path):
+            batch, _ = token_batch(part)
+            parts.append(raw_log_ratios(part, batch))
+    return pooled_raw(parts)
+
+
+#: verl's health ceiling on χ²_token = E[ρ²] − 1 (docs/algo/rollout_corr.md).
+VERL_MAX_CHI2 = 1.0
+
+
+def raw_health(log_ratio: np.ndarray) -> dict[str, float]:
+    """verl's rollout-correction health numbers (``compute_offpolicy_metrics``, docs/algo/rollout_corr.md) of the raw
+    token ratios ρ = e^{log r}, before any truncation: IS mean E[ρ] (healthy in [0.5, 2]), Kish ESS
+    (Σρ)² / (n Σρ²) (≥ 0.3; Kong 1992) and χ²_token = E[ρ²] − 1 (≤ 1); plus mean |log r| and the share of
+    tokens with ρ outside [0.5, 2] (TIS's usual cap, Yao et al. 2025; IcePop's band, arXiv:2510.18855).  NaN
+    for no tokens."""
+    if log_ratio.size == 0:
+        return {"tokens": 0, "is_mean": math.nan, "ess": math.nan, "chi2": math.nan, "abs_log_ratio_mean": math.nan,
+                "share_outside_0.5_2": math.nan}
+    values = log_ratio.astype(np.float64)
+    with np.errstate(over="ignore"):
+        ratio = np.exp(values)
+        chi2 = float(np.mean(ratio * ratio) - 1.0)
+    return {"tokens": int(values.size), "is_mean": float(ratio.mean()), "ess": kish_ess(values, log=True),
+            "chi2": chi2, "abs_log_ratio_mean": float(np.abs(values).mean()),
+            "share_outside_0.5_2": float(np.mean(np.abs(values) > math.log(2.0)))}
+
+
+def health_flags(row: dict[str, float]) -> str:
+    """"ok" or what of :func:`raw_health`'s numbers lies outside verl's documented health ranges."""
+    problems = []
+    if not VERL_IS_MEAN[0] <= row["is_mean"] <= VERL_IS_MEAN[1]:
+        problems.append(f"IS mean {row['is_mean']:.3g}")
+    if not row["ess"] >= VERL_MIN_ESS:
+        problems.append(f"ESS {row['ess']:.3g}")
+    if not row["chi2"] <= VERL_MAX_CHI2:
+        problems.append(f"chi2 {row['chi2']:.3g}")
+    return "ok" if not problems else "; ".join(problems)
+
+
+#: The per-token ratio bounds of the engines' defaults marked on the raw histograms: IcePop / OpenRLHF's lower 0.5,
+#: slime / verl / SkyRL TIS 2, TRL 3, OpenRLHF / AReaL 5 (docs/corrections.md).
+ENGINE_BOUNDS = (0.5, 2.0, 3.0, 5.0)
+RATIO_NAMES = {"sampler": "log π_trainer − log π_sampler", "staleness": "log π_θ − log π_behaviour (Δ)"}
+
+
+def draw_raw_log_ratios(ax: Any, raw: list[dict[str, Any]], title: str) -> None:
+    """Bars of the :func:`raw_histograms` rows ``raw`` (lags, terciles and signs pooled; share of each ratio's
+    tokens per :data:`RAW_EDGES` bin), trainer vs sampler beside current vs behaviour, with the engines' default
+    ratio bounds (:data:`ENGINE_BOUNDS`) marked."""
+    centers = np.arange(RAW_EDGES.size - 1)
+    for offset, ratio in ((-0.2, "sampler"), (0.2, "staleness")):
+        counts = np.zeros(centers.size)
+        for row in raw:
+            if row["ratio"] == ratio:
+                counts[int(np.searchsorted(RAW_EDGES, row["bin_low"]))] += row["count"]
+        if counts.sum() > 0:
+            ax.bar(centers + offset, counts / counts.sum(), width=0.4, label=RATIO_NAMES[ratio])
+    names = [f"{lo:g}..{hi:g}" for lo, hi in zip(RAW_EDGES[:-1], RAW_EDGES[1:], strict=True)]
+    ax.set_xticks(centers, names, rotation=90, fontsize=7)
+    for bound in ENGINE_BOUNDS:
+        x = np.interp(math.log(bound), RAW_EDGES[1:-1], centers[:-1] + 0.5)
+        ax.axvline(x, color="grey", lw=0.8, ls=":")
+        ax.text(x, ax.get_ylim()[1] * 0.95, f"r={bound:g}", fontsize=7, rotation=90, va="top")
+    ax.set(ylabel="share of tokens", title=title)
+    ax.legend(fontsize=8)
 
 
 def raw_histograms(raw: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     """Counts of the raw log-ratios in :data:`RAW_EDGES` bins, by ratio (``sampler``: log π_behaviour −
-    log π_sampler; ``staleness``: Δ = log π_θ − log π_behaviour), version lag (−1: not recorded), token-entropy
-    tercile (0: not recorded) and advantage sign."""
+    log π_sampler, when ``raw`` has it; ``staleness``: Δ = log π_θ − log π_behaviour), version lag (−1: not
+    recorded), token-entropy tercile (0: not recorded) and advantage sign."""
     entropy = raw["entropy"]
     known = np.isfinite(entropy)
     tercile = np.zeros(entropy.shape, dtype=np.int64)
@@ -401,7 +490,10 @@ def raw_histograms(raw: dict[str, np.ndarray]) -> list[dict[str, Any]]:
         tercile[known] = np.searchsorted(edges, entropy[known], side="right") + 1
     sign = np.sign(raw["adv"]).astype(np.int64)
     rows = []
-    for ratio, values in (("sampler", raw["sampler"]), ("staleness", raw["delta"])):
+    for ratio, key in (("sampler", "sampler"), ("staleness", "delta")):
+        if key not in raw:
+            continue
+        values = raw[key]
         for lag in np.unique(raw["lag"]):
             for third in np.unique(tercile):
                 for s in (-1, 0, 1):
@@ -578,22 +670,7 @@ def corrections_figure(rows: list[dict[str, Any]], raw: list[dict[str, Any]], ti
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.2))
-    centers = np.arange(RAW_EDGES.size - 1)
-    for offset, ratio in ((-0.2, "sampler"), (0.2, "staleness")):
-        counts = np.zeros(centers.size)
-        for row in raw:
-            if row["ratio"] == ratio:
-                counts[int(np.searchsorted(RAW_EDGES, row["bin_low"]))] += row["count"]
-        label = "log π_trainer − log π_sampler" if ratio == "sampler" else "log π_θ − log π_behaviour (Δ)"
-        axes[0].bar(centers + offset, counts / max(counts.sum(), 1), width=0.4, label=label)
-    names = [f"{lo:g}..{hi:g}" for lo, hi in zip(RAW_EDGES[:-1], RAW_EDGES[1:], strict=True)]
-    axes[0].set_xticks(centers, names, rotation=90, fontsize=7)
-    for bound in (0.5, 2.0, 3.0, 5.0):
-        x = np.interp(math.log(bound), RAW_EDGES[1:-1], centers[:-1] + 0.5)
-        axes[0].axvline(x, color="grey", lw=0.8, ls=":")
-        axes[0].text(x, axes[0].get_ylim()[1] * 0.95, f"r={bound:g}", fontsize=7, rotation=90, va="top")
-    axes[0].set(ylabel="share of tokens", title="raw log-ratios, before any truncation or mask")
-    axes[0].legend(fontsize=8)
+    draw_raw_log_ratios(axes[0], raw, "raw log-ratios, before any truncation or mask")
     labels = [row["correction"] if len(row["correction"]) <= 28 else row["correction"][:26] + "…" for row in rows]
     x = np.arange(len(rows))
     axes[1].bar(x - 0.2, [row["tokens_dropped"] for row in rows], width=0.4, label="share of tokens dropped")

@@ -119,15 +119,19 @@ class Objective:
         per_token, token_mask, extra = self.token_loss(batch)
         token_mask = token_mask * batch.mask
         loss_mask = batch.mask
+        factor = None
         if self.tis_cap is not None and batch.sampler_logp is not None:
-            per_token = per_token * tis_weight(batch, self.tis_cap)
+            factor = tis_weight(batch, self.tis_cap)
+            per_token = per_token * factor
         elif self._correction is not None and batch.sampler_logp is not None:
-            per_token, token_mask, loss_mask = corrected(self._correction, batch, per_token, token_mask)
+            per_token, token_mask, loss_mask, factor = corrected(self._correction, batch, per_token, token_mask)
         loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True, norm=self.norm_constant)
         loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
         values = standard_metrics(batch, token_mask)
+        if factor is not None:
+            values.update(correction_metrics(batch, factor))
         values.update({key: value.detach() for key, value in extra.items()})
         values.update(terms)
         return LossOutput(loss=loss, metrics=values, token_mask=token_mask)
@@ -178,16 +182,56 @@ def tis_weight(batch: TokenBatch, cap: float) -> Tensor:
 
 
 def corrected(correction: Correction, batch: TokenBatch, per_token: Tensor,
-              token_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+              token_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """ℓ_t · w_t · keep_t with (w, keep) = the engine's correction of log π_b − log π_sampler (``behavior_logp`` vs
     ``sampler_logp``; the current policy and the advantages for the corrections that read them), the token mask
-    ∧ keep, and the mask the loss is aggregated over: ∧ keep for the engines whose rejection edits their loss mask
-    (verl, SkyRL, AReaL), the batch mask for those that zero the loss instead (TRL, OpenRLHF, slime)."""
+    ∧ keep, the mask the loss is aggregated over (∧ keep for the engines whose rejection edits their loss mask —
+    verl, SkyRL, AReaL —, the batch mask for those that zero the loss instead — TRL, OpenRLHF, slime) and the
+    factor w · keep.  With ``behavior_logp`` = ``sampler_logp`` (``behavior_logp: sampler``) log r ≡ 0 and every
+    engine's factor is 1: the correction does nothing."""
     assert batch.sampler_logp is not None
     weights, keep = correction(batch.behavior_logp, batch.sampler_logp, batch.mask, advantages=batch.advantages,
                                current_logp=batch.logp.detach())
     loss_mask = batch.mask * keep if ENGINES[correction.engine].edits_mask else batch.mask
-    return per_token * (weights * keep), token_mask * keep, loss_mask
+    factor = weights * keep
+    return per_token * factor, token_mask * keep, loss_mask, factor
+
+
+def correction_metrics(batch: TokenBatch, factor: Tensor) -> dict[str, Tensor]:
+    """What the mismatch correction did to this batch, f_t = w_t · keep_t its factor on the valid tokens (n of them),
+    ρ_t = π_b(y_t)/π_sampler(y_t) the raw token ratio (TIS: Yao et al. 2025, "Your efficient RL framework secretly
+    brings you off-policy RL training"; MIS: Liu, Li et al. 2025, "When speed kills stability"):
+
+    * ``corr_ess`` = (Σ f)² / (n Σ f²), Kish's effective sample size of the factors (verl's health floor 0.3);
+    * ``corr_weight_mean``, ``corr_weight_max`` of f;
+    * ``corr_drop_frac``: share of tokens with f = 0 (rejected or masked), ``corr_seq_drop_frac``: share of
+      responses with every token so;
+    * ``corr_trunc_frac``: share of tokens kept whose factor is none of ρ_t, the response's ratio product
+      exp(Σ log ρ), its geometric mean exp(mean log ρ) or 1 (relative tolerance 1e-5): the tokens a cap or clamp
+      changed (a capped sequence weight counts once per token).
+
+    Detached tensors, no host sync."""
+    assert batch.sampler_logp is not None
+    mask = batch.mask
+    valid = mask > 0
+    count = mask.sum().clamp_min(1.0)
+    f = torch.where(valid, factor.detach(), torch.zeros_like(factor))
+    log_r = torch.where(valid, (batch.behavior_logp - batch.sampler_logp).detach(), torch.zeros_like(f))
+    length = mask.sum(dim=1, keepdim=True).clamp_min(1.0)
+    candidates = (log_r.exp(), log_r.sum(dim=1, keepdim=True).exp().expand_as(f),
+                  (log_r.sum(dim=1, keepdim=True) / length).exp().expand_as(f), torch.ones_like(f))
+    plain = torch.zeros_like(valid)
+    for value in candidates:
+        plain = plain | ((f - value).abs() <= 1e-5 * value.abs())
+    kept = valid & (f != 0)
+    square = (f * f).sum()
+    rows = valid.any(dim=1)
+    dropped_rows = rows & ~(kept.any(dim=1))
+    return {"corr_ess": torch.where(square > 0, f.sum() ** 2 / (count * square), torch.zeros_like(square)),
+            "corr_weight_mean": f.sum() / count, "corr_weight_max": f.max(),
+            "corr_drop_frac": (valid & ~kept).sum() / count,
+            "corr_seq_drop_frac": dropped_rows.sum() / rows.sum().clamp_min(1),
+            "corr_trunc_frac": (kept & ~plain).sum() / count}
 
 
 def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]:

@@ -105,3 +105,42 @@ def test_a_run_with_a_correction_from_the_command_line(tmp_path, capsys) -> None
     stored = json.loads((out / "config.json").read_text())["objective_params"]["correction"]
     assert stored == {"engine": "verl", "rollout_is": "token", "rollout_rs": "token_k1",
                       "rollout_rs_threshold": "0.5_2.0"}
+
+
+def test_correction_metrics_say_what_the_correction_did() -> None:
+    """corr_ess, corr_weight_mean/max, corr_drop_frac, corr_seq_drop_frac and corr_trunc_frac, worked out from the
+    offsets: column ratios e^[−1, −0.2, 0, 0.3, 1.2, 2] → slime's token TIS at 2 caps columns 4 and 5 (e^1.2, e^2);
+    verl's token IcePop [0.5, 2] (weight 0 outside) drops columns 0, 4 and 5; SkyRL's product mask [0.5, 2] drops
+    the responses whose ratio product leaves [0.5, 2]."""
+    data = mismatched(seed=4)
+    mask = data["mask"]
+    n = mask.sum()
+    ratio = np.broadcast_to(np.exp(OFFSETS), mask.shape)
+
+    def check(metrics, factor, dropped, truncated):
+        f = factor * mask
+        seq_dropped = ((dropped * mask).sum(axis=1) == mask.sum(axis=1)).mean()
+        assert float(metrics["corr_ess"]) == pytest.approx(f.sum() ** 2 / (n * (f * f).sum()), rel=1e-12)
+        assert float(metrics["corr_weight_mean"]) == pytest.approx(f.sum() / n, rel=1e-12)
+        assert float(metrics["corr_weight_max"]) == pytest.approx(f.max(), rel=1e-12)
+        assert float(metrics["corr_drop_frac"]) == pytest.approx((dropped * mask).sum() / n)
+        assert float(metrics["corr_trunc_frac"]) == pytest.approx((truncated * mask).sum() / n)
+        assert float(metrics["corr_seq_drop_frac"]) == pytest.approx(seq_dropped)
+
+    capped = ratio > 2.0
+    out = run("reinforce", data, correction={"engine": "slime", "use_tis": True, "tis_clip": 2.0})[2]
+    check(out.metrics, np.minimum(ratio, 2.0), np.zeros_like(mask), capped)
+    assert float(run("reinforce", data, tis_cap=2.0)[2].metrics["corr_trunc_frac"]) == pytest.approx(
+        (capped * mask).sum() / n)
+
+    outside = (ratio < 0.5) | (ratio > 2.0)
+    out = run("reinforce", data, correction="verl:rollout_is=token:rollout_is_threshold=0.5_2.0")[2]
+    check(out.metrics, np.where(outside, 0.0, ratio), outside, np.zeros_like(mask))
+
+    product = np.exp((OFFSETS[None, :] * mask).sum(axis=1))
+    rejected = (product < 0.5) | (product > 2.0)
+    out = run("reinforce", data, correction={"engine": "skyrl", "sequence_mask_metric": "product"})[2]
+    check(out.metrics, np.where(rejected[:, None], 0.0, 1.0), np.repeat(rejected[:, None], mask.shape[1], 1),
+          np.zeros_like(mask))
+    assert 0 < rejected.sum() < rejected.size
+    assert "corr_ess" not in run("reinforce", data)[2].metrics

@@ -32,9 +32,16 @@ def write_run(root: Path, name: str, config: dict[str, Any], metrics: dict[str, 
 def token_samples(seed: int, n: int = 64, scale: float = 0.1) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     log_ratio = rng.normal(0.0, scale, n)
-    return {"log_ratio": log_ratio, "advantage": rng.choice([-1.0, 1.0], n), "entropy": rng.uniform(0.1, 1.5, n),
-            "kept": np.abs(log_ratio) < scale, "seq_log_ratio": rng.normal(0.0, scale, 8),
-            "staleness": np.full(8, 2)}
+    advantage, entropy = rng.choice([-1.0, 1.0], n), rng.uniform(0.1, 1.5, n)
+    rows = 8
+    return {"log_ratio": log_ratio, "advantage": advantage, "entropy": entropy,
+            "kept": np.abs(log_ratio) < scale, "seq_log_ratio": rng.normal(0.0, scale, rows),
+            "staleness": np.full(rows, 2),
+            # the whole batch, as a run with sample_every > 0 records it (rows × n/rows tokens)
+            "batch_log_ratio": log_ratio.reshape(rows, -1), "batch_advantage": advantage.reshape(rows, -1),
+            "batch_mask": np.ones((rows, n // rows)), "batch_entropy": entropy.reshape(rows, -1),
+            "batch_sampler_log_ratio": rng.normal(0.0, 0.05, (rows, n // rows)),
+            "micro_batch": np.zeros(rows, dtype=np.int64)}
 
 
 @pytest.fixture()
