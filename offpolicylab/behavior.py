@@ -21,6 +21,7 @@ external engine such as vLLM), there are two candidates for log π_b, and RL fra
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -40,6 +41,27 @@ def sample_rollout(policy: Policy, prompts: Prompts, group_size: int, temperatur
     return resolve_behavior(policy, rollout, source)
 
 
+def behavior_source(policy: Policy, source: str) -> str:
+    """``trainer`` or ``sampler``: the source ``source`` (``auto`` resolved: the toy policies' own numbers, an ``hf``
+    policy's sampler's)."""
+    if source != "auto":
+        return source
+    return "trainer" if isinstance(policy, AutoregressivePolicy) else "sampler"
+
+
+def check_correction(objective: Any, policy: Policy, source: str) -> None:
+    """Refuse a mismatch correction (``tis_cap`` or ``correction``) when the behaviour log-probs are the sampler's:
+    the correction weighs π_b / π_sampler, which ``behavior_logp = sampler`` makes 1 on every token, so the run would
+    train uncorrected without saying so."""
+    corrected = getattr(objective, "tis_cap", None) is not None or getattr(objective, "correction", None)
+    if corrected and behavior_source(policy, source) == "sampler":
+        via = " (behavior_logp=auto is sampler for this policy)" if source == "auto" else ""
+        raise ValueError(f"objective {objective.name!r} corrects the trainer/sampler mismatch, but behavior_logp is "
+                         f"the sampler's{via}: the correction's ratio π_b/π_sampler would be 1 on every token; "
+                         "valid: behavior_logp=trainer (the engines' recompute of the old log-probs), or no "
+                         "tis_cap / correction")
+
+
 def resolve_behavior(policy: Policy, rollout: Rollout, source: str) -> Rollout:
     """``rollout`` with ``behavior_logp`` taken from ``source`` (``auto``, ``trainer``, ``sampler``; module
     docstring).  A toy policy's rollout carries its own numbers in ``behavior_logp`` and the engine's in
@@ -48,9 +70,7 @@ def resolve_behavior(policy: Policy, rollout: Rollout, source: str) -> Rollout:
     if source not in BEHAVIOR_SOURCES:
         raise ValueError(f"behavior_logp must be one of {', '.join(BEHAVIOR_SOURCES)}, got {source!r}")
     own = isinstance(policy, AutoregressivePolicy)
-    if source == "auto":
-        source = "trainer" if own else "sampler"
-    if source == "sampler":
+    if behavior_source(policy, source) == "sampler":
         if rollout.sampler_logp is None:  # the engine computed exactly the numbers behavior_logp holds
             return rollout
         return rollout.with_(behavior_logp=rollout.sampler_logp.clone())

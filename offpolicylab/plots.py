@@ -512,7 +512,7 @@ def return_heatmap(runs: Sequence[RunRecord]) -> Figure:
     return fig
 
 
-def raw_log_ratio_tables(runs: Sequence[Run]) -> tuple[pd.DataFrame, pd.DataFrame]:
+def raw_log_ratio_tables(runs: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(histograms, health) of the raw, pre-truncation log-ratios in the runs' recorded batches (samples/*.npz with
     the whole batch, ``sample_every`` > 0), computed as ``replay --corrections`` computes them
     (:func:`offpolicylab.replay.recorded_raw_log_ratios`, :func:`~offpolicylab.replay.raw_histograms`,
@@ -547,7 +547,7 @@ def raw_log_ratio_tables(runs: Sequence[Run]) -> tuple[pd.DataFrame, pd.DataFram
     return pd.DataFrame(counts), pd.DataFrame(health)
 
 
-def raw_log_ratios(runs: Sequence[Run], max_runs: int = 6) -> Figure:
+def raw_log_ratios(runs: Sequence[RunRecord], max_runs: int = 6) -> Figure:
     """The raw log-ratio distribution of each run's recorded batches before any truncation or mask (trainer vs
     sampler beside current vs behaviour, all recorded updates, lags, terciles and signs pooled), with the engines'
     default ratio bounds marked and verl's health numbers (IS mean in [0.5, 2], ESS ≥ 0.3, χ²_token ≤ 1) written

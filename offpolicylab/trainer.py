@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from offpolicylab.behavior import sample_rollout
+from offpolicylab.behavior import check_correction, sample_rollout
 from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.contracts import (
     AdapterPolicy,
@@ -611,6 +611,7 @@ def build(config: TrainConfig) -> Run:
     enumerable = is_enumerable(world)
     keep_initial = schedule.other_share > 0 or enumerable or tracks_kl_init(config) or uses_reference([objective])
     check_entropy_gradient(objective, policy)
+    check_correction(objective, policy, config.behavior_logp)
     check_installed(parse_report_to(config.report_to))  # a missing tracker library: refused before any file
     return Run(
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
