@@ -33,9 +33,10 @@ with sampler log-probs).  Per correction, over the valid tokens (``replay_correc
                     correction, g₀ without
     verl_health     the ranges verl's docs give (IS mean in [0.5, 2], ESS ≥ 0.3): "ok" or what is outside
 
-and the raw, pre-truncation log-ratios — trainer vs sampler (log r) and current vs behaviour (Δ) — as histograms
-by version lag × token-entropy tercile × advantage sign (``replay_raw_log_ratios.csv``), whatever the engines
-then clip or mask; ``replay_corrections.png`` shows both.
+Every replay (with or without ``--corrections``) also writes the raw, pre-truncation log-ratios of every recorded
+token — current vs behaviour (Δ) and, where the sampler's log-probs were recorded, trainer vs sampler (log r) — as
+histograms by version lag × token-entropy tercile × advantage sign (``replay_raw_log_ratios.csv``), whatever the
+engines then clip or mask; ``replay_corrections.png`` shows them beside the corrections.
 """
 
 from __future__ import annotations
@@ -320,15 +321,13 @@ class CorrectionPool:
     grad_sq: float = 0.0
 
 
-def replay_corrections(files: list[Path], chosen: list[Correction]
-                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(one row per correction, raw log-ratio histogram rows) over the micro-batches of ``files`` that carry
-    sampler log-probs; none carrying them raises :class:`ReplayError`."""
+def replay_corrections(files: list[Path], chosen: list[Correction]) -> list[dict[str, Any]]:
+    """One row per correction over the micro-batches of ``files`` that carry sampler log-probs; none carrying them
+    raises :class:`ReplayError`."""
     pools = {c.label(): CorrectionPool() for c in chosen}
     scorers = {c.label(): get_objective("reinforce", correction={"engine": c.engine, **c.params}) for c in chosen}
     plain = get_objective("reinforce")
-    base_sq = 0.0
-    raw: list[dict[str, np.ndarray]] = []
+    base_sq, found = 0.0, False
     for path in files:
         for part in micro_batches(path):
             if "sampler_log_ratio" not in part:
@@ -354,8 +353,8 @@ def replay_corrections(files: list[Path], chosen: list[Correction]
                 pool.seq_any.append(rejected.any(dim=1)[rows].numpy())
                 pool.ess.append((kish_ess(factor), int(valid.sum())))
                 pool.grad_sq += float((grad.double() ** 2).sum())
-            raw.append(raw_log_ratios(part, batch))
-    if not raw:
+            found = True
+    if not found:
         raise ReplayError("--corrections needs batches recorded with the sampler's log-probs (batch_sampler_log_ratio); "
                           "these samples have none: record a run whose sampler computes differently from the trainer")
     rows_out = []
@@ -379,7 +378,7 @@ def replay_corrections(files: list[Path], chosen: list[Correction]
             "grad_norm_ratio": math.sqrt(pool.grad_sq / base_sq) if base_sq > 0 else math.nan,
             "verl_health": "ok" if not problems else "; ".join(problems),
         })
-    return rows_out, raw_histograms(pooled_raw(raw))
+    return rows_out
 
 
 def raw_log_ratios(part: dict[str, torch.Tensor], batch: TokenBatch) -> dict[str, np.ndarray]:
@@ -739,6 +738,7 @@ def run_command(args: argparse.Namespace) -> int:
     chosen = parse_corrections(args.corrections)
     pooled = replay(files, objectives, own)
     fixes = replay_corrections(files, chosen) if chosen else None
+    raw = raw_histograms(recorded_raw_log_ratios(files))  # every recorded token, before any truncation or mask
     rows, deciles = summary_table(pooled, shown), decile_table(pooled)
     updates = [sample_update(f) for f in files]
     title = f"which tokens each objective silences here: {rows[0]['tokens']} tokens, {updates_text(updates)}"
@@ -749,20 +749,20 @@ def run_command(args: argparse.Namespace) -> int:
         if deciles:
             write_csv(out / "replay_deciles.csv", deciles)
         figure(rows, deciles, title, out / "replay.png")
+        write_csv(out / "replay_raw_log_ratios.csv", raw)
         if fixes is not None:
-            write_csv(out / "replay_corrections.csv", fixes[0])
-            write_csv(out / "replay_raw_log_ratios.csv", fixes[1])
-            corrections_figure(fixes[0], fixes[1], f"what each mismatch correction does here: {fixes[0][0]['tokens']} "
+            write_csv(out / "replay_corrections.csv", fixes)
+            corrections_figure(fixes, raw, f"what each mismatch correction does here: {fixes[0]['tokens']} "
                                f"tokens with sampler log-probs, {updates_text(updates)}",
                                out / "replay_corrections.png")
-            record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes[0]]
+            record["corrections"] = [{k: _json_number(v) for k, v in row.items()} for row in fixes]
         write_text_atomically(out / "replay.json", json.dumps(record, indent=2) + "\n")
     print(title)
     print(format_table(rows))
     if fixes is not None:
         import pandas as pd
 
-        print(pd.DataFrame(fixes[0]).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        print(f"-> {args.out}/replay_corrections.csv, replay_raw_log_ratios.csv, replay_corrections.png")
-    print(f"-> {args.out}/replay.csv, replay.png" + (", replay_deciles.csv" if deciles else ""))
+        print(pd.DataFrame(fixes).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        print(f"-> {args.out}/replay_corrections.csv, replay_corrections.png")
+    print(f"-> {args.out}/replay.csv, replay.png, replay_raw_log_ratios.csv" + (", replay_deciles.csv" if deciles else ""))
     return 0

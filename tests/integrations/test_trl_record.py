@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -118,3 +119,26 @@ def test_analyze_reads_the_trl_run_three_ways(recorded: dict[str, Any]) -> None:
         assert summary["peak_reward"] == pytest.approx(peak, rel=1e-6)
     assert state["metrics"]["mask_frac"] == "offpolicylab/mask_frac"  # our plug-in's metric under its own name
     assert record["peak_reward_step"] == state["peak_reward_step"] - 1  # update u = TRL step u + 1
+
+
+def test_replay_shows_the_trl_runs_raw_ratios_before_any_truncation(recorded: dict[str, Any], tmp_path: Path) -> None:
+    """The forensics TRL users ask for (its logged ratios are already truncated or masked) on a real TRL run:
+    ``replay`` writes the raw log π_θ − log π_old of every recorded token (no clip, cap or mask applied), binned;
+    the counts are the histogram of the log-ratios this test computed itself from the model's logits at each
+    training step.  The run recorded no sampler log-probs (no vLLM), so ``--corrections`` is refused, naming why."""
+    from offpolicylab.replay import RAW_EDGES
+
+    out = tmp_path / "forensics"
+    assert cli.main(["replay", str(recorded["record"]), "--objectives", "grpo", "--out", str(out)]) == 0
+    rows = [row for row in pd.read_csv(out / "replay_raw_log_ratios.csv").to_dict("records")
+            if row["ratio"] == "staleness"]
+    got = np.zeros(RAW_EDGES.size - 1, dtype=np.int64)
+    for row in rows:
+        got[int(np.searchsorted(RAW_EDGES, row["bin_low"]))] += row["count"]
+    expected, _ = np.histogram(np.concatenate(recorded["expected"]), bins=RAW_EDGES)
+    assert got.tolist() == expected.tolist() and got.sum() > 0
+    assert {row["lag"] for row in rows} == {0.0, 1.0}  # num_iterations = 2: fresh and one-step-old batches
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["replay", str(recorded["record"]), "--objectives", "grpo", "--corrections", "trl",
+                  "--out", str(tmp_path / "corrections")])
+    assert refused.value.code == 2 and not (tmp_path / "corrections").exists()
