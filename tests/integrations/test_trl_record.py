@@ -142,3 +142,8 @@ def test_replay_shows_the_trl_runs_raw_ratios_before_any_truncation(recorded: di
         cli.main(["replay", str(recorded["record"]), "--objectives", "grpo", "--corrections", "trl",
                   "--out", str(tmp_path / "corrections")])
     assert refused.value.code == 2 and not (tmp_path / "corrections").exists()
+    figures = tmp_path / "figures"  # the same forensics as a figure: plot on the recorded run
+    assert cli.main(["plot", str(recorded["record"]), "--figures", "raw_log_ratios", "--out", str(figures)]) == 0
+    assert (figures / "raw_log_ratios.png").stat().st_size > 0
+    table = pd.read_csv(figures / "raw_log_ratios.csv")
+    assert int(table[table["ratio"] == "staleness"]["count"].sum()) == int(expected.sum())
