@@ -387,7 +387,8 @@ def make_batches(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: T
     runs, own_logp = stack.runs, stack.split(logp)
     estimators = [run.advantage == "std" for run in runs]  # per run: mean or std normalisation
     std_norm = estimators[0] if len(set(estimators)) == 1 else torch.cat(
-        [torch.full((len(rollout),), std) for std, rollout in zip(estimators, rollouts, strict=True)])
+        [torch.full((len(rollout),), std, device=joined.rewards.device)
+         for std, rollout in zip(estimators, rollouts, strict=True)])
     advantages = group_advantages(joined.rewards, joined.group_ids, std_norm)  # the joined groups are distinct
     proximal = [proximal_of(run, own, update) for run, own in zip(runs, own_logp, strict=True)]
     prox_logp = None if all(p is None for p in proximal) else torch.cat(
