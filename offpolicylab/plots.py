@@ -514,32 +514,32 @@ def return_heatmap(runs: Sequence[RunRecord]) -> Figure:
 
 def raw_log_ratio_tables(runs: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(histograms, health) of the raw, pre-truncation log-ratios in the runs' recorded batches (samples/*.npz with
-    the whole batch, ``sample_every`` > 0), computed as ``replay --corrections`` computes them
-    (:func:`offpolicylab.replay.recorded_raw_log_ratios`, :func:`~offpolicylab.replay.raw_histograms`,
-    :func:`~offpolicylab.replay.raw_health`): per run (its directory name and legend label) the counts per
-    :data:`~offpolicylab.replay.RAW_EDGES` bin by ratio — ``sampler``: log π_trainer − log π_sampler, recorded when the
+    the whole batch, ``sample_every`` > 0), computed as ``replay`` computes them
+    (:func:`offpolicylab.recorded.recorded_raw_log_ratios`, :func:`~offpolicylab.recorded.raw_histograms`,
+    :func:`~offpolicylab.recorded.raw_health`): per run (its directory name and legend label) the counts per
+    :data:`~offpolicylab.recorded.RAW_EDGES` bin by ratio — ``sampler``: log π_trainer − log π_sampler, recorded when the
     sampler computes differently from the trainer; ``staleness``: Δ = log π_θ − log π_behaviour — × version lag ×
     token-entropy tercile × advantage sign, and per run and ratio verl's health numbers of ρ = e^{log r} (IS mean,
     ESS, χ²_token; Kong 1992 for the ESS) with the ranges it documents."""
-    from offpolicylab import replay
+    from offpolicylab import recorded
 
     counts, health, refused = [], [], []
     for run in runs:
         if not run.sample_files:
             continue
         try:
-            raw = replay.recorded_raw_log_ratios(run.sample_files)
-        except replay.ReplayError as error:  # e.g. hand-written samples without the whole batch
+            raw = recorded.recorded_raw_log_ratios(run.sample_files)
+        except recorded.ReplayError as error:  # e.g. hand-written samples without the whole batch
             refused.append(str(error))
             continue
         if "delta" not in raw or raw["delta"].size == 0:
             continue
         ident = {"run": run.path.name, "label": run.label}
-        counts += [{**ident, **row} for row in replay.raw_histograms(raw)]
+        counts += [{**ident, **row} for row in recorded.raw_histograms(raw)]
         for ratio, key in (("sampler", "sampler"), ("staleness", "delta")):
             if key in raw:
-                row = replay.raw_health(raw[key])
-                health.append({**ident, "ratio": ratio, **row, "verl_health": replay.health_flags(row)})
+                row = recorded.raw_health(raw[key])
+                health.append({**ident, "ratio": ratio, **row, "verl_health": recorded.health_flags(row)})
     if not counts:
         why = f" ({refused[0]})" if refused else ""
         raise FigureSkipped("no run has samples/*.npz with the whole batch (batch_log_ratio): run with sample_every "
@@ -552,7 +552,7 @@ def raw_log_ratios(runs: Sequence[RunRecord], max_runs: int = 6) -> Figure:
     sampler beside current vs behaviour, all recorded updates, lags, terciles and signs pooled), with the engines'
     default ratio bounds marked and verl's health numbers (IS mean in [0.5, 2], ESS ≥ 0.3, χ²_token ≤ 1) written
     per panel; the tables behind it (:func:`raw_log_ratio_tables`) are written beside it as CSV files."""
-    from offpolicylab import replay
+    from offpolicylab import recorded
 
     counts, health = raw_log_ratio_tables(runs)
     names = list(dict.fromkeys(counts["run"]))[:max_runs]
@@ -562,7 +562,7 @@ def raw_log_ratios(runs: Sequence[RunRecord], max_runs: int = 6) -> Figure:
         rows = counts[counts["run"] == name].to_dict("records")
         lines = [f"{row['ratio']}: IS mean {row['is_mean']:.3g}, ESS {row['ess']:.3g}, χ² {row['chi2']:.3g} "
                  f"({row['verl_health']})" for row in health[health["run"] == name].to_dict("records")]
-        replay.draw_raw_log_ratios(ax, rows, "\n".join([f"{name} ({rows[0]['label']})", *lines]))
+        recorded.draw_raw_log_ratios(ax, rows, "\n".join([f"{name} ({rows[0]['label']})", *lines]))
         ax.title.set_fontsize(8)
     fig.suptitle("Raw log-ratios of the recorded batches, before any truncation or mask\n(dotted: the engines' "
                  "default ratio bounds; verl's health ranges: IS mean in [0.5, 2], ESS ≥ 0.3, χ² ≤ 1)", y=1.0)

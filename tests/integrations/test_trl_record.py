@@ -126,7 +126,7 @@ def test_replay_shows_the_trl_runs_raw_ratios_before_any_truncation(recorded: di
     ``replay`` writes the raw log π_θ − log π_old of every recorded token (no clip, cap or mask applied), binned;
     the counts are the histogram of the log-ratios this test computed itself from the model's logits at each
     training step.  The run recorded no sampler log-probs (no vLLM), so ``--corrections`` is refused, naming why."""
-    from offpolicylab.replay import RAW_EDGES
+    from offpolicylab.recorded import RAW_EDGES
 
     out = tmp_path / "forensics"
     assert cli.main(["replay", str(recorded["record"]), "--objectives", "grpo", "--out", str(out)]) == 0
