@@ -36,6 +36,7 @@ if str(ROOT / "experiments") not in sys.path:
 
 from offpolicylab.config import TrainConfig  # noqa: E402
 from offpolicylab.trainer import build  # noqa: E402
+from offpolicylab.worlds.synthetic_lm_v6 import ANS, EOS, FIRST_TEXT, STEP  # noqa: E402
 
 from synthetic_lm_v6_calibration import lengths  # noqa: E402
 
@@ -124,19 +125,42 @@ def from_end_shares(kl: torch.Tensor, mask: torch.Tensor, last: int = 6) -> list
     return out
 
 
+def role_shares(kl: torch.Tensor, response: torch.Tensor, max_step: int = 8) -> dict[str, float]:
+    """Share of the sequence KL by the role of the token sampled at the position (the decision the KL is about):
+    the digit of step k (after the k-th ``=``), the answer digit (after ANS), ``=``, ANS, EOS, other text."""
+    prev = torch.cat([torch.full_like(response[:, :1], FIRST_TEXT), response[:, :-1]], dim=1)
+    step_index = (prev == STEP).long().cumsum(1)  # the k of a digit right after the k-th "="
+    total = float(kl.sum())
+    roles: dict[str, torch.Tensor] = {}
+    for k in range(1, max_step + 1):
+        roles[f"step {k} digit"] = (prev == STEP) & (step_index == k)
+    roles[f"step > {max_step} digit"] = (prev == STEP) & (step_index > max_step)
+    roles["answer digit"] = prev == ANS
+    roles["'='"] = (response == STEP) & (prev != STEP) & (prev != ANS)
+    roles["ANS"] = (response == ANS) & (prev != STEP) & (prev != ANS)
+    roles["EOS"] = (response == EOS) & (prev != STEP) & (prev != ANS)
+    taken = torch.zeros_like(response, dtype=torch.bool)
+    for where in roles.values():
+        taken |= where
+    roles["text"] = ~taken
+    return {name: float(kl[where].sum()) / total if total > 0 else 0.0 for name, where in roles.items()}
+
+
 def kl_shares(world: Any, policy: Any, reference: Any, prompts: int = 512, seed: int = 0,
               chunk: int = 128) -> dict[str, Any]:
     """(d): ``prompts`` training prompts (cycled), one temperature-1 response each from π, the per-position shares."""
     index = torch.arange(prompts) % world.num_prompts
     generator = torch.Generator().manual_seed(seed)
-    kls, masks = [], []
+    kls, masks, responses = [], [], []
     for start in range(0, prompts, chunk):
         rollout = policy.sample(world._prompts(index[start: start + chunk]), 1, 1.0, generator)
         kls.append(token_kl(policy, reference, rollout))
         masks.append(rollout.response_mask)
+        responses.append(rollout.response_ids)
     kl, mask = torch.cat(kls), torch.cat(masks)
     result = position_shares(kl)
     result["from_end"] = from_end_shares(kl, mask)
+    result["by_role"] = role_shares(kl, torch.cat(responses))
     result["responses"] = prompts
     return result
 
@@ -179,6 +203,8 @@ def report(out: dict[str, Any]) -> str:
     lines.append("    top positions: " + ", ".join(f"{t}:{s:.1%}" for t, s in top))
     lines.append("    from the end (1 = last valid token, EOS when ended): "
                  + ", ".join(f"{k + 1}:{s:.1%}" for k, s in enumerate(d["from_end"])))
+    lines.append("    by the role of the sampled token: "
+                 + ", ".join(f"{k}:{v:.1%}" for k, v in d["by_role"].items() if v >= 0.001))
     for name in ("f_start", "f_end"):
         f = out[name]
         lines.append(f"({name}) length mean {f['mean']:.1f}, p90 {f['p90']:.0f}, truncated {f['truncated']:.1%}, "

@@ -79,6 +79,19 @@ def test_shares_weight_positions_as_the_sequence_kl_decomposes() -> None:
     assert ends[1] == pytest.approx((kl_to_uniform(p3) + k0) / (2 * (k0 + k3)), rel=1e-6)
 
 
+def test_role_shares_follow_the_grammar() -> None:
+    from offpolicylab.worlds.synthetic_lm_v6 import ANS, EOS, STEP
+    text = 40
+    response = torch.tensor([[text, STEP, 3, text, STEP, 5, ANS, 7, EOS, EOS]])
+    kl = torch.tensor([[1.0, 2, 4, 0, 0, 8, 0, 16, 32, 0]])
+    roles = horizon.role_shares(kl, response)
+    total = 63.0
+    assert roles["step 1 digit"] == pytest.approx(4 / total) and roles["step 2 digit"] == pytest.approx(8 / total)
+    assert roles["answer digit"] == pytest.approx(16 / total) and roles["'='"] == pytest.approx(2 / total)
+    assert roles["EOS"] == pytest.approx(32 / total) and roles["text"] == pytest.approx(1 / total)
+    assert sum(roles.values()) == pytest.approx(1.0)
+
+
 def test_clip_rise_and_gain_update_on_a_hand_made_table() -> None:
     updates = list(range(1000))
     clip = [0.01 if 257 <= u <= 500 else (0.02 if u >= 750 else 0.0) for u in updates]
@@ -106,5 +119,6 @@ def test_the_script_reads_a_tiny_v6_run(tmp_path: Path, monkeypatch: pytest.Monk
     assert [u for u, _ in out["e2"]["evaluations"]][:3] == [0, 2, 4]
     d = out["d"]
     assert d["sequence_kl"] > 0 and sum(d["share"]) == pytest.approx(1.0) and 0 < d["max_share"] <= 1
+    assert sum(d["by_role"].values()) == pytest.approx(1.0)
     assert 0 < out["f_end"]["mean"] <= 64 and 0 <= out["f_end"]["truncated"] <= 1
     assert "(d) checkpoint at update 6 PARTIAL" in horizon.report(out)
