@@ -34,11 +34,11 @@ if str(ROOT) not in sys.path:
 if str(ROOT / "experiments") not in sys.path:
     sys.path.insert(0, str(ROOT / "experiments"))
 
+from synthetic_lm_v6_calibration import lengths  # noqa: E402
+
 from offpolicylab.config import TrainConfig  # noqa: E402
 from offpolicylab.trainer import build  # noqa: E402
 from offpolicylab.worlds.synthetic_lm_v6 import ANS, EOS, FIRST_TEXT, STEP  # noqa: E402
-
-from synthetic_lm_v6_calibration import lengths  # noqa: E402
 
 EVAL_COLUMN = "eval_reward_sampled"
 STALE_WINDOW = (257, 500)  # inclusive
