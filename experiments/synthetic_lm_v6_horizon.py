@@ -37,6 +37,7 @@ if str(ROOT / "experiments") not in sys.path:
 from synthetic_lm_v6_calibration import lengths  # noqa: E402
 
 from offpolicylab.config import TrainConfig  # noqa: E402
+from offpolicylab.runs import RunDir  # noqa: E402
 from offpolicylab.trainer import build  # noqa: E402
 from offpolicylab.worlds.synthetic_lm_v6 import ANS, EOS, FIRST_TEXT, STEP  # noqa: E402
 
@@ -75,19 +76,17 @@ def gain_update(metrics: pd.DataFrame, horizon: int, fraction: float = 0.9) -> d
     reached = int(metrics["update"].max()) + 1
     return {"reached": reached, "partial": reached < horizon, "first": first, "peak": peak,
             "peak_update": int(updates[values.argmax()]), "gain": gain, "level": level, "u90": u90,
-            "evaluations": [[int(u), float(v)] for u, v in zip(updates, values)],
+            "evaluations": [[int(u), float(v)] for u, v in zip(updates, values, strict=True)],
             "holds": bool(u90 is not None and 500 <= u90 <= horizon)}
 
 
 # ================================================================================================ checkpoint
 def load_run(run_dir: Path) -> tuple[Any, Any, int]:
     """(the run built from its config.json with the checkpoint's policy loaded, π₀, the checkpoint's next update)."""
-    data = json.loads((run_dir / "config.json").read_text())
-    data.pop("environment", None)
-    config = TrainConfig.from_dict(data)
-    run = build(config)
+    directory = RunDir(run_dir)
+    run = build(TrainConfig.from_dict(directory.read_config()))
     reference = run.initial if run.initial is not None else run.world.pretrained_policy()
-    state = torch.load(run_dir / "checkpoint" / "state.pt", map_location="cpu", weights_only=False)
+    state = directory.load_checkpoint()  # tensors only (weights_only=True): never unpickles
     run.policy.load_state_dict(state["policy"])
     return run, reference, int(state["next_update"])
 

@@ -281,6 +281,12 @@ def _standardise(z: Tensor) -> Tensor:
     return (z - z.mean(-1, keepdim=True)) / z.std(-1, keepdim=True).clamp(min=1e-6)
 
 
+def spell_prompts(keys: Tensor, vocab_size: int, generator: torch.Generator) -> Tensor:
+    """[key token, 3 random text tokens] for each key: [N, 4] (the prompts of recipes v5 and v6)."""
+    context = torch.randint(FIRST_TEXT, vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
+    return torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
+
+
 # ================================================================================================ the world
 class SyntheticLM(FixedPrompts):
     """The ``synthetic_lm`` world (module docstring).  ``make_world("synthetic_lm", ...)`` builds it; the first
@@ -299,7 +305,7 @@ class SyntheticLM(FixedPrompts):
         train_keys = torch.arange(r.num_train_prompts) % r.num_keys
         eval_keys = torch.arange(r.num_keys)
         keys = torch.cat([train_keys, eval_keys])
-        self.prompt_tokens = self.spell_prompts(keys, generator)
+        self.prompt_tokens = spell_prompts(keys, r.vocab_size, generator)
         self.prompt_keys = keys
         self.num_prompts = r.num_train_prompts
         self.teacher = Teacher(r)
@@ -308,11 +314,6 @@ class SyntheticLM(FixedPrompts):
         self.pretrained_state, self.threshold = load_or_build(self)
 
     # ------------------------------------------------------------------------------------------ prompts
-    def spell_prompts(self, keys: Tensor, generator: torch.Generator) -> Tensor:
-        """[key token, 3 random text tokens] for each key: [N, 4]."""
-        context = torch.randint(FIRST_TEXT, self.vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
-        return torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
-
     def eval_prompts(self) -> Prompts:
         """The K evaluation prompts (one per key, contexts unseen in training)."""
         return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))

@@ -282,8 +282,7 @@ class ChainLM(FixedPrompts):
         self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
         generator = torch.Generator().manual_seed(r.seed)
         keys = torch.cat([torch.arange(r.num_train_prompts) % r.num_keys, torch.arange(r.num_keys)])
-        context = torch.randint(FIRST_TEXT, r.vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
-        self.prompt_tokens = torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
+        self.prompt_tokens = v5.spell_prompts(keys, r.vocab_size, generator)
         self.prompt_keys = keys
         self.num_prompts = r.num_train_prompts
         self.teacher = ChainTeacher(r)
