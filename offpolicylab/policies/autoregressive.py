@@ -164,6 +164,8 @@ class AutoregressivePolicy(ABC):
                     sampler[:, t] = torch.where(alive, engine_logp.gather(1, token[:, None]).squeeze(1), 0.0)
                 if self.eos_id is not None:
                     alive = alive & (token != self.eos_id)
+                    if race is not None and not bool(alive.any()):
+                        break  # every row ended; the later steps' numbers were drawn ahead, so nothing else changes
         rollout = Rollout(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids, response_mask=mask,
             behavior_logp=behavior, group_ids=rows, prompt_index=prompt_index, sampler_logp=sampler,
@@ -230,6 +232,8 @@ class AutoregressivePolicy(ABC):
                 behavior[:, t] = torch.where(alive, logp.gather(1, token[:, None]).squeeze(1), 0.0)
                 if self.eos_id is not None:
                     alive = alive & (token != self.eos_id)
+                    if not bool(alive.any()):
+                        break
         return Rollout(prompt_ids=prompts.ids, prompt_mask=prompts.mask, response_ids=ids, response_mask=mask,
                        behavior_logp=behavior, group_ids=torch.arange(n), prompt_index=prompts.index)
 

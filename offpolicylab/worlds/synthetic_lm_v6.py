@@ -153,6 +153,12 @@ def chain_states(prompt: Tensor, response: Tensor) -> list[ChainState]:
     return states
 
 
+def flat_states(states: list[ChainState]) -> ChainState:
+    """The states before every position as one state of B·T rows, row b·T + t = row b of ``states[t]``."""
+    fields = ("prev", "prev2", "ended", "last_step", "steps")
+    return ChainState(*(torch.stack([getattr(state, name) for state in states], 1).reshape(-1) for name in fields))
+
+
 # ================================================================================================ the teacher
 class ChainTeacher:
     """p_T of the module docstring (no parameter is trained)."""
@@ -196,13 +202,21 @@ class ChainTeacher:
         return torch.where((state.ended | state.after_answer())[:, None], eos, probs)
 
     def log_probs(self, prompt: Tensor, response: Tensor) -> Tensor:
-        """log p_T(· | x, y_{<t}) for every response position, [B, T, V] (−inf where p_T = 0), one causal pass."""
+        """log p_T(· | x, y_{<t}) for every response position, [B, T, V] (−inf where p_T = 0)."""
+        return self.probs(prompt, response).log()
+
+    def probs(self, prompt: Tensor, response: Tensor) -> Tensor:
+        """p_T(· | x, y_{<t}) for every response position, [B, T, V]: one causal pass, and :meth:`distribution` once
+        over all B·T positions."""
+        batch, width = response.shape
         with torch.no_grad():
             tokens = torch.cat([prompt, response[:, :-1]], dim=1)
             hidden = self.net(tokens, torch.ones_like(tokens, dtype=torch.bool))[:, prompt.shape[1] - 1:]
-            states = chain_states(prompt, response)
-            return torch.stack([self.distribution(hidden[:, t], torch.tensor([t]), states[t], prompt[:, 0])
-                                for t in range(response.shape[1])], 1).log()
+            state = flat_states(chain_states(prompt, response))
+            t = torch.arange(width).repeat(batch)
+            probs = self.distribution(hidden.reshape(batch * width, -1), t, state,
+                                      prompt[:, 0].repeat_interleave(width))
+            return probs.reshape(batch, width, -1)
 
     def sample(self, prompt: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """(responses [B, T], log p_T [B, T, V]) sampled with a key/value cache."""
@@ -226,8 +240,8 @@ class ChainTeacher:
         """log p_T(y_t | x, y_{<t}) [B, T], in chunks of :data:`SCORE_CHUNK` rows."""
         parts = []
         for rows in torch.arange(prompt.shape[0]).split(SCORE_CHUNK):
-            logp = self.log_probs(prompt[rows], response[rows])
-            parts.append(logp.gather(-1, response[rows][..., None])[..., 0])
+            probs = self.probs(prompt[rows], response[rows])
+            parts.append(probs.gather(-1, response[rows][..., None])[..., 0].log())
         return torch.cat(parts)
 
     def mean_log_prob(self, prompt: Tensor, response: Tensor) -> Tensor:

@@ -48,17 +48,21 @@ def test_draws_equal_torch_multinomial(blocks: int) -> None:
 
 
 @pytest.mark.parametrize("blocks", [1, 3])
-def test_sampling_draws_each_step_as_torch_multinomial_does(blocks: int) -> None:
+@pytest.mark.parametrize("all_end", [False, True])
+def test_sampling_draws_each_step_as_torch_multinomial_does(blocks: int, all_end: bool) -> None:
     """``sample`` draws every step's exponential-race numbers at the first step (one call per generator); tokens,
     log-probs and generator states must be those of a plain loop of ``torch.multinomial`` per step and block, with
-    rows ending at EOS before the last step."""
+    rows ending at EOS before the last step.  ``all_end``: EOS is all but certain from step 1, so every row has
+    ended by step 3 and ``sample`` stops decoding there; the plain loop still draws every step."""
     from offpolicylab.contracts import Prompts
     from offpolicylab.policies import TabularSoftmaxPolicy
 
     vocab, length, group = 5, 6, 4
+    logits = torch.randn(4, length, vocab + 1, vocab, generator=torch.Generator().manual_seed(1))
+    if all_end:
+        logits[:, 1:, :, 0] += 30.0
     policy = TabularSoftmaxPolicy(num_prompts=4, vocab_size=vocab, response_len=length, eos_id=0,
-                                  init_logits=torch.randn(4, length, vocab + 1, vocab,
-                                                          generator=torch.Generator().manual_seed(1)))
+                                  init_logits=logits)
     index = torch.tensor([0, 2, 3] * blocks)
     prompts = Prompts(ids=index[:, None], mask=torch.ones(len(index), 1), index=index)
     ours = [torch.Generator().manual_seed(20 + b) for b in range(blocks)]
@@ -80,4 +84,6 @@ def test_sampling_draws_each_step_as_torch_multinomial_does(blocks: int) -> None
             alive = alive & (token != 0)
     assert torch.equal(rollout.response_ids, ids)
     assert 0 < int(rollout.response_mask.sum()) < ids.numel()  # some rows ended early: EOS is exercised
+    if all_end:
+        assert int(rollout.response_mask[:, 3:].sum()) == 0  # decoding stopped before the last step
     assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs, strict=True))
