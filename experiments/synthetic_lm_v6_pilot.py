@@ -1,0 +1,112 @@
+"""The recipe v6 pilot read from its runs (``experiments/synthetic_lm_v6_pilot.md``): one row per run with the v5
+grid CSV's columns plus ``fell`` and ``fell_update``, and the mechanism by quarter of the updates.
+
+    python experiments/synthetic_lm_v6_pilot.py LABEL=RUN_DIR [LABEL=RUN_DIR ...] [--csv OUT.csv] [--json OUT.json]
+
+J is the evaluation reward ``eval_reward_sampled`` (64 prompts × 4 samples) with its standard error.  Per run:
+J₀ the first evaluation, peak the largest, final the last.  **Fell** (the grid's definition, fixed before the pilot):
+final ≤ peak − ½ (peak − J₀).  ``fell_update``: the first evaluated update after the peak from which every later
+evaluation stays at or below peak − ½ (peak − J₀) — where the final fall began (−1 when the run did not fall).
+Mechanism per quarter of the updates (mean, or the maximum where named): ``clip_frac``, ``ratio_p999`` (and its
+maximum), ``ratio_max`` (maximum), ``m2``, ``ess``, ``log_ratio_abs_mean``, ``grad_norm`` (median and maximum),
+``entropy``, ``response_len``; and the evaluated KL(π‖π₀) per token (``eval_kl_init_k1``) at each quarter's end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+if str(ROOT / "experiments") not in sys.path:
+    sys.path.insert(0, str(ROOT / "experiments"))
+
+from collapse_experiment import GRID_CSV_COLUMNS, j_curve, run_stats  # noqa: E402
+
+from offpolicylab import plots  # noqa: E402
+
+CSV_COLUMNS = (*GRID_CSV_COLUMNS, "fell", "fell_update")
+MEANS = ("clip_frac", "ratio_p999", "m2", "ess", "log_ratio_abs_mean", "entropy", "response_len")
+MAXIMA = ("ratio_p999", "ratio_max", "grad_norm")
+
+
+def fell(updates: np.ndarray, rewards: np.ndarray) -> tuple[bool, int]:
+    """(final ≤ peak − ½ (peak − J₀), the first evaluated update after the peak from which every evaluation stays at
+    or below that level; −1 when it did not fall)."""
+    top = int(rewards.argmax())
+    level = rewards[top] - 0.5 * (rewards[top] - rewards[0])
+    if rewards[-1] > level:
+        return False, -1
+    below = rewards <= level
+    start = len(rewards) - 1
+    while start - 1 > top and below[start - 1]:
+        start -= 1
+    return True, int(updates[start])
+
+
+def quarters(metrics: pd.DataFrame) -> list[dict[str, Any]]:
+    """The mechanism columns of ``metrics.csv`` over each quarter of the updates (module docstring)."""
+    last = int(metrics["update"].max()) + 1
+    rows = []
+    for q in range(4):
+        low, high = q * last // 4, (q + 1) * last // 4
+        part = metrics[(metrics["update"] >= low) & (metrics["update"] < high)]
+        row: dict[str, Any] = {"updates": [low, high - 1]}
+        row.update({f"{name}_mean": float(part[name].mean()) for name in MEANS if name in part})
+        row.update({f"{name}_max": float(part[name].max()) for name in MAXIMA if name in part})
+        if "grad_norm" in part:
+            row["grad_norm_median"] = float(part["grad_norm"].median())
+        kl = part["eval_kl_init_k1"].dropna() if "eval_kl_init_k1" in part else pd.Series(dtype=float)
+        row["kl_init_k1_end"] = float(kl.iloc[-1]) if len(kl) else math.nan
+        rows.append(row)
+    return rows
+
+
+def read(label: str, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The CSV row and the quarters of one run."""
+    (run,) = plots.load_runs([run_dir])
+    stats = run_stats(run)
+    curve = j_curve(run)
+    has_fallen, fell_at = fell(curve["update"].to_numpy(), curve["J"].to_numpy())
+    row = {**stats, "label": label, "fell": has_fallen, "fell_update": fell_at}
+    row = {**row, "objective": label, "peak_J": stats["peak"], "final_J": stats["final"],
+           "collapsed": stats["collapse_update"] >= 0}
+    return {name: row[name] for name in CSV_COLUMNS}, quarters(run.metrics)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR")
+    parser.add_argument("--csv", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    rows, mechanisms = [], {}
+    for item in args.runs:
+        label, sep, path = item.partition("=")
+        if not sep:
+            parser.error(f"a run is LABEL=RUN_DIR, got {item!r}")
+        row, by_quarter = read(label, Path(path))
+        rows.append(row)
+        mechanisms[label] = by_quarter
+    table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.csv, index=False)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(mechanisms, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
