@@ -21,15 +21,9 @@ from typing import Any
 
 import torch
 
-from offpolicylab.diagnostics.profile import (
-    PROFILE_VERSION,
-    list_profiles,
-    load_profile,
-    side_by_side,
-    token_profile,
-    validate_profile,
-)
+from offpolicylab.diagnostics.profile import side_by_side, token_profile
 from offpolicylab.locations import output_file, physical_memory
+from offpolicylab.profile_files import PROFILE_VERSION, list_profiles, load_profile, validate_profile
 
 _LIBRARIES = ("torch", "transformers", "peft", "numpy", "gguf", "tokenizers")
 

@@ -42,13 +42,8 @@ from typing import Any
 import torch
 
 from offpolicylab.config import TrainConfig, parse_assignments
-from offpolicylab.diagnostics.profile import (
-    compare_profiles,
-    format_comparison,
-    load_profile,
-    side_by_side,
-    token_profile,
-)
+from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, side_by_side, token_profile
+from offpolicylab.profile_files import load_profile
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.trainer import Run, Stack, build, collect, train_update
 from offpolicylab.worlds import make_world

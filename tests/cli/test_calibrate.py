@@ -14,7 +14,8 @@ import transformers
 
 from offpolicylab import cli
 from offpolicylab.calibrate import calibrate
-from offpolicylab.diagnostics.profile import ENTROPY_BIN_EDGES, SHARE_KEYS, load_profile
+from offpolicylab.diagnostics.profile import ENTROPY_BIN_EDGES, SHARE_KEYS
+from offpolicylab.profile_files import load_profile
 from offpolicylab.worlds.gsm8k import INSTRUCTION
 from tests.tiny_llm import build_tokenizer, save_model_and_data
 

@@ -422,7 +422,7 @@ def test_an_unreachable_mlflow_server_is_refused_within_seconds(tmp_path: Path, 
 ], ids=["wrong type", "long number", "deep", "latin-1"])
 def test_damaged_profiles_are_one_line_naming_the_file(tmp_path: Path, case: str, message: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from offpolicylab.diagnostics.profile import list_profiles, load_profile
+    from offpolicylab.profile_files import list_profiles, load_profile
 
     good = load_profile(list_profiles()[0])
     file = tmp_path / "p.json"

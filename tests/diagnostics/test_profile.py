@@ -10,22 +10,21 @@ import numpy as np
 import pytest
 import torch
 
-from offpolicylab.diagnostics import profile as profile_module
+from offpolicylab import profile_files as profile_module
 from offpolicylab.diagnostics.profile import (
     ENTROPY_BIN_EDGES,
     SHARE_KEYS,
     STATISTICS,
     compare_profiles,
     format_comparison,
-    load_profile,
     profiles_match,
     quantile_interval,
     side_by_side,
     token_entropy,
     token_profile,
     token_profile_from_logits,
-    validate_profile,
 )
+from offpolicylab.profile_files import load_profile, validate_profile
 
 LN2 = math.log(2.0)
 # (distribution, its entropy in nats worked out by hand)
@@ -204,7 +203,7 @@ def test_the_qwen3_profile_transcribes_the_papers_two_numbers_and_nothing_else()
 
 
 def test_a_version_1_file_reads_as_measured_with_the_share_below_001_from_its_histogram():
-    raw = json.loads((Path(profile_module.__file__).parent.parent / "data" / "profiles" /
+    raw = json.loads((Path(profile_module.__file__).parent / "data" / "profiles" /
                       "smollm2_135m_instruct_gsm8k.json").read_text())
     assert raw["profile_version"] == 1 and "share_entropy_below_0.01" not in raw["profile"]
     doc = load_profile("smollm2")  # a prefix naming one packaged profile

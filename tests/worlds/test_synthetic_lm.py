@@ -321,7 +321,7 @@ def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
     [0.5, 0.85] nat (Qwen3-8B: over 50 % and 0.672 nat, Wang et al. 2025, arXiv:2506.01939), a rare-token tail
     (sampled π(y) < 1e-3) kept, and the answer digit (where the reward is decided) a fork; printed beside Qwen3-8B's
     published numbers and SmolLM2-135M's measured profile."""
-    from offpolicylab.diagnostics.profile import load_profile
+    from offpolicylab.profile_files import load_profile
     from offpolicylab.synthetic_lm_calibration import (
         SEED_SCALE_TARGETS,
         seed_scale_table,
@@ -352,7 +352,8 @@ def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
 def test_smollm2_preset_matches_the_committed_smollm2_profile(tmp_path, capsys):
     """The ``smollm2`` preset's π₀ (shipped with the package) has each headline share of the committed
     SmolLM2-135M-Instruct GSM8k profile within ± 5 points (16,384 temperature-1 tokens)."""
-    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison, load_profile
+    from offpolicylab.diagnostics.profile import SHARE_KEYS, compare_profiles, format_comparison
+    from offpolicylab.profile_files import load_profile
     from offpolicylab.synthetic_lm_calibration import policy_token_profile
     from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, PRESETS, read_cached
 
