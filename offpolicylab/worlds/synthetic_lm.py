@@ -281,10 +281,11 @@ def _standardise(z: Tensor) -> Tensor:
     return (z - z.mean(-1, keepdim=True)) / z.std(-1, keepdim=True).clamp(min=1e-6)
 
 
-def spell_prompts(keys: Tensor, vocab_size: int, generator: torch.Generator) -> Tensor:
-    """[key token, 3 random text tokens] for each key: [N, 4] (the prompts of recipes v5 and v6)."""
-    context = torch.randint(FIRST_TEXT, vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
-    return torch.cat([FIRST_TEXT + keys[:, None], context], dim=1)
+def spell_prompts(keys: Tensor, vocab_size: int, generator: torch.Generator, first_text: int = FIRST_TEXT) -> Tensor:
+    """[key token first_text + k, 3 random text tokens in [first_text, V)] for each key k: [N, 4] (the prompts of
+    recipes v5 and v6; ``first_text`` is the recipe's first text token: 11 in v5, 13 in v6)."""
+    context = torch.randint(first_text, vocab_size, (keys.shape[0], CONTEXT_LEN), generator=generator)
+    return torch.cat([first_text + keys[:, None], context], dim=1)
 
 
 # ================================================================================================ the world

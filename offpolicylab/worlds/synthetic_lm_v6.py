@@ -296,7 +296,7 @@ class ChainLM(FixedPrompts):
         self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
         generator = torch.Generator().manual_seed(r.seed)
         keys = torch.cat([torch.arange(r.num_train_prompts) % r.num_keys, torch.arange(r.num_keys)])
-        self.prompt_tokens = v5.spell_prompts(keys, r.vocab_size, generator)
+        self.prompt_tokens = v5.spell_prompts(keys, r.vocab_size, generator, FIRST_TEXT)
         self.prompt_keys = keys
         self.num_prompts = r.num_train_prompts
         self.teacher = ChainTeacher(r)

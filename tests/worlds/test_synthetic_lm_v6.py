@@ -62,6 +62,17 @@ def reward(world: ChainLM, prompt: int, response: torch.Tensor) -> float:
     return float(world.reward(index, response[None], response_mask(response[None]))[0])
 
 
+def test_prompts_spell_the_key_after_the_special_tokens(world):
+    """A prompt is [13 + key, 3 text tokens ≥ 13]: the key token and the context never hit a digit, ANS, EOS (11)
+    or ``=`` (12); the draws are the recipe's own (seed r.seed, contexts drawn in one call, as written here)."""
+    tokens, keys = world.prompt_tokens, world.prompt_keys
+    assert torch.equal(tokens[:, 0], 13 + keys)
+    assert int(tokens[:, 1:].min()) >= 13
+    generator = torch.Generator().manual_seed(world.recipe.seed)
+    context = torch.randint(13, world.recipe.vocab_size, (len(keys), 3), generator=generator)
+    assert torch.equal(tokens[:, 1:], context)
+
+
 def test_rule_is_a_permutation_without_fixed_points_and_starts_are_balanced(world):
     rule = world.teacher.rule
     assert sorted(rule.tolist()) == list(range(10)) and bool((rule != torch.arange(10)).all())
