@@ -91,16 +91,23 @@ class TrainingFailed(RuntimeError):
 
 @dataclass
 class Step:
-    """What one member's update computed before it is recorded: the consumed batch, the objective's output, the
-    pre-clip gradient norm, the rollouts the current policy generated at this update, the consumed rollout (its
-    token ids: completions.jsonl of a text policy) and whether the loss and gradient were finite."""
+    """What one member's update computed before it is recorded: the consumed batch of all members (``joined``, one
+    run each) and the member's run in it (``index``), the objective's output, the pre-clip gradient norm, the
+    rollouts the current policy generated at this update, the consumed rollout (its token ids: completions.jsonl of
+    a text policy) and whether the loss and gradient were finite."""
 
-    batch: TokenBatch
+    joined: TokenBatch
+    index: int
     output: LossOutput
     grad_norm: Tensor
     fresh: list[Rollout]
     rollout: Rollout
     finite: bool
+
+    @property
+    def batch(self) -> TokenBatch:
+        """The member's consumed batch: its run's rows of ``joined`` (split for all members when first read)."""
+        return self.joined.split()[self.index]
 
 
 # ================================================================================================ the loop
@@ -377,7 +384,8 @@ def train_update(stack: Stack, update: int, fresh: list[list[Rollout]], watch: S
         finite = (torch.isfinite(losses.detach()) & torch.isfinite(torch.stack(norms))).tolist()
         if any(finite):
             stack.optimizer.step()
-    return [Step(*parts) for parts in zip(whole.split(), outputs, norms, fresh, rollouts, finite, strict=True)]
+    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, fresh, rollouts, finite,
+                                                                         strict=True))]
 
 
 def objective_groups(runs: list[Run], batch: TokenBatch) -> list[tuple[int, int]]:
@@ -477,7 +485,8 @@ def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[st
                                                                                                    strict=True)]
     rows = [{"update": update, **own} for own in scalars(steps, current)]
     for run, step, row in zip(runs, steps, rows, strict=True):
-        row.update(shaping_columns(run, step.batch))
+        if run.config.overlong_buffer or run.config.dynamic_sampling:  # the DAPO options' columns
+            row.update(shaping_columns(run, step.batch))
     return rows
 
 
@@ -905,7 +914,7 @@ def scalars(steps: list[Step], current: list[Tensor]) -> list[dict[str, float]]:
     """The per-update numbers of each member's step — the loss, pre-clip gradient norm, the batch's reward,
     staleness and length (:func:`batch_columns`), the objective's scalar metrics, the sampler/trainer mismatch —
     and ``current`` (``reward_current``), as Python floats, with one host transfer for all."""
-    columns = batch_columns([step.batch for step in steps])
+    columns = batch_columns(steps[0].joined)
     named = [step_numbers(step, reward) for step, reward in zip(steps, current, strict=True)]
     tensors = [value if value.dim() == 0 else value.reshape(()) for one in named for value in one.values()]
     parts = list(columns.values())
@@ -918,24 +927,22 @@ def scalars(steps: list[Step], current: list[Tensor]) -> list[dict[str, float]]:
              **{name: column[index] for name, column in shared.items()}, **one} for index, one in enumerate(own)]
 
 
-def batch_columns(batches: list[TokenBatch]) -> dict[str, Tensor]:
-    """[S] each, for S members' batches at once: reward mean and (population) std, staleness mean and max, mean
-    response length — each member's value as its batch alone gives it."""
-    rewards = torch.stack([batch.rewards for batch in batches])
-    staleness = torch.stack([batch.staleness for batch in batches])
+def batch_columns(batch: TokenBatch) -> dict[str, Tensor]:
+    """[runs] each, for every run of ``batch`` at once: reward mean and (population) std, staleness mean and max,
+    mean response length — each run's value as its rows alone give it."""
+    rewards, staleness = batch.rewards.reshape(batch.runs, -1), batch.staleness.reshape(batch.runs, -1)
     return {"reward_mean": rewards.mean(-1),
-            "reward_std": torch.stack([batch.rewards.std(unbiased=False) for batch in batches]),  # std(-1) rounds
-            # differently from a row's own std (float64)
+            "reward_std": torch.stack([row.std(unbiased=False) for row in rewards]),  # std(-1) may round otherwise
             "staleness_mean": staleness.mean(-1), "staleness_max": staleness.amax(-1),
-            "response_len": torch.stack([batch.mask for batch in batches]).sum(-1).mean(-1)}
+            "response_len": batch.mask.sum(-1).reshape(batch.runs, -1).mean(-1)}
 
 
 def step_numbers(step: Step, current: Tensor) -> dict[str, Tensor]:
     """The numbers :func:`scalars` reports of one member's update other than :func:`batch_columns`, as tensors."""
-    batch = step.batch
     named = {"loss": step.output.loss.detach(), "grad_norm": step.grad_norm.detach(),
              **{key: value for key, value in step.output.metrics.items() if value.numel() == 1}}
-    if batch.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
+    if step.joined.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
+        batch = step.batch
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)

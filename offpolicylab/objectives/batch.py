@@ -59,6 +59,7 @@ class TokenBatch:
     ESS and ratio summary are read from the joined batch's, computed for all its runs in one call."""
     _blocks: tuple[Tensor, dict[str, Tensor]] | None = field(default=None, init=False, repr=False,
                                                              compare=False)  # per-run ESS, summary of the runs
+    _split: list[TokenBatch] | None = field(default=None, init=False, repr=False, compare=False)  # split()
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -199,13 +200,16 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
-        out._delta = out._ratio = out._ess = out._summary = out._block = out._blocks = None
+        out._delta = out._ratio = out._ess = out._summary = out._block = out._blocks = out._split = None
         return out
 
     def split(self) -> list[TokenBatch]:
-        """Each run's batch (its row block, ``runs`` = 1, group ids counted from 0).  One run is the batch itself."""
-        return [self] if self.runs == 1 else [self._rows(index, slice(index, index + 1), 1)
-                                              for index in range(self.runs)]
+        """Each run's batch (its row block, ``runs`` = 1, group ids counted from 0), computed once.  One run is the
+        batch itself."""
+        if self._split is None:
+            self._split = [self] if self.runs == 1 else [self._rows(index, slice(index, index + 1), 1)
+                                                         for index in range(self.runs)]
+        return self._split
 
     def part(self, start: int, stop: int) -> TokenBatch:
         """The batch of runs ``start … stop − 1`` (``runs`` = stop − start; group ids counted from 0)."""
@@ -231,7 +235,7 @@ class TokenBatch:
         block.runs = count
         block._delta = None if self._delta is None else self._delta[part]
         block._ratio = None if self._ratio is None else self._ratio[part]
-        block._ess = block._summary = block._blocks = None
+        block._ess = block._summary = block._blocks = block._split = None
         block._block = (self, runs)
         return block
 
@@ -258,10 +262,11 @@ class LossOutput:
         if runs == 1:
             return [self]
         masks = [None] * runs if self.token_mask is None else self.token_mask.split(self.token_mask.shape[0] // runs)
-        columns = {key: value.unbind() if value.dim() else [value] * runs for key, value in self.metrics.items()}
-        return [LossOutput(loss=loss, metrics={key: column[index] for key, column in columns.items()},
-                           token_mask=mask) for index, (loss, mask) in enumerate(zip(self.loss.unbind(), masks,
-                                                                                        strict=True))]
+        keys = list(self.metrics)
+        columns = [value.unbind() if value.dim() else (value,) * runs for value in self.metrics.values()]
+        metrics = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)] if keys else \
+            [{} for _ in range(runs)]
+        return [LossOutput(loss, own, mask) for loss, own, mask in zip(self.loss.unbind(), metrics, masks, strict=True)]
 
 
 def _describe(value: object) -> str:
