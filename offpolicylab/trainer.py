@@ -245,18 +245,31 @@ def generate(stack: Stack, version: int, watch: Stopwatch) -> list[Rollout]:
 def sample_batches(stack: Stack, version: int, watch: Stopwatch, shaped: bool = True) -> list[Rollout]:
     """One sampled batch per member with the world's rewards (plus the overlong punishment unless
     ``shaped=False``): the stack's policy samples every member's prompts at once, each member's rows with its own
-    generator, so each member draws what its separate run draws, in the same order."""
+    generator, so each member draws what its separate run draws, in the same order.  A world whose rewards are
+    row-wise (:func:`rewards_joined`) scores every member's rows in one call."""
     runs, pieces = stack.runs, [[] for _ in stack.runs]
     generators = stack.generators([run.generator for run in runs])
+    joined = rewards_joined(stack)
     for is_initial, count, tag in batch_sources(runs[0], version):
         prompts = Prompts.concat([run.world.sample_prompts(count, run.generator) for run in runs])
         policy = stack.initial if is_initial else stack.policy
         with watch("policy_forward"):
-            rollout = sample(policy, prompts, stack.config, generators)
-        for own, block in zip(pieces, stamped(rollout, tag).split(len(stack)), strict=True):
+            rollout = stamped(sample(policy, prompts, stack.config, generators), tag)
+        if joined:
+            with watch("other"):
+                rollout = rollout.with_(rewards=rewards_of(runs[0].world, rollout, runs[0].generator))
+        for own, block in zip(pieces, rollout.split(len(stack)), strict=True):
             own.append(block)
     with watch("other"):
-        return [with_rewards(run, Rollout.concat(own), shaped=shaped) for run, own in zip(runs, pieces, strict=True)]
+        return [with_rewards(run, Rollout.concat(own), shaped=shaped, scored=joined)
+                for run, own in zip(runs, pieces, strict=True)]
+
+
+def rewards_joined(stack: Stack) -> bool:
+    """The stack's rows are scored in one reward call: several members whose world declares ``rowwise_reward`` (a
+    row's reward reads that row alone and draws nothing, so each row's reward is the one its member's own call
+    gives, bit for bit; the members' worlds are one configuration)."""
+    return len(stack) > 1 and getattr(stack.runs[0].world, "rowwise_reward", False)
 
 
 def dynamic_batch(stack: Stack, version: int, watch: Stopwatch) -> Rollout:
@@ -326,10 +339,12 @@ def stamped(rollout: Rollout, version: int) -> Rollout:
                                             device=rollout.response_ids.device))
 
 
-def with_rewards(run: Run, rollout: Rollout, shaped: bool = True) -> Rollout:
-    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random), plus the
-    overlong punishment (:func:`with_overlong_penalty`) unless ``shaped=False``."""
-    rollout = rollout.with_(rewards=rewards_of(run.world, rollout, run.generator))
+def with_rewards(run: Run, rollout: Rollout, shaped: bool = True, scored: bool = False) -> Rollout:
+    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random; ``scored``: its
+    rewards are already the world's), plus the overlong punishment (:func:`with_overlong_penalty`) unless
+    ``shaped=False``."""
+    if not scored:
+        rollout = rollout.with_(rewards=rewards_of(run.world, rollout, run.generator))
     return with_overlong_penalty(run, rollout) if shaped else rollout
 
 
