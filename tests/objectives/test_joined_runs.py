@@ -19,6 +19,7 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives import AGG_CHOICES, TokenBatch, get_objective
 from offpolicylab.objectives.base import Objective
+from offpolicylab.objectives.m2po import m2po_mask
 from offpolicylab.trainer import objective_groups
 from tests.objectives.test_all_objectives import CONFIGS
 
@@ -81,10 +82,11 @@ def test_one_call_on_joined_runs_equals_each_runs_own_call(name: str, params: di
     assert any(len(set(column.tolist())) == RUNS for column in columns)  # the runs differ: a batch-wide sum shows
 
 
-@pytest.mark.parametrize(("name", "params"), [("m2po", {}), ("ac_mispo", {}), ("grpo", {"tis_cap": 2.0})])
+@pytest.mark.parametrize(("name", "params"), [("m2po", {"variant": "cap"}), ("ac_mispo", {}),
+                                              ("grpo", {"tis_cap": 2.0})])
 def test_an_objective_that_cannot_join_runs_refuses_a_joined_batch(name: str, params: dict[str, Any]) -> None:
-    """m2po's mask cuts at a batch-wide threshold, ac_mispo keeps per-run state, a mismatch correction reduces over
-    the whole batch: each refuses a batch of several runs."""
+    """m2po's cap variant solves one bound over the batch, ac_mispo keeps per-run state, a mismatch correction
+    reduces over the whole batch: each refuses a batch of several runs."""
     objective = get_objective(name, **params)
     own = [_run_fields(run) for run in range(2)]
     joined = TokenBatch(**{key: torch.cat([fields[key] for fields in own]) for key in own[0]}, runs=2)
@@ -95,9 +97,10 @@ def test_an_objective_that_cannot_join_runs_refuses_a_joined_batch(name: str, pa
 
 def test_objective_groups_join_consecutive_equal_objectives_that_join_runs() -> None:
     """Consecutive members with the same objective and parameters form one group; another parameter, an objective
-    that cannot join (m2po) or blocks above stats.ROW_LIMIT tokens make groups of one."""
+    that cannot join (m2po's cap variant) or blocks above stats.ROW_LIMIT tokens make groups of one."""
+    cap = {"variant": "cap"}
     objectives = [get_objective("grpo"), get_objective("grpo"), get_objective("grpo", eps_high=0.3),
-                  get_objective("m2po"), get_objective("m2po"), get_objective("p3o"), get_objective("p3o"),
+                  get_objective("m2po", **cap), get_objective("m2po", **cap), get_objective("p3o"), get_objective("p3o"),
                   get_objective("grpo")]
     runs = [SimpleNamespace(objective=objective) for objective in objectives]
     small = TokenBatch(logp=torch.zeros(8 * 2, 3), behavior_logp=torch.zeros(8 * 2, 3), advantages=torch.zeros(16),
@@ -113,3 +116,19 @@ def test_a_batch_refuses_runs_that_do_not_divide_its_rows() -> None:
     with pytest.raises(ValueError, match="runs=3 must divide"):
         TokenBatch(logp=torch.zeros(4, 2), behavior_logp=torch.zeros(4, 2), advantages=torch.zeros(4),
                    mask=torch.ones(4, 2), runs=3)
+
+
+@pytest.mark.parametrize("tau", [1e-4, 0.04, 0.3, 10.0])
+def test_m2po_mask_of_joined_runs_cuts_each_run_at_its_own_k(tau: float) -> None:
+    """m2po_mask with runs > 1 (one sort per run's row) equals each run's own m2po_mask bit for bit: runs with
+    values on both sides of τ, ties at the cut, values exactly τ, an empty trust region."""
+    generator = torch.Generator().manual_seed(7)
+    blocks = []
+    for run in range(4):
+        values = (torch.randn(6, 5, generator=generator) * (0.05, 0.4, 1.0, 0.2)[run]) ** 2
+        values[0, :3] = values[0, 3]  # ties
+        values[1, 0] = tau
+        region = (torch.rand(6, 5, generator=generator) < 0.6).to(values.dtype) * (run != 3)
+        blocks.append((values, region))
+    joined = m2po_mask(torch.cat([b[0] for b in blocks]), torch.cat([b[1] for b in blocks]), tau, runs=4)
+    assert torch.equal(joined, torch.cat([m2po_mask(values, region, tau) for values, region in blocks]))
