@@ -15,7 +15,7 @@ configuration trained as one computation (:mod:`offpolicylab.batched`).  At upda
                  (with grad) and ``entropy``; group-relative advantages, one per sequence: ``mean``
                  A_i = r_i − mean_{j∈g(i)} r_j (REC paper, Yao et al. 2025) or ``std`` A_i = (r_i − r̄)/(std_{j∈g(i)}
                  r_j + 1e-6) (GRPO, Shao et al. 2024, DeepSeekMath, arXiv 2402.03300); staleness = u − version per
-                 sequence (:func:`make_batches`); ``objective.update(batch)``, then ``objective(batch)`` → loss,
+                 sequence (:func:`make_batch`); ``objective.update(batch)``, then ``objective(batch)`` → loss,
                  metrics; backward, global-norm gradient clipping, optimizer step — skipped, and the run stopped, when
                  its loss or gradient is not finite (:func:`train_update`).
 3. **evaluate**  every ``eval_every`` updates the sampled reward on ``world.eval_prompts()`` with its standard
@@ -91,16 +91,23 @@ class TrainingFailed(RuntimeError):
 
 @dataclass
 class Step:
-    """What one member's update computed before it is recorded: the consumed batch, the objective's output, the
-    pre-clip gradient norm, the rollouts the current policy generated at this update, the consumed rollout (its
-    token ids: completions.jsonl of a text policy) and whether the loss and gradient were finite."""
+    """What one member's update computed before it is recorded: the consumed batch of all members (``joined``, one
+    run each) and the member's run in it (``index``), the objective's output, the pre-clip gradient norm, the
+    rollouts the current policy generated at this update, the consumed rollout (its token ids: completions.jsonl of
+    a text policy) and whether the loss and gradient were finite."""
 
-    batch: TokenBatch
+    joined: TokenBatch
+    index: int
     output: LossOutput
     grad_norm: Tensor
     fresh: list[Rollout]
     rollout: Rollout
     finite: bool
+
+    @property
+    def batch(self) -> TokenBatch:
+        """The member's consumed batch: its run's rows of ``joined`` (split for all members when first read)."""
+        return self.joined.split()[self.index]
 
 
 # ================================================================================================ the loop
@@ -238,18 +245,31 @@ def generate(stack: Stack, version: int, watch: Stopwatch) -> list[Rollout]:
 def sample_batches(stack: Stack, version: int, watch: Stopwatch, shaped: bool = True) -> list[Rollout]:
     """One sampled batch per member with the world's rewards (plus the overlong punishment unless
     ``shaped=False``): the stack's policy samples every member's prompts at once, each member's rows with its own
-    generator, so each member draws what its separate run draws, in the same order."""
+    generator, so each member draws what its separate run draws, in the same order.  A world whose rewards are
+    row-wise (:func:`rewards_joined`) scores every member's rows in one call."""
     runs, pieces = stack.runs, [[] for _ in stack.runs]
     generators = stack.generators([run.generator for run in runs])
+    joined = rewards_joined(stack)
     for is_initial, count, tag in batch_sources(runs[0], version):
         prompts = Prompts.concat([run.world.sample_prompts(count, run.generator) for run in runs])
         policy = stack.initial if is_initial else stack.policy
         with watch("policy_forward"):
-            rollout = sample(policy, prompts, stack.config, generators)
-        for own, block in zip(pieces, stamped(rollout, tag).split(len(stack)), strict=True):
+            rollout = stamped(sample(policy, prompts, stack.config, generators), tag)
+        if joined:
+            with watch("other"):
+                rollout = rollout.with_(rewards=rewards_of(runs[0].world, rollout, runs[0].generator))
+        for own, block in zip(pieces, rollout.split(len(stack)), strict=True):
             own.append(block)
     with watch("other"):
-        return [with_rewards(run, Rollout.concat(own), shaped=shaped) for run, own in zip(runs, pieces, strict=True)]
+        return [with_rewards(run, Rollout.concat(own), shaped=shaped, scored=joined)
+                for run, own in zip(runs, pieces, strict=True)]
+
+
+def rewards_joined(stack: Stack) -> bool:
+    """The stack's rows are scored in one reward call: several members whose world declares ``rowwise_reward`` (a
+    row's reward reads that row alone and draws nothing, so each row's reward is the one its member's own call
+    gives, bit for bit; the members' worlds are one configuration)."""
+    return len(stack) > 1 and getattr(stack.runs[0].world, "rowwise_reward", False)
 
 
 def dynamic_batch(stack: Stack, version: int, watch: Stopwatch) -> Rollout:
@@ -319,10 +339,12 @@ def stamped(rollout: Rollout, version: int) -> Rollout:
                                             device=rollout.response_ids.device))
 
 
-def with_rewards(run: Run, rollout: Rollout, shaped: bool = True) -> Rollout:
-    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random), plus the
-    overlong punishment (:func:`with_overlong_penalty`) unless ``shaped=False``."""
-    rollout = rollout.with_(rewards=rewards_of(run.world, rollout, run.generator))
+def with_rewards(run: Run, rollout: Rollout, shaped: bool = True, scored: bool = False) -> Rollout:
+    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random; ``scored``: its
+    rewards are already the world's), plus the overlong punishment (:func:`with_overlong_penalty`) unless
+    ``shaped=False``."""
+    if not scored:
+        rollout = rollout.with_(rewards=rewards_of(run.world, rollout, run.generator))
     return with_overlong_penalty(run, rollout) if shaped else rollout
 
 
@@ -356,32 +378,58 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 
 # ================================================================================================ 2. train
 def train_update(stack: Stack, update: int, fresh: list[list[Rollout]], watch: Stopwatch) -> list[Step]:
     """The train phase of ``update``: each member's consumed batch scored by the stack's policy in one forward
-    (:func:`make_batches`), each member's loss (:func:`compute_loss`), one backward of Σ_s loss_s, each member's
-    gradient clipped by its own global norm (:meth:`~offpolicylab.stack.Stack.clip_gradients`), and one optimizer
-    step unless no member's loss and gradient are finite (a non-finite member stops; its slice is left behind)."""
+    (:func:`make_batch`), each member's loss (:func:`compute_loss`: one call for the members of an
+    :func:`objective_groups` group), one backward of Σ_s loss_s, each member's gradient clipped by its own global
+    norm (:meth:`~offpolicylab.stack.Stack.clip_gradients`), and one optimizer step unless no member's loss and
+    gradient are finite (a non-finite member stops; its slice is left behind)."""
     rollouts = [take(run, update) for run in stack.runs]
     joined = Rollout.concat(rollouts)
     with watch("policy_forward"):
         logp, entropy = stack.policy.score(joined)
     with watch("other"):
-        batches = make_batches(stack, rollouts, joined, logp, entropy, update)
+        whole = make_batch(stack, rollouts, joined, logp, entropy, update)
     with watch("objective"):
-        outputs = [compute_loss(run, batch, update) for run, batch in zip(stack.runs, batches, strict=True)]
+        outputs = [output for start, stop in objective_groups(stack.runs, whole)
+                   for output in compute_loss(stack.runs[start], whole.part(start, stop), update).split(stop - start)]
     with watch("policy_backward"):
         stack.optimizer.zero_grad(set_to_none=True)
-        torch.stack([output.loss for output in outputs]).sum().backward()
+        losses = torch.stack([output.loss for output in outputs])
+        losses.sum().backward()
         norms = stack.clip_gradients(stack.config.grad_clip)
-        finite = torch.stack([torch.isfinite(output.loss.detach()) & torch.isfinite(norm)
-                              for output, norm in zip(outputs, norms, strict=True)]).tolist()
+        finite = (torch.isfinite(losses.detach()) & torch.isfinite(torch.stack(norms))).tolist()
         if any(finite):
             stack.optimizer.step()
-    return [Step(*parts) for parts in zip(batches, outputs, norms, fresh, rollouts, finite, strict=True)]
+    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, fresh, rollouts, finite,
+                                                                         strict=True))]
 
 
-def make_batches(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Tensor, entropy: Tensor,
-                 update: int) -> list[TokenBatch]:
-    """Each member's objective input: per-token ``logp`` (with grad) and ``entropy`` of its rollout's tokens (its
-    row block of ``joined``), its behaviour log-probs, its group-relative advantages (:func:`group_advantages`, its run's estimator), each
+def objective_groups(runs: list[Run], batch: TokenBatch) -> list[tuple[int, int]]:
+    """The members as consecutive groups ``[start, stop)`` whose losses one objective call computes: members with
+    equal objectives (one kind, the same parameters) that join runs (:attr:`Objective.joins_runs`: each run's loss
+    and metrics its own, every reduction per run), while a member's block holds at most ``stats.ROW_LIMIT`` tokens
+    (so that each run's sums are its own call's, bit for bit); every other member is a group of one."""
+    small = batch.logp.numel() // batch.runs <= stats.ROW_LIMIT
+    groups: list[tuple[int, int]] = []
+    for index, run in enumerate(runs):
+        if groups and small and same_objective(runs[groups[-1][0]].objective, run.objective):
+            groups[-1] = (groups[-1][0], index + 1)
+        else:
+            groups.append((index, index + 1))
+    return groups
+
+
+def same_objective(first: Objective, other: Objective) -> bool:
+    """One call of ``first`` computes ``other``'s loss too: both join runs, are of one kind with the same parameters
+    and response limit."""
+    return (getattr(first, "joins_runs", False) and type(first) is type(other) and first.config == other.config
+            and first.response_limit == other.response_limit)
+
+
+def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Tensor, entropy: Tensor,
+               update: int) -> TokenBatch:
+    """The members' objective input, one run each (``TokenBatch.runs`` = S; member s's batch is its row block,
+    ``.split()``): per-token ``logp`` (with grad) and ``entropy`` of the rollouts' tokens (``joined``), the behaviour
+    log-probs, each member's group-relative advantages (:func:`group_advantages`, its run's estimator), each
     sequence's staleness at ``update``, log π_prox for an objective that reads it (:func:`proximal_of`) and, when an
     objective has a KL penalty, π_0's log-probs of the tokens (:func:`~offpolicylab.reference.reference_logp`)."""
     runs, own_logp = stack.runs, stack.split(logp)
@@ -393,9 +441,9 @@ def make_batches(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: T
     proximal = [proximal_of(run, own, update) for run, own in zip(runs, own_logp, strict=True)]
     prox_logp = None if all(p is None for p in proximal) else torch.cat(
         [own.detach() if p is None else p for p, own in zip(proximal, own_logp, strict=True)])
-    whole = token_batch(joined, logp, entropy, advantages, update, prox_logp)
+    whole = token_batch(joined, logp, entropy, advantages, update, prox_logp, len(stack))  # S runs
     reference = reference_logp(stack.initial, joined, [run.objective for run in runs])  # the KL penalty's π_ref
-    return (whole if reference is None else whole.replace(ref_logp=reference)).split(len(stack))
+    return whole if reference is None else whole.replace(ref_logp=reference)
 
 
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor, eps: float = 1e-6) -> Tensor:
@@ -425,18 +473,20 @@ def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:
 
 
 def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int,
-                prox_logp: Tensor | None = None) -> TokenBatch:
-    """The :class:`TokenBatch` of ``rollout`` with the given log-probs, entropies, advantages (and log π_prox)."""
+                prox_logp: Tensor | None = None, runs: int = 1) -> TokenBatch:
+    """The :class:`TokenBatch` of ``rollout`` (``runs`` runs' rollouts joined) with the given log-probs, entropies,
+    advantages (and log π_prox)."""
     return TokenBatch(
         logp=logp, behavior_logp=rollout.behavior_logp, advantages=advantages, mask=rollout.response_mask,
         rewards=rollout.rewards, group_ids=rollout.group_ids, sampler_logp=rollout.sampler_logp, entropy=entropy,
-        staleness=(update - rollout.version).to(torch.float32), prox_logp=prox_logp,
+        staleness=(update - rollout.version).to(torch.float32), prox_logp=prox_logp, runs=runs,
     )
 
 
 def compute_loss(run: Run, batch: TokenBatch, update: int) -> LossOutput:
     """``objective.update(batch)`` (stateful objectives), then the loss — with the metrics when they are due
-    (every ``metrics_every`` updates and at the last; the loss and gradient are the same either way)."""
+    (every ``metrics_every`` updates and at the last; the loss and gradient are the same either way); for a batch of
+    several runs (an :func:`objective_groups` group) each run's loss and metrics, :meth:`LossOutput.split`."""
     run.objective.update(batch)
     if is_due(update, run.config.metrics_every, run.config.updates):
         return run.objective(batch)
@@ -444,14 +494,14 @@ def compute_loss(run: Run, batch: TokenBatch, update: int) -> LossOutput:
 
 
 def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[str, Any]]:
-    """The metrics row of each run's update before evaluation: the update, the step's numbers (:func:`scalars`, one
-    host transfer for all) and the current policy's own reward."""
-    numbers = scalars([(step.output.loss, step.grad_norm, step.batch, step.output.metrics) for step in steps])
-    rows = [{"update": update, **own,
-             "reward_current": current_reward(step.fresh, update, run.schedule.other_share == 0)}
-            for run, step, own in zip(runs, steps, numbers, strict=True)]
+    """The metrics row of each run's update before evaluation: the update, the step's numbers and the current
+    policy's own reward (:func:`scalars`, one host transfer for all)."""
+    current = [own_reward(step.fresh, update, run.schedule.other_share == 0) for run, step in zip(runs, steps,
+                                                                                                   strict=True)]
+    rows = [{"update": update, **own} for own in scalars(steps, current)]
     for run, step, row in zip(runs, steps, rows, strict=True):
-        row.update(shaping_columns(run, step.batch))
+        if run.config.overlong_buffer or run.config.dynamic_sampling:  # the DAPO options' columns
+            row.update(shaping_columns(run, step.batch))
     return rows
 
 
@@ -875,31 +925,43 @@ def policy_device(policy: Policy) -> torch.device:
 
 
 # ================================================================================================ diagnostics
-def scalars(steps: list[tuple[Tensor, Tensor, TokenBatch, dict[str, Tensor]]]) -> list[dict[str, float]]:
-    """The per-update numbers of each (loss, pre-clip gradient norm, batch, metrics) — the loss, gradient norm, the
-    batch's reward, staleness and length, the objective's scalar metrics and the sampler/trainer mismatch — as
-    Python floats, with one host transfer for all."""
-    named = [step_numbers(*step) for step in steps]
-    tensors = [value.reshape(()) for one in named for value in one.values()]
-    if len({tensor.dtype for tensor in tensors}) > 1:  # mixed dtypes: widen (float32 → float64 is exact)
-        tensors = [tensor.to(torch.float64) for tensor in tensors]
-    values = iter(torch.stack(tensors).tolist())
-    return [{key: next(values) for key in one} for one in named]
+def scalars(steps: list[Step], current: list[Tensor]) -> list[dict[str, float]]:
+    """The per-update numbers of each member's step — the loss, pre-clip gradient norm, the batch's reward,
+    staleness and length (:func:`batch_columns`), the objective's scalar metrics, the sampler/trainer mismatch —
+    and ``current`` (``reward_current``), as Python floats, with one host transfer for all."""
+    columns = batch_columns(steps[0].joined)
+    named = [step_numbers(step, reward) for step, reward in zip(steps, current, strict=True)]
+    tensors = [value if value.dim() == 0 else value.reshape(()) for one in named for value in one.values()]
+    parts = list(columns.values())
+    if len({tensor.dtype for tensor in tensors + parts}) > 1:  # mixed dtypes: widen (float32 → float64 is exact)
+        tensors, parts = ([tensor.to(torch.float64) for tensor in group] for group in (tensors, parts))
+    values = iter(torch.cat([torch.stack(tensors), *parts]).tolist())
+    own = [{key: next(values) for key in one} for one in named]
+    shared = {name: [next(values) for _ in steps] for name in columns}
+    return [{"loss": one.pop("loss"), "grad_norm": one.pop("grad_norm"),
+             **{name: column[index] for name, column in shared.items()}, **one} for index, one in enumerate(own)]
 
 
-def step_numbers(loss: Tensor, grad_norm: Tensor, batch: TokenBatch, metrics: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The numbers :func:`scalars` reports of one update, as tensors."""
-    named = {
-        "loss": loss.detach(), "grad_norm": grad_norm.detach(),
-        "reward_mean": batch.rewards.mean(), "reward_std": batch.rewards.std(unbiased=False),
-        "staleness_mean": batch.staleness.mean(), "staleness_max": batch.staleness.max(),
-        "response_len": batch.mask.sum(-1).mean(),
-        **{key: value for key, value in metrics.items() if value.numel() == 1},
-    }
-    if batch.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
+def batch_columns(batch: TokenBatch) -> dict[str, Tensor]:
+    """[runs] each, for every run of ``batch`` at once: reward mean and (population) std, staleness mean and max,
+    mean response length — each run's value as its rows alone give it."""
+    rewards, staleness = batch.rewards.reshape(batch.runs, -1), batch.staleness.reshape(batch.runs, -1)
+    return {"reward_mean": rewards.mean(-1),
+            "reward_std": torch.stack([row.std(unbiased=False) for row in rewards]),  # std(-1) may round otherwise
+            "staleness_mean": staleness.mean(-1), "staleness_max": staleness.amax(-1),
+            "response_len": batch.mask.sum(-1).reshape(batch.runs, -1).mean(-1)}
+
+
+def step_numbers(step: Step, current: Tensor) -> dict[str, Tensor]:
+    """The numbers :func:`scalars` reports of one member's update other than :func:`batch_columns`, as tensors."""
+    named = {"loss": step.output.loss.detach(), "grad_norm": step.grad_norm.detach(),
+             **{key: value for key, value in step.output.metrics.items() if value.numel() == 1}}
+    if step.joined.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
+        batch = step.batch
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
+    named["reward_current"] = current
     return named
 
 
@@ -907,9 +969,14 @@ def current_reward(fresh: list[Rollout], update: int, all_current: bool = False)
     """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
     reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data).
     ``all_current``: every fresh row is the current policy's (no share answered by π_0), so none is filtered."""
+    return float(own_reward(fresh, update, all_current))
+
+
+def own_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> Tensor:
+    """:func:`current_reward` as a 0-d tensor (no host sync)."""
     rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
-    rewards = torch.cat(rewards) if rewards else torch.zeros(0)
-    return float(rewards.mean()) if rewards.numel() else math.nan
+    rewards = torch.cat(rewards) if len(rewards) > 1 else rewards[0] if rewards else torch.zeros(0)
+    return rewards.mean() if rewards.numel() else torch.full((), math.nan, dtype=rewards.dtype)
 
 
 def detector_reward(row: dict[str, float], schedule: Schedule) -> float | None:

@@ -237,12 +237,25 @@ def stratified_standard_error(values: Tensor, group_ids: Tensor) -> Tensor:
     return within.sum().sqrt() / total
 
 
-def fraction(selected: Tensor, mask: Tensor) -> Tensor:
-    """Share of valid tokens where ``selected`` holds: Σ m·s / max(Σ m, 1) (``selected``: bool, or 0/1 floats).
+#: The most elements a row block may hold for its sum, taken as one row of a [blocks, N] tensor, to run in the order
+#: of the block's own sum: PyTorch's CPU reductions split larger rows over threads (its grain size).
+ROW_LIMIT = 32768
+
+
+def total(values: Tensor, blocks: int = 1) -> Tensor:
+    """Σ of ``values`` (0-d), or with ``blocks`` > 1 the sum of each of ``blocks`` equal consecutive row blocks
+    (several runs' batches joined row-wise; [blocks]): each block summed as ``block.sum()`` sums it alone, bit for
+    bit, while a block holds at most :data:`ROW_LIMIT` elements."""
+    return values.sum() if blocks == 1 else values.reshape(blocks, -1).sum(-1)
+
+
+def fraction(selected: Tensor, mask: Tensor, blocks: int = 1) -> Tensor:
+    """Share of valid tokens where ``selected`` holds: Σ m·s / max(Σ m, 1) (``selected``: bool, or 0/1 floats); per
+    row block with ``blocks`` > 1 (:func:`total`).
 
     Multiplies by the 0/1 mask instead of masking with ``torch.where`` (exact for 0/1 values, and much faster on CPU).
     """
-    return (selected.to(mask.dtype) * mask).sum() / mask.sum().clamp_min(1.0)
+    return total(selected.to(mask.dtype) * mask, blocks) / total(mask, blocks).clamp_min(1.0)
 
 
 def indicator(test: Callable[..., Tensor], left: Tensor, right: Tensor | float) -> Tensor:

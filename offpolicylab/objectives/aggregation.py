@@ -32,6 +32,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from offpolicylab.diagnostics.stats import total
+
 #: The three base modes (verl's ``loss_agg_mode`` names); every objective's golden tests run over these.
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 #: TRL's ``loss_type`` names that are aggregations → the mode that computes them (see the module docstring).
@@ -52,22 +54,27 @@ def aggregate(
     *,
     finite_padding: bool = False,
     norm: float | None = None,
+    blocks: int = 1,
 ) -> Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar with one of :data:`AGG_CHOICES` (``finite_padding``: see
-    above; ``norm``: the constant C of ``seq-mean-token-sum-norm`` / ``dr_grpo``, None = T)."""
+    above; ``norm``: the constant C of ``seq-mean-token-sum-norm`` / ``dr_grpo``, None = T); with ``blocks`` > 1 to
+    a [blocks] tensor, each of ``blocks`` equal consecutive row blocks (several runs' batches joined row-wise)
+    reduced as it is alone (:func:`~offpolicylab.diagnostics.stats.total`)."""
     mode = canonical_agg(mode)
     if finite_padding:
         masked = per_token_loss * mask.to(per_token_loss.dtype)
     else:
         masked = torch.where(mask > 0, per_token_loss, torch.zeros((), dtype=per_token_loss.dtype))
     if mode == "token-mean":
-        return masked.sum() / mask.sum().clamp_min(1.0)
+        return total(masked, blocks) / total(mask, blocks).clamp_min(1.0)
     if mode == "seq-mean-token-mean":
         tokens = mask.sum(dim=-1)
         seq_mean = masked.sum(dim=-1) / tokens.clamp_min(1.0)
-        return seq_mean.sum() / (tokens > 0).sum().clamp_min(1)
+        return total(seq_mean, blocks) / total(tokens > 0, blocks).clamp_min(1)
     if mode == "seq-mean-token-sum":
-        return masked.sum(dim=-1).mean()
+        sums = masked.sum(dim=-1)
+        return sums.mean() if blocks == 1 else sums.reshape(blocks, -1).mean(-1)
     if mode == "seq-mean-token-sum-norm":
-        return masked.sum() / (masked.shape[0] * (masked.shape[-1] if norm is None else norm))
+        rows = masked.shape[0] // blocks
+        return total(masked, blocks) / (rows * (masked.shape[-1] if norm is None else norm))
     raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGG_CHOICES)}")

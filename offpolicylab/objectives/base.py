@@ -72,6 +72,10 @@ class Objective:
     #: The objective reads ``TokenBatch.prox_logp``, log π_prox of a proximal policy (decoupled PPO); the training
     #: loop supplies it (:func:`offpolicylab.proximal.proximal_logp`).
     needs_prox: ClassVar[bool] = False
+    #: Every reduction of its loss and metrics over the batch is taken per run (:meth:`TokenBatch.total`,
+    #: :meth:`TokenBatch.ess`, ...), so on a batch that joins several runs (``TokenBatch.runs`` > 1) each run's loss
+    #: and metrics are its own batch's (:attr:`joins_runs`).
+    rowwise: ClassVar[bool] = False
     #: The longest response the batches can hold, set by a training loop that knows it (the world's
     #: ``max_response_len``): the constant of ``seq-mean-token-sum-norm`` / ``dr_grpo`` when ``agg_norm`` is none
     #: (else the batch's padded length T, verl's default).
@@ -98,6 +102,13 @@ class Objective:
         """C of ``seq-mean-token-sum-norm`` / ``dr_grpo``: ``agg_norm``, else :attr:`response_limit`, else None (T)."""
         return self.agg_norm if self.agg_norm is not None else self.response_limit
 
+    @property
+    def joins_runs(self) -> bool:
+        """One call may score several runs' joined batch (``TokenBatch.runs`` > 1): the objective is
+        :attr:`rowwise`, keeps no state and has no mismatch correction (whose factors and metrics reduce over the
+        whole batch)."""
+        return self.rowwise and not self.stateful and self.tis_cap is None and self._correction is None
+
     @classmethod
     def all_params(cls) -> dict[str, Param]:
         return {**cls.params, **COMMON_PARAMS}
@@ -115,7 +126,12 @@ class Objective:
 
     def __call__(self, batch: TokenBatch, *, metrics: bool = True) -> LossOutput:
         """Loss, token mask and — unless ``metrics=False`` (the loss and gradient are the same either way) — the
-        standard metrics plus the objective's own."""
+        standard metrics plus the objective's own.  On a batch of several runs (``batch.runs`` > 1; only when
+        :attr:`joins_runs`) the loss and each metric that depends on the batch are [runs] tensors, each the run's own
+        (:meth:`LossOutput.split`)."""
+        if batch.runs > 1 and not self.joins_runs:
+            raise ValueError(f"objective {self.name!r} cannot score {batch.runs} runs' batches in one call: it is not "
+                             "row-wise, keeps state or corrects the sampler mismatch")
         per_token, token_mask, extra = self.token_loss(batch)
         token_mask = token_mask * batch.mask
         loss_mask = batch.mask
@@ -125,7 +141,8 @@ class Objective:
             per_token = per_token * factor
         elif self._correction is not None and batch.sampler_logp is not None:
             per_token, token_mask, loss_mask, factor = corrected(self._correction, batch, per_token, token_mask)
-        loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True, norm=self.norm_constant)
+        loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True, norm=self.norm_constant,
+                         blocks=batch.runs)
         loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
@@ -143,7 +160,7 @@ class Objective:
         terms: dict[str, Tensor] = {}
         if batch.ref_logp is not None:
             kl = aggregate(kl_penalty(batch.logp, batch.ref_logp, self.kl_estimator), batch.mask, self.agg,
-                           finite_padding=True, norm=self.norm_constant)
+                           finite_padding=True, norm=self.norm_constant, blocks=batch.runs)
             terms["kl_ref"] = kl.detach()
             if self.kl_coef:
                 loss = loss + self.kl_coef * kl
@@ -155,7 +172,7 @@ class Objective:
                 raise ValueError(f"objective {self.name!r} has entropy_coef={self.entropy_coef:g} but the batch's "
                                  "entropy is missing or carries no gradient")
             loss = loss - self.entropy_coef * aggregate(batch.entropy, batch.mask, self.agg, finite_padding=True,
-                                                             norm=self.norm_constant)
+                                                        norm=self.norm_constant, blocks=batch.runs)
         return loss, terms
 
     # ------------------------------------------------------------------------------------------------ state
@@ -239,12 +256,11 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
     mask_frac (share of valid tokens the objective removed from the gradient) and entropy when given — all
     detached, no host sync.  Fused (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary`): the batch's
     log-ratio and entropy are already 0 on padded tokens and its ratio is shared with the objective."""
-    mask = batch.mask
     metrics = dict(batch.ratio_summary())
-    count = mask.sum().clamp_min(1.0)
-    metrics["mask_frac"] = 1.0 - token_mask.detach().sum() / count
+    count = batch.total(batch.mask).clamp_min(1.0)
+    metrics["mask_frac"] = 1.0 - batch.total(token_mask.detach()) / count
     if batch.entropy is not None:
-        metrics["entropy"] = batch.entropy.detach().sum() / count
+        metrics["entropy"] = batch.total(batch.entropy.detach()) / count
     return metrics
 
 

@@ -30,6 +30,11 @@ class TokenBatch:
     tokens, detached: the KL penalty ``kl_coef``) and ``entropy`` (the policy's per-token entropy; it keeps its
     gradient, which the entropy bonus ``entropy_coef`` uses; the metrics read it detached).
 
+    ``runs``: the batch joins the batches of that many runs as equal consecutive row blocks — row i belongs to run
+    ⌊i / (B / runs)⌋ — and every batch-level reduction (the ratio summary, ESS, :meth:`total`) is then per run, a
+    [runs] tensor, each run's block reduced as it is alone (an objective that honours it says so:
+    :attr:`~offpolicylab.objectives.Objective.joins_runs`).
+
     Raises ``ValueError`` naming the field when a shape, dtype or value is wrong.
     """
 
@@ -44,15 +49,17 @@ class TokenBatch:
     entropy: Tensor | None = None
     staleness: Tensor | None = None
     ref_logp: Tensor | None = None
+    runs: int = 1
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
     _summary: dict[str, Tensor] | None = field(default=None, init=False, repr=False, compare=False)  # ratio_summary()
-    _block: tuple[TokenBatch, int, int] | None = field(default=None, init=False, repr=False, compare=False)
-    """(the joined batch, its blocks, this block's index) of a :meth:`split` block: its ESS and ratio summary are
-    computed for every block of the joined batch in one call."""
-    _blocks: tuple[Tensor, list[dict[str, Tensor]]] | None = field(default=None, init=False, repr=False,
-                                                                    compare=False)  # per-block ESS, summaries
+    _block: tuple[TokenBatch, int | slice] | None = field(default=None, init=False, repr=False, compare=False)
+    """(the joined batch, this part's run index or slice of runs) of a :meth:`split` block or a :meth:`part`: its
+    ESS and ratio summary are read from the joined batch's, computed for all its runs in one call."""
+    _blocks: tuple[Tensor, dict[str, Tensor]] | None = field(default=None, init=False, repr=False,
+                                                             compare=False)  # per-run ESS, summary of the runs
+    _split: list[TokenBatch] | None = field(default=None, init=False, repr=False, compare=False)  # split()
 
     def __post_init__(self) -> None:
         if not isinstance(self.logp, Tensor) or self.logp.dim() != 2:
@@ -60,6 +67,8 @@ class TokenBatch:
         shape = tuple(self.logp.shape)
         if not torch.is_floating_point(self.logp):
             raise ValueError(f"TokenBatch.logp must be floating point, got {self.logp.dtype}")
+        if self.runs < 1 or shape[0] % self.runs:
+            raise ValueError(f"TokenBatch.runs={self.runs} must divide the batch's {shape[0]} rows into equal blocks")
         if isinstance(self.advantages, Tensor) and self.advantages.dim() == 1 and self.advantages.shape[0] == shape[0]:
             self.advantages = self.advantages[:, None].expand(shape)
         self.behavior_logp = _detached(self.behavior_logp)
@@ -122,36 +131,50 @@ class TokenBatch:
             self._ratio = torch.exp(self.delta())
         return self._ratio
 
+    def total(self, values: Tensor) -> Tensor:
+        """Σ of ``values`` ([B, ...]) per run: 0-d for one run, [runs] for several
+        (:func:`~offpolicylab.diagnostics.stats.total`)."""
+        return stats.total(values, self.runs)
+
+    def per_row(self, values: Tensor) -> Tensor:
+        """A per-run value ([runs], from :meth:`total` or :meth:`ess`) as [B, 1], each row its run's; one run's
+        0-d value as it is."""
+        return values if self.runs == 1 else values.repeat_interleave(self.batch_size // self.runs)[:, None]
+
     def ess(self) -> Tensor:
         """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
-        detached; computed once per batch and shared by the objective (P3O) and its metrics."""
+        per run, detached; computed once per batch and shared by the objective (P3O) and its metrics."""
         if self._ess is None:
-            self._ess = (stats.effective_sample_size(self.delta(), self.mask) if self._block is None else
-                         self._block[0].block_ess(self._block[1])[self._block[2]])
+            self._ess = (stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs) if self._block is None
+                         else self._block[0].run_ess()[self._block[1]])
         return self._ess
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
-        :meth:`delta`, :meth:`ratio`, :meth:`ess`), computed once per batch."""
+        :meth:`delta`, :meth:`ratio`, :meth:`ess`), per run, computed once per batch."""
         if self._summary is None:
-            self._summary = (stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess())
-                             if self._block is None else self._block[0].block_summaries(self._block[1])[self._block[2]])
+            if self._block is None:
+                self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess(),
+                                                          blocks=self.runs)
+            else:
+                joined, index = self._block
+                self._summary = {key: value[index] for key, value in joined.run_summaries().items()}
         return self._summary
 
-    def block_ess(self, count: int) -> Tensor:
-        """[count] the ESS of each of the ``count`` equal row blocks (:meth:`split`), in one call."""
-        if self._blocks is None or self._blocks[0].numel() != count:
-            self._blocks = (stats.effective_sample_size(self.delta(), self.mask, blocks=count), [])
+    def run_ess(self) -> Tensor:
+        """[runs] the ESS of each run's rows, in one call (what :meth:`split` blocks and :meth:`part` read)."""
+        if self._blocks is None:
+            ess = stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs).reshape(self.runs)
+            self._blocks = (ess, {})
         return self._blocks[0]
 
-    def block_summaries(self, count: int) -> list[dict[str, Tensor]]:
-        """The ratio summary (:meth:`ratio_summary`) of each of the ``count`` equal row blocks (:meth:`split`), in one
+    def run_summaries(self) -> dict[str, Tensor]:
+        """The ratio summary (:meth:`ratio_summary`) of each run's rows, each statistic a [runs] tensor, in one
         :func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` call."""
-        ess = self.block_ess(count)
+        ess = self.run_ess()
         if not self._blocks[1]:
-            joined = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), ess, blocks=count)
-            columns = {key: value.unbind() for key, value in joined.items()}
-            self._blocks[1].extend({key: value[index] for key, value in columns.items()} for index in range(count))
+            joined = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), ess, blocks=self.runs)
+            self._blocks[1].update({key: value.reshape(self.runs) for key, value in joined.items()})
         return self._blocks[1]
 
     def sequence_log_ratio(self) -> Tensor:
@@ -177,35 +200,44 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
-        out._delta = out._ratio = out._ess = out._summary = out._block = out._blocks = None
+        out._delta = out._ratio = out._ess = out._summary = out._block = out._blocks = out._split = None
         return out
 
-    def split(self, count: int) -> list[TokenBatch]:
-        """The ``count`` equal consecutive row blocks as batches (several runs' batches joined row-wise), each
-        with its group ids counted from 0.  Not validated again: validation and padding removal work token by token,
-        so a block equals its rows validated on their own; the batch-level caches (ESS, ratio summary) are left to
-        be computed per block.  One block is the batch itself."""
-        if count == 1:
-            return [self]
-        rows = self.batch_size // count
-        if rows * count != self.batch_size:
-            raise ValueError(f"a batch of {self.batch_size} rows does not split into {count} equal blocks")
-        blocks = []
-        for index in range(count):
-            part = slice(index * rows, (index + 1) * rows)
-            block = copy.copy(self)
-            for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
-                value = getattr(self, name)
-                if value is not None:
-                    setattr(block, name, value[part])
-            if block.group_ids is not None:
-                block.group_ids = block.group_ids - block.group_ids.min()
-            block._delta = None if self._delta is None else self._delta[part]
-            block._ratio = None if self._ratio is None else self._ratio[part]
-            block._ess = block._summary = block._blocks = None
-            block._block = (self, count, index)
-            blocks.append(block)
-        return blocks
+    def split(self) -> list[TokenBatch]:
+        """Each run's batch (its row block, ``runs`` = 1, group ids counted from 0), computed once.  One run is the
+        batch itself."""
+        if self._split is None:
+            self._split = [self] if self.runs == 1 else [self._rows(index, slice(index, index + 1), 1)
+                                                         for index in range(self.runs)]
+        return self._split
+
+    def part(self, start: int, stop: int) -> TokenBatch:
+        """The batch of runs ``start … stop − 1`` (``runs`` = stop − start; group ids counted from 0)."""
+        if not 0 <= start < stop <= self.runs:
+            raise ValueError(f"runs {start} … {stop - 1} are not runs of a batch of {self.runs}")
+        if stop - start == self.runs:
+            return self
+        return self._rows(slice(start, stop), slice(start, stop), stop - start)
+
+    def _rows(self, runs: int | slice, blocks: slice, count: int) -> TokenBatch:
+        """The rows of the run blocks ``blocks`` as a batch of ``count`` runs, its ESS and ratio summary read from
+        this batch's (``runs``: the index this batch's per-run statistics are read at).  Not validated again:
+        validation and padding removal work token by token, so the rows equal their batch validated on its own."""
+        size = self.batch_size // self.runs
+        part = slice(blocks.start * size, blocks.stop * size)
+        block = copy.copy(self)
+        for name in _TOKEN_FIELDS + _SEQUENCE_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                setattr(block, name, value[part])
+        if block.group_ids is not None:
+            block.group_ids = block.group_ids - block.group_ids.min()
+        block.runs = count
+        block._delta = None if self._delta is None else self._delta[part]
+        block._ratio = None if self._ratio is None else self._ratio[part]
+        block._ess = block._summary = block._blocks = block._split = None
+        block._block = (self, runs)
+        return block
 
     def replace(self, **changes: Tensor | None) -> TokenBatch:
         """A copy with some fields replaced (validated again)."""
@@ -222,6 +254,19 @@ class LossOutput:
     loss: Tensor
     metrics: dict[str, Tensor] = field(default_factory=dict)
     token_mask: Tensor | None = None
+
+    def split(self, runs: int) -> list[LossOutput]:
+        """Each run's output, from the output of a batch that joins ``runs`` runs (:attr:`TokenBatch.runs`): its
+        loss, its metrics (a [runs] metric at the run; a 0-d one, a constant of the objective, as it is) and its
+        rows of the token mask.  One run's output is itself."""
+        if runs == 1:
+            return [self]
+        masks = [None] * runs if self.token_mask is None else self.token_mask.split(self.token_mask.shape[0] // runs)
+        keys = list(self.metrics)
+        columns = [value.unbind() if value.dim() else (value,) * runs for value in self.metrics.values()]
+        metrics = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)] if keys else \
+            [{} for _ in range(runs)]
+        return [LossOutput(loss, own, mask) for loss, own, mask in zip(self.loss.unbind(), metrics, masks, strict=True)]
 
 
 def _describe(value: object) -> str:

@@ -55,20 +55,44 @@ class SortedTrustRegion:
         return self.small_values.max().to(torch.float64) if self.small_values.numel() else self.small_sum
 
 
-def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float) -> Tensor:
+def m2po_mask(delta_sq: Tensor, trust_region: Tensor, tau: float, runs: int = 1) -> Tensor:
     """Paper variant: the H tokens to mask, [B, T] as 0/1 floats.
 
     Keep the k* smallest Δ² of H, k* = max{k : (1/k) Σ_{j≤k} Δ²_(j) ≤ τ} (k = 0 allowed), i.e. mask the H tokens
     with the largest Δ² until the mean over the rest of H is ≤ τ.  The prefix mean of an ascending sequence is
     non-decreasing in k, so the valid k form {0..k*} and k* is a count; the mask is then the threshold
     Δ² ≥ v_(k*+1).  Tokens tied exactly at the cut are all masked (the kept mean stays ≤ τ).  Only the values ≥ τ
-    are sorted (:class:`SortedTrustRegion`).
+    are sorted (:class:`SortedTrustRegion`).  With ``runs`` > 1 the rows are
+    that many runs' equal consecutive blocks, each cut at its own k* (:func:`m2po_mask_runs`).
     """
+    if runs > 1:
+        return m2po_mask_runs(delta_sq, trust_region, tau, runs)
     region = SortedTrustRegion(delta_sq, trust_region, tau)
     cut = (region.prefix <= tau * region.ranks).sum()  # k* − n_s
     inf = torch.full((1,), float("inf"), dtype=torch.float64, device=delta_sq.device)
     threshold = torch.cat([region.tail, inf])[cut]
     return trust_region * stats.indicator(torch.ge, delta_sq, threshold.to(delta_sq.dtype))  # exact: from delta_sq
+
+
+def m2po_mask_runs(delta_sq: Tensor, trust_region: Tensor, tau: float, runs: int) -> Tensor:
+    """:func:`m2po_mask` of each of ``runs`` equal consecutive row blocks, in one pass, each block's cut its own
+    call's: per block (a row of [runs, N]) the sum S of its H values < τ, its tail of H values ≥ τ sorted ascending
+    (the other entries keyed +inf sort after it), the prefix sums P_{n_s + j} = S + Σ_{i≤j} tail_(i) (a cumulative
+    sum reads only the entries before it, so the +inf after the tail change none of them) and k* − n_s = #{j ≤ n −
+    n_s : P_{n_s + j} ≤ τ·(n_s + j)}; the mask is Δ² ≥ the block's v_(k*+1) (+inf when none)."""
+    values, region = delta_sq.reshape(runs, -1), trust_region.reshape(runs, -1)
+    in_tail = region * stats.indicator(torch.ge, values, tau)
+    small = region - in_tail
+    small_sum = (values * small).sum(-1, dtype=torch.float64)[:, None]
+    inf = torch.full((), float("inf"), dtype=values.dtype, device=values.device)
+    tail = torch.sort(torch.where(in_tail > 0, values, inf), dim=-1).values.to(torch.float64)
+    positions = torch.arange(1, tail.shape[-1] + 1, device=tail.device, dtype=tail.dtype)
+    prefix = small_sum + torch.cumsum(tail, dim=-1)
+    ranks = small.sum(-1).to(torch.float64)[:, None] + positions
+    inside = positions <= in_tail.sum(-1).to(torch.float64)[:, None]
+    cut = ((prefix <= tau * ranks) & inside).sum(-1, keepdim=True)
+    threshold = torch.cat([tail, torch.full_like(tail[:, :1], float("inf"))], dim=-1).gather(-1, cut)
+    return (region * stats.indicator(torch.ge, values, threshold.to(values.dtype))).reshape(delta_sq.shape)
 
 
 def m2po_cap_bound(delta_sq: Tensor, trust_region: Tensor, tau: float) -> tuple[Tensor, Tensor]:
@@ -118,15 +142,21 @@ class M2PO(Objective):
         "tau": Param(0.04, float, low=0.0, low_open=True, doc="second-moment budget τ on trust-region tokens"),
         "variant": Param("mask", str, choices=M2PO_VARIANTS, doc="mask (paper) or cap (official code)"),
     }
+    rowwise = True  # the mask variant's cut and metrics per run (m2po_mask_runs); see joins_runs
+
+    @property
+    def joins_runs(self) -> bool:
+        """The ``mask`` variant joins runs; ``cap`` solves one bound over the whole batch."""
+        return self.variant == "mask" and super().joins_runs
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         delta = batch.delta()
         trust_region = stats.trust_region_mask(delta, batch.advantages, batch.mask)
         delta_sq = delta**2
-        in_region = trust_region.sum()
+        in_region = batch.total(trust_region)
         metrics = {
-            "m2_tr": (delta_sq * trust_region).sum() / in_region.clamp_min(1.0),
-            "tr_frac": in_region / batch.mask.sum().clamp_min(1.0),
+            "m2_tr": batch.total(delta_sq * trust_region) / in_region.clamp_min(1.0),
+            "tr_frac": in_region / batch.total(batch.mask).clamp_min(1.0),
         }
         if self.variant == "mask":
             return self._mask_loss(batch, delta_sq, trust_region, metrics)
@@ -135,13 +165,13 @@ class M2PO(Objective):
     def _mask_loss(
         self, batch: TokenBatch, delta_sq: Tensor, trust_region: Tensor, metrics: dict[str, Tensor]
     ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        masked = m2po_mask(delta_sq, trust_region, self.tau)
+        masked = m2po_mask(delta_sq, trust_region, self.tau, batch.runs)
         keep = 1.0 - masked
         ratio = ratio_or_one(batch.ratio(), masked, keep)  # masked tokens get e^0: no overflow can leak nan
         negative = -batch.advantages
         per_token = straight_through(keep * (negative * ratio), batch.logp, negative, keep * ratio)
         kept_region = trust_region * keep
-        metrics["m2_tr_after"] = (delta_sq * kept_region).sum() / kept_region.sum().clamp_min(1.0)
+        metrics["m2_tr_after"] = batch.total(delta_sq * kept_region) / batch.total(kept_region).clamp_min(1.0)
         return per_token, keep, metrics
 
     def _cap_loss(

@@ -48,8 +48,8 @@ def mispo_loss(
     per_token = straight_through(keep * (negative * ratio), batch.logp, negative, keep * ratio)
     has_tokens = (batch.mask.sum(dim=-1) > 0).to(batch.mask.dtype)
     metrics = {
-        "tok_accept_rate": stats.fraction(tok_ok, batch.mask),
-        "accept_rate": (traj_ok.to(has_tokens.dtype) * has_tokens).sum() / has_tokens.sum().clamp_min(1.0),
+        "tok_accept_rate": stats.fraction(tok_ok, batch.mask, batch.runs),
+        "accept_rate": batch.total(traj_ok.to(has_tokens.dtype) * has_tokens) / batch.total(has_tokens).clamp_min(1.0),
     }
     return per_token, keep, metrics
 
@@ -69,6 +69,7 @@ class MISPO(Objective):
         "tok_bounds": Param((0.5, 2.0), list, length=2, doc="token ratio accept range 'min,max'"),
         "traj_bounds": Param((0.996, 1.001), list, length=2, doc="trajectory geometric-mean ratio accept range 'min,max'"),
     }
+    rowwise = True
 
     def check_params(self) -> None:
         _check_ratio_bounds("tok_bounds", self.tok_bounds)

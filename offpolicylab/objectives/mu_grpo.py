@@ -87,6 +87,7 @@ class MuGRPO(Objective):
         "nav_kappa": Param(2.0, float, low=1.0, doc="veto threshold κ on the ratio (inf = no veto)"),
         "nav_scope": Param("suffix", str, choices=NAV_SCOPES, doc="tokens the veto removes"),
     }
+    rowwise = True
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         vetoed = veto_weights(batch.delta(), batch.advantages, batch.mask, self.nav_kappa, self.nav_scope,
@@ -96,11 +97,11 @@ class MuGRPO(Objective):
         loss, kept = ppo_clip_loss(batch.logp, safe_ratio, batch.advantages, self.eps_low, self.eps_high)
         token_mask = kept * allowed
         tokens = batch.mask.sum(dim=-1)
-        count = tokens.sum().clamp_min(1.0)
+        count = batch.total(tokens).clamp_min(1.0)
         vetoed_responses = vetoed.amax(dim=-1)  # 0/1 per response; 0 for empty ones (padding is never vetoed)
         metrics = {  # the clipped tokens are allowed − kept·allowed; vetoed and clipped tokens are never padding
-            "clip_frac": ((1.0 - vetoed).sum() - token_mask.sum()) / count,  # Σ allowed − Σ kept
-            "nav_frac": vetoed.sum() / count,
-            "nav_response_frac": vetoed_responses.sum() / (tokens > 0).sum().clamp_min(1),
+            "clip_frac": (batch.total(1.0 - vetoed) - batch.total(token_mask)) / count,  # Σ allowed − Σ kept
+            "nav_frac": batch.total(vetoed) / count,
+            "nav_response_frac": batch.total(vetoed_responses) / batch.total(tokens > 0).clamp_min(1),
         }
         return allowed * loss, token_mask, metrics

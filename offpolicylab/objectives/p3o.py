@@ -43,22 +43,25 @@ class P3O(Objective):
     ESS), ``kl_behavior`` (token mean of KL_k3).
     """
 
+    rowwise = True  # ESS and the metrics per run (TokenBatch.ess, TokenBatch.total)
+
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         delta, ess = batch.delta(), batch.ess()
-        rho = torch.minimum(batch.ratio(), ess)  # = clamp(min(w, e^80), 0, ESS): w ≥ 0 and ESS ≤ 1 < e^80
+        kl_weight = 1.0 - ess
+        ess_rows, kl_weight_rows = batch.per_row(ess), batch.per_row(kl_weight)  # each row its run's
+        rho = torch.minimum(batch.ratio(), ess_rows)  # = clamp(min(w, e^80), 0, ESS): w ≥ 0 and ESS ≤ 1 < e^80
         coefficient = -rho * batch.advantages
         exp_term = torch.exp(-delta.clamp(min=-EXP_CLAMP))  # e^−Δ of kl_k3_behavior
         kl = delta + exp_term - 1.0
-        kl_weight = 1.0 - ess
-        value = coefficient * batch.logp.detach() + kl_weight * kl
+        value = coefficient * batch.logp.detach() + kl_weight_rows * kl
         slope = exp_term * stats.indicator(torch.ge, delta, -EXP_CLAMP)  # d e^−Δ/dΔ = −e^−Δ where the clamp passes
         metrics = {
             "ess": ess,
             "p3o_kl_weight": kl_weight,
-            "clip_frac": stats.fraction(stats.indicator(torch.gt, batch.ratio(), ess), batch.mask),
-            "kl_behavior": kl.sum() / batch.mask.sum().clamp_min(1.0),  # KL_k3(0) = 0 on padding
+            "clip_frac": stats.fraction(stats.indicator(torch.gt, batch.ratio(), ess_rows), batch.mask, batch.runs),
+            "kl_behavior": batch.total(kl) / batch.total(batch.mask).clamp_min(1.0),  # KL_k3(0) = 0 on padding
         }
-        return _p3o_gradient(value, batch.logp, coefficient, kl_weight, slope), batch.mask, metrics
+        return _p3o_gradient(value, batch.logp, coefficient, kl_weight_rows, slope), batch.mask, metrics
 
 
 def _p3o_gradient(value: Tensor, logp: Tensor, coefficient: Tensor, kl_weight: Tensor, slope: Tensor) -> Tensor:

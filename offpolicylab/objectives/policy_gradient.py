@@ -23,6 +23,7 @@ class Reinforce(Objective):
 
 
     advantage = "mean"  # group-mean baseline, no std (the REC paper's REINFORCE)
+    rowwise = True
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         return -batch.advantages * batch.logp, torch.ones_like(batch.mask), {}
@@ -104,8 +105,9 @@ class GRPO(Objective):
         "eps_high": Param(0.2, float, low=0.0, doc="upper clip ε_high (ratio ≤ 1 + ε_high); inf = no trust region"),
         "dual_clip": Param(None, float, low=1.0, low_open=True, optional=True, doc="dual-clip constant c > 1"),
     }
+    rowwise = True
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         loss, kept = ppo_clip_loss(batch.logp, batch.ratio(), batch.advantages, self.eps_low, self.eps_high,
                                    self.dual_clip)
-        return loss, kept, {"clip_frac": stats.fraction(1.0 - kept, batch.mask)}
+        return loss, kept, {"clip_frac": stats.fraction(1.0 - kept, batch.mask, batch.runs)}

@@ -92,6 +92,7 @@ class REC(Objective):
         "ring_low": Param(0.6, float, low=0.0, high=1.0, doc="ring (A ≥ 0) also keeps ratio ≤ 1 − ring_low"),
         "ring_high": Param(2.0, float, low=0.0, doc="ring (A ≤ 0) also keeps ratio ≥ 1 + ring_high"),
     }
+    rowwise = True
 
     def check_params(self) -> None:
         if self.mask == "ring":
@@ -107,4 +108,4 @@ class REC(Objective):
         # masked tokens get log r = 0 before exp, so an overflowing ratio there cannot leak nan into the gradient
         weight = torch.exp(torch.where(keep, log_ratio, zero)) if self.importance_sampling else batch.logp
         loss = torch.where(keep, -batch.advantages * weight, zero)
-        return loss, keep.to(batch.mask.dtype), {"clip_frac": stats.fraction(~keep, batch.mask)}
+        return loss, keep.to(batch.mask.dtype), {"clip_frac": stats.fraction(~keep, batch.mask, batch.runs)}

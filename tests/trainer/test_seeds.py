@@ -355,6 +355,23 @@ def test_runs_of_different_objectives_train_together_bit_for_bit(tmp_path: Path)
         assert_same_run(dirs[i], alone)
 
 
+def test_members_sharing_an_objective_are_scored_in_one_call_bit_for_bit(tmp_path: Path) -> None:
+    """Members with the same objective and parameters next to each other (a sweep's seeds) are scored by one
+    objective call with per-run reductions (``trainer.objective_groups``): p3o (a per-run ESS in its loss), m2po
+    (a per-run cut), mu_grpo and grpo in groups of two, ac_mispo (state) alone — each member writes its separate
+    run's directory."""
+    base = CONFIGS["mdp_m2po_stale_adamw"]
+    members = [("p3o", 3), ("p3o", 7), ("m2po", 3), ("m2po", 11), ("mu_grpo", 3), ("mu_grpo", 11), ("ac_mispo", 7),
+               ("grpo", 3), ("grpo", 7)]
+    configs = [dataclasses.replace(base, objective=name, seed=seed) for name, seed in members]
+    dirs = [tmp_path / "together" / str(i) for i in range(len(configs))]
+    assert [s["status"] for s in batched.train_together(configs, dirs)] == ["completed"] * len(configs)
+    for i, config in enumerate(configs):
+        alone = tmp_path / f"alone{i}"
+        trainer.train(config, alone)
+        assert_same_run(dirs[i], alone)
+
+
 def test_runs_that_differ_in_more_than_seed_and_objective_are_refused_before_writing(tmp_path: Path) -> None:
     base = mdp_config(updates=2)
     with pytest.raises(ValueError, match="every field but seed, objective, objective_params; lr differ"):

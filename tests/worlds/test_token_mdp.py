@@ -182,3 +182,23 @@ def _numpy_seq_logprobs(policy: TabularSoftmaxPolicy, index: int, v: int, t: int
         ctx = [v] + list(y)
         out.append(sum(_log_softmax(theta[k, ctx[k]])[y[k]] for k in range(t)))
     return np.array(out)
+
+
+@pytest.mark.parametrize("params", [{"family": "target"}, {"family": "target", "eos": True, "credit": "exact"},
+                                    {"family": "forking"}], ids=["target", "target-eos-exact", "forking"])
+def test_rowwise_reward_of_joined_rows_equals_each_blocks_own(params: dict) -> None:
+    """rowwise_reward (the trainer scores a stack's rows in one call): the rewards of three blocks of rows joined
+    equal each block's own call bit for bit, and the generator is not drawn from."""
+    world = make_world("token_mdp", vocab_size=3, length=4, num_prompts=3, **params)
+    assert world.rowwise_reward
+    generator = torch.Generator().manual_seed(0)
+    blocks = []
+    for _ in range(3):
+        index = torch.randint(3, (6,), generator=generator)
+        ids = torch.randint(3, (6, 4), generator=generator)
+        mask = (torch.arange(4)[None, :] < torch.randint(1, 5, (6, 1), generator=generator)).float()
+        blocks.append((index, ids, mask))
+    state = generator.get_state()
+    joined = world.reward(*(torch.cat(parts) for parts in zip(*blocks, strict=True)), generator=generator)
+    assert torch.equal(generator.get_state(), state)
+    assert torch.equal(joined, torch.cat([world.reward(*block, generator=generator) for block in blocks]))
