@@ -222,6 +222,12 @@ class Registry(Generic[T]):
             raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(self._entries)}")
         return self._entries[name]
 
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (a part registered by the caller, e.g. re-defined in a notebook or a test); an unknown name
+        raises ``ValueError`` naming the valid ones."""
+        self.get(name)
+        del self._entries[name]
+
     def names(self) -> list[str]:
         return list(self._entries)
 

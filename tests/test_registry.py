@@ -82,3 +82,16 @@ def test_class_decorator_takes_the_class_parameters_and_names_it() -> None:
 def test_a_missing_name_can_be_registered_on_demand() -> None:
     reg: Registry[int] = Registry("engine", on_missing=lambda name: reg.register(name, lambda: 7, {}))
     assert reg.build("late") == 7
+
+
+def test_unregister_frees_the_name_and_refuses_an_unknown_one() -> None:
+    registry: Registry[object] = Registry("part")
+    registry.register("a", lambda: 1)
+    with pytest.raises(ValueError, match="part 'a' is already registered"):
+        registry.register("a", lambda: 2)
+    registry.unregister("a")
+    assert "a" not in registry and registry.names() == []
+    registry.register("a", lambda: 2)
+    assert registry.build("a") == 2
+    with pytest.raises(ValueError, match="unknown part 'b'; valid: a"):
+        registry.unregister("b")

@@ -29,6 +29,7 @@ from offpolicylab.objectives.base import (
     list_objectives,
     objective_params,
     register,
+    unregister,
 )
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 
@@ -46,4 +47,5 @@ __all__ = [
     "list_objectives",
     "objective_params",
     "register",
+    "unregister",
 ]

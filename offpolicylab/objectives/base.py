@@ -273,6 +273,12 @@ def register(name: str) -> Callable[[type[Objective]], type[Objective]]:
     return OBJECTIVES.register(name)
 
 
+def unregister(name: str) -> None:
+    """Remove the objective registered as ``name`` (e.g. one a notebook or a test defined; a later ``register``
+    may then reuse the name)."""
+    OBJECTIVES.unregister(name)
+
+
 def get_objective(name: str, **params: Any) -> Objective:
     """Build the objective registered as ``name``; unknown names or bad parameters raise ``ValueError``."""
     return OBJECTIVES.get(name).builder(**params)

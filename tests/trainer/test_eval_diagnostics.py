@@ -116,11 +116,17 @@ def test_kl_to_initial_is_off_for_the_llm_policy_unless_asked() -> None:
         TrainConfig(eval_kl_init="sometimes")
 
 
-def test_without_kl_tracking_no_frozen_copy_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a world that cannot be enumerated, eval_kl_init=off keeps no second policy (the memory it saves)."""
-    monkeypatch.setattr(trainer, "is_enumerable", lambda world: False)
-    assert trainer.build(mdp_config(eval_kl_init="off")).initial is None
-    assert trainer.build(mdp_config()).initial is not None
+def test_without_kl_tracking_no_frozen_copy_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a world that cannot be enumerated (a tiny synthetic LM), eval_kl_init=off keeps no second policy (the
+    memory it saves); an enumerable world keeps π₀ for its exact KL either way."""
+    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
+    tiny = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
+            "num_heads": 2, "num_layers": 1, "distill_steps": 2, "distill_batch": 8}
+    config = TrainConfig(world="synthetic_lm", world_params=tiny, objective="grpo", updates=2)
+    assert not trainer.is_enumerable(trainer.build(config).world)
+    assert trainer.build(TrainConfig(**{**config.to_dict(), "eval_kl_init": "off"})).initial is None
+    assert trainer.build(config).initial is not None
+    assert trainer.build(mdp_config(eval_kl_init="off")).initial is not None
 
 
 # ------------------------------------------------------------------------------------------ the current policy's reward

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from offpolicylab import cli, trainer
+from offpolicylab import cli
 from offpolicylab.runs import RunDir
 from offpolicylab.trainer import train
 from tests.small_runs import mdp_config, read_rows
@@ -44,17 +44,17 @@ def test_an_extended_run_equals_one_straight_run(tmp_path: Path, schedule: str) 
 def test_a_stopped_run_resumes_to_a_new_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run of 8 updates interrupted at update 6 (after its checkpoint at 5) continues to 12: one straight run."""
     settings = dict(eval_every=4, checkpoint_every=5, sample_every=0)
-    record = trainer.record
+    append = RunDir.append_metrics
 
-    def interrupted(run, directory, update, *args, **kwargs):  # Ctrl-C while update 6 is recorded
-        if update == 6:
+    def interrupted(self: RunDir, row: dict) -> None:  # Ctrl-C while update 6's row is written
+        if row["update"] == 6:
             raise KeyboardInterrupt
-        return record(run, directory, update, *args, **kwargs)
+        append(self, row)
 
-    monkeypatch.setattr(trainer, "record", interrupted)
+    monkeypatch.setattr(RunDir, "append_metrics", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train(mdp_config(updates=8, **settings), tmp_path / "stopped")
-    monkeypatch.setattr(trainer, "record", record)
+    monkeypatch.setattr(RunDir, "append_metrics", append)
     assert len(read_rows(tmp_path / "stopped")) == 6 and not (tmp_path / "stopped" / "summary.json").exists()
     train(mdp_config(updates=12, **settings), tmp_path / "stopped", resume=True)
     train(mdp_config(updates=12, **settings), tmp_path / "straight")

@@ -4,6 +4,7 @@ evaluation, non-finite losses and the run directory it writes."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from offpolicylab import samples, trainer
-from offpolicylab.objectives import get_objective
+from offpolicylab.objectives import get_objective, register, unregister
 from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from tests.small_runs import bandit_config, column, mdp_config, read_rows
@@ -45,19 +46,21 @@ def test_constant_group_has_zero_advantage_even_normalised() -> None:
     ("grpo", "mean", "mean"),  # an explicit choice overrides the paper's
     ("rec", "std", "std"),
 ])
-def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, objective: str,
+def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, objective: str,
                                                   choice: str, used: str) -> None:
-    """The batch's advantages are the NumPy group formula of the estimator used, and config.json names it."""
-    seen = []
-    original = trainer.token_batch
-
-    def spy(rollout, logp, entropy, advantages, update, *rest):
-        seen.append((rollout.rewards.numpy().astype(np.float64), rollout.group_ids.numpy(), advantages.numpy()))
-        return original(rollout, logp, entropy, advantages, update, *rest)
-
-    monkeypatch.setattr(trainer, "token_batch", spy)
-    trainer.train(mdp_config(objective=objective, advantage=choice, updates=2, checkpoint_every=2), tmp_path / "r")
+    """The batch's advantages are the NumPy group formula of the estimator used, and config.json names it.  Read
+    from the run's sample files (every update's whole batch: rewards, groups and per-token advantages)."""
+    trainer.train(mdp_config(objective=objective, advantage=choice, updates=2, checkpoint_every=2, sample_every=1),
+                  tmp_path / "r")
     assert json.loads((tmp_path / "r" / "config.json").read_text())["advantage"] == used
+    seen = []
+    for path in sorted((tmp_path / "r" / "samples").glob("update_*.npz")):
+        with np.load(path, allow_pickle=False) as arrays:
+            mask = arrays["batch_mask"]
+            assert bool((mask[:, 0] > 0).all())  # every row's first token is valid: its advantage is the row's
+            seen.append((arrays["batch_rewards"].astype(np.float64), arrays["batch_group_ids"],
+                         arrays["batch_advantage"][:, 0]))
+    assert len(seen) == 2
     informative = 0
     for rewards, groups, advantages in seen:
         for g in np.unique(groups):
@@ -221,26 +224,32 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ collapse
-def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = get_objective("reinforce")
+@pytest.fixture
+def nan_after_two() -> Iterator[str]:
+    """An objective registered for one test (the public extension API): reinforce whose loss is NaN from its third
+    update on."""
+    reinforce = type(get_objective("reinforce"))
 
-    class NanAfterTwo:
-        config: dict = {}
-        advantage = real.advantage
-        calls = 0
+    @register("test_nan_after_two")
+    class NanAfterTwo(reinforce):
+        """reinforce with a NaN loss after two updates (a test's fault)."""
 
-        def update(self, batch: object) -> None:
-            NanAfterTwo.calls += 1
+        updates = 0
 
-        def __call__(self, batch: trainer.TokenBatch) -> LossOutput:
-            out = real(batch)
-            return out if NanAfterTwo.calls <= 2 else LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
+        def update(self, batch: trainer.TokenBatch) -> None:
+            self.updates += 1
+            super().update(batch)
 
-        def state_dict(self) -> dict:
-            return {}
+        def __call__(self, batch: trainer.TokenBatch, *, metrics: bool = True) -> LossOutput:
+            out = super().__call__(batch, metrics=metrics)
+            return out if self.updates <= 2 else LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
 
-    monkeypatch.setattr(trainer, "get_objective", lambda name, **kw: NanAfterTwo())
-    summary = trainer.train(bandit_config(updates=6, checkpoint_every=1), tmp_path)
+    yield "test_nan_after_two"
+    unregister("test_nan_after_two")
+
+
+def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path, nan_after_two: str) -> None:
+    summary = trainer.train(bandit_config(objective=nan_after_two, updates=6, checkpoint_every=1), tmp_path)
     assert summary["status"] == "collapsed" and summary["collapse_update"] == 2
     rows = read_rows(tmp_path)
     assert len(rows) == 3 and rows[-1]["loss"] == "nan"
