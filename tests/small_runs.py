@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from offpolicylab.config import TrainConfig
+from offpolicylab.objectives import LossOutput, TokenBatch, get_objective, register, unregister
 
 torch.set_num_threads(1)
 
@@ -62,3 +65,30 @@ def train_killed_at(config: TrainConfig, out: Path, next_update: int, monkeypatc
         raise AssertionError(f"the run ended without reaching the checkpoint of update {next_update}")
     finally:
         monkeypatch.setattr(RunDir, "save_checkpoint", save)
+
+
+@contextlib.contextmanager
+def nan_objective(base: str, after: int) -> Iterator[str]:
+    """Registers, for the ``with`` block, an objective that is ``base`` with a NaN loss once it has been updated more
+    than ``after`` times (a fault, through the public extension API); yields its name."""
+    parent = type(get_objective(base))
+    name = f"test_{base}_nan_after_{after}"
+
+    @register(name)
+    class NanAfter(parent):  # type: ignore[valid-type, misc]
+        """``base`` with a NaN loss after ``after`` updates."""
+
+        updates = 0
+
+        def update(self, batch: TokenBatch) -> None:
+            self.updates += 1
+            super().update(batch)
+
+        def __call__(self, batch: TokenBatch, *, metrics: bool = True) -> LossOutput:
+            out = super().__call__(batch, metrics=metrics)
+            return out if self.updates <= after else LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
+
+    try:
+        yield name
+    finally:
+        unregister(name)

@@ -194,37 +194,19 @@ def test_an_output_folder_holding_other_files_is_refused(tmp_path: Path, capsys:
     assert (out / "notes.txt").read_text() == "keep me"
 
 
-def test_resume_to_fewer_updates_than_a_collapsed_run_recorded_is_refused(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_to_fewer_updates_than_a_collapsed_run_recorded_is_refused(tmp_path: Path) -> None:
     """A run whose loss turns NaN at update 2 stops there as collapsed, its checkpoint at update 2 and three rows
     recorded; ``--resume --updates 2`` used to drop the collapse row and call the run completed."""
     from offpolicylab import trainer
-    from offpolicylab.objectives import LossOutput, get_objective
-    from tests.small_runs import bandit_config
+    from tests.small_runs import bandit_config, nan_objective
 
-    real = get_objective("reinforce")
-
-    class NanAtTwo:
-        config: dict = dict(real.config)
-        advantage = real.advantage
-        calls = 0
-
-        def update(self, batch: object) -> None:
-            NanAtTwo.calls += 1
-
-        def __call__(self, batch: trainer.TokenBatch) -> LossOutput:
-            out = real(batch)
-            return out if NanAtTwo.calls <= 2 else LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
-
-        def state_dict(self) -> dict:
-            return {}
-
-    monkeypatch.setattr(trainer, "get_objective", lambda name, **kw: NanAtTwo())
-    assert trainer.train(bandit_config(updates=6, checkpoint_every=1), tmp_path)["status"] == "collapsed"
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
-    with pytest.raises(ValueError, match=rf"--updates 2 is below the 3 updates {tmp_path}/metrics.csv already "
-                                         r"records \(it ended collapsed there\); valid: --updates 3 or more"):
-        trainer.train(bandit_config(updates=2, checkpoint_every=1), tmp_path, resume=True)
+    with nan_objective("reinforce", after=2) as objective:
+        assert trainer.train(bandit_config(objective=objective, updates=6, checkpoint_every=1),
+                             tmp_path)["status"] == "collapsed"
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+        with pytest.raises(ValueError, match=rf"--updates 2 is below the 3 updates {tmp_path}/metrics.csv already "
+                                             r"records \(it ended collapsed there\); valid: --updates 3 or more"):
+            trainer.train(bandit_config(objective=objective, updates=2, checkpoint_every=1), tmp_path, resume=True)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 

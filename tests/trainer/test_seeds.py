@@ -16,12 +16,11 @@ from offpolicylab import batched, cli, trainer
 from offpolicylab.batched import parse_seeds
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts, Rollout
-from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
 from offpolicylab.runs import RunDir, RunError
 from offpolicylab.stack import Stack, member_state, stacked_state
-from tests.small_runs import bandit_config, mdp_config, read_rows
+from tests.small_runs import bandit_config, mdp_config, nan_objective, read_rows
 from tests.trainer.golden_runs import normalized_metrics
 
 SEEDS = [3, 7, 11]
@@ -121,54 +120,23 @@ def test_seeds_really_differ(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("policy", ["tabular", "sequence_model"])
-def test_a_seed_that_stops_leaves_the_others_unchanged(policy: str, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Seed 7's loss turns NaN at its third update: it stops as collapsed (no step, no checkpoint), exactly as its
-    separate run does, and the group goes on without it (restacked) with seeds 3 and 11 unchanged (the GRU's within
-    float tolerance)."""
-    real_get = trainer.get_objective
-
-    def objective_for(name: str, **params: Any) -> Any:
-        real = real_get(name, **params)
-        calls = {"n": 0}
-
-        class NanAtThird:
-            config, advantage = real.config, real.advantage
-            seed: int | None = None
-
-            def update(self, batch: trainer.TokenBatch) -> None:
-                calls["n"] += 1
-                real.update(batch)
-
-            def __call__(self, batch: trainer.TokenBatch) -> LossOutput:
-                out = real(batch)
-                if self.seed == 7 and calls["n"] >= 3:
-                    return LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
-                return out
-
-            def state_dict(self) -> dict:
-                return real.state_dict()
-
-        return NanAtThird()
-
-    real_build = trainer.build
-
-    def build(config: TrainConfig) -> trainer.Run:
-        parts = real_build(config)
-        parts.objective.seed = config.seed
-        return parts
-
-    monkeypatch.setattr(trainer, "get_objective", objective_for)
-    monkeypatch.setattr(trainer, "build", build)
-    monkeypatch.setattr(batched, "build", build)
-    config = mdp_config(updates=6, checkpoint_every=1) if policy == "tabular" else \
+def test_a_seed_that_stops_leaves_the_others_unchanged(policy: str, tmp_path: Path) -> None:
+    """Three runs trained together (seeds 3, 7, 11); seed 7's objective turns its loss NaN at its third update: it
+    stops as collapsed (no step, no checkpoint), exactly as its separate run does, and the group goes on without it
+    (restacked) with seeds 3 and 11 unchanged (the GRU's within float tolerance)."""
+    base = mdp_config(updates=6, checkpoint_every=1) if policy == "tabular" else \
         dataclasses.replace(GRU, updates=6, checkpoint_every=1)
-    statuses = [s["status"] for s in batched.train_seeds(config, SEEDS, tmp_path / "batched")]
-    assert statuses == ["completed", "collapsed", "completed"]
-    assert len(read_rows(tmp_path / "batched" / "seed=7")) == 3
-    for seed in SEEDS:
-        alone = separate(config, seed, tmp_path / f"alone{seed}")
-        (assert_same_run if policy == "tabular" else assert_close_run)(tmp_path / "batched" / f"seed={seed}", alone)
+    assert base.objective == "grpo"
+    with nan_objective("grpo", after=2) as faulty:
+        configs = [dataclasses.replace(base, seed=seed, objective=faulty if seed == 7 else "grpo") for seed in SEEDS]
+        dirs = [tmp_path / "together" / f"seed={seed}" for seed in SEEDS]
+        statuses = [s["status"] for s in batched.train_together(configs, dirs)]
+        assert statuses == ["completed", "collapsed", "completed"]
+        assert len(read_rows(dirs[1])) == 3
+        for config, together in zip(configs, dirs, strict=True):
+            alone = tmp_path / f"alone{config.seed}"
+            trainer.train(config, alone)
+            (assert_same_run if policy == "tabular" else assert_close_run)(together, alone)
 
 
 # ------------------------------------------------------------------------------------------------ resume

@@ -4,7 +4,6 @@ evaluation, non-finite losses and the run directory it writes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +11,8 @@ import pytest
 import torch
 
 from offpolicylab import samples, trainer
-from offpolicylab.objectives import get_objective, register, unregister
-from offpolicylab.objectives.batch import LossOutput
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
-from tests.small_runs import bandit_config, column, mdp_config, read_rows
+from tests.small_runs import bandit_config, column, mdp_config, nan_objective, read_rows
 
 
 # ------------------------------------------------------------------------------------------------ advantages
@@ -224,32 +221,9 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ collapse
-@pytest.fixture
-def nan_after_two() -> Iterator[str]:
-    """An objective registered for one test (the public extension API): reinforce whose loss is NaN from its third
-    update on."""
-    reinforce = type(get_objective("reinforce"))
-
-    @register("test_nan_after_two")
-    class NanAfterTwo(reinforce):
-        """reinforce with a NaN loss after two updates (a test's fault)."""
-
-        updates = 0
-
-        def update(self, batch: trainer.TokenBatch) -> None:
-            self.updates += 1
-            super().update(batch)
-
-        def __call__(self, batch: trainer.TokenBatch, *, metrics: bool = True) -> LossOutput:
-            out = super().__call__(batch, metrics=metrics)
-            return out if self.updates <= 2 else LossOutput(out.loss * float("nan"), out.metrics, out.token_mask)
-
-    yield "test_nan_after_two"
-    unregister("test_nan_after_two")
-
-
-def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path, nan_after_two: str) -> None:
-    summary = trainer.train(bandit_config(objective=nan_after_two, updates=6, checkpoint_every=1), tmp_path)
+def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path) -> None:
+    with nan_objective("reinforce", after=2) as objective:
+        summary = trainer.train(bandit_config(objective=objective, updates=6, checkpoint_every=1), tmp_path)
     assert summary["status"] == "collapsed" and summary["collapse_update"] == 2
     rows = read_rows(tmp_path)
     assert len(rows) == 3 and rows[-1]["loss"] == "nan"
