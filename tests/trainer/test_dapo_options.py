@@ -12,7 +12,6 @@ import torch
 
 from offpolicylab import trainer
 from offpolicylab.config import TrainConfig
-from offpolicylab.contracts import Rollout
 from tests.small_runs import column, mdp_config, read_rows, train_killed_at
 
 
@@ -57,28 +56,35 @@ def test_overlong_buffer_longer_than_max_len_is_refused(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ dynamic sampling
-def scripted(rewards: list[list[float]]) -> Rollout:
-    """A rollout of len(rewards) groups of len(rewards[0]) one-token responses with these rewards."""
-    groups, size = len(rewards), len(rewards[0])
-    rows = groups * size
-    return Rollout(prompt_ids=torch.zeros(rows, 1, dtype=torch.long), prompt_mask=torch.ones(rows, 1),
-                   response_ids=torch.arange(rows)[:, None], response_mask=torch.ones(rows, 1),
-                   behavior_logp=torch.zeros(rows, 1), group_ids=torch.arange(groups).repeat_interleave(size),
-                   prompt_index=torch.arange(groups).repeat_interleave(size), version=torch.zeros(rows, dtype=torch.long),
-                   rewards=torch.tensor(rewards, dtype=torch.float32).flatten())
+class ScriptedRewards:
+    """A world whose reward calls return the given rounds in order (each round: one list of rewards per group, rows
+    of a group consecutive, as the policy samples them); everything else is the wrapped world's."""
+
+    def __init__(self, world: object, rounds: list[list[list[float]]]) -> None:
+        self.world, self.rounds = world, iter(rounds)
+
+    def reward(self, prompt_index: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        rewards = torch.tensor(next(self.rounds), dtype=torch.float32).flatten()
+        assert rewards.shape == prompt_index.shape  # one reward per sampled row
+        return rewards
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.world, name)
 
 
-def scripted_run(monkeypatch: pytest.MonkeyPatch, rounds: list[list[list[float]]], **changes) -> trainer.Run:
-    run = trainer.build(TrainConfig(**{**mdp_config().to_dict(), "dynamic_sampling": True, **changes}))
-    batches = iter(rounds)
-    monkeypatch.setattr(trainer, "sample_batches", lambda *args, **kwargs: [scripted(next(batches))])
+def scripted_run(rounds: list[list[list[float]]], **changes) -> trainer.Run:
+    """A dynamic-sampling run (2 prompts × 2 responses per round) whose world rewards are ``rounds``."""
+    run = trainer.build(TrainConfig(**{**mdp_config().to_dict(), "dynamic_sampling": True, "group_size": 2,
+                                       **changes}))
+    run.world = ScriptedRewards(run.world, rounds)
     return run
 
 
-def test_dynamic_sampling_keeps_varied_groups_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dynamic_sampling_keeps_varied_groups_by_hand() -> None:
     """N = 2 prompts: round 1 has one varied group ([0, 1]), round 2 another ([1, 0]) → the batch is those two,
     group ids 0, 1; 2 rounds, 2 of 4 groups kept; reward_current sees all 8 sampled rewards."""
-    run = scripted_run(monkeypatch, [[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[5, 6], [7, 8]]])
+    run = scripted_run([[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[5, 6], [7, 8]]])
     (fresh,) = trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
     batch = run.buffer[run.schedule.key(0)]
     assert batch.rewards.tolist() == [0, 1, 1, 0] and batch.group_ids.tolist() == [0, 0, 1, 1]
@@ -87,17 +93,18 @@ def test_dynamic_sampling_keeps_varied_groups_by_hand(monkeypatch: pytest.Monkey
     assert trainer.shaping_columns(run, None) == {"dynamic_rounds": 2.0, "dynamic_kept_frac": 0.5}
 
 
-def test_dynamic_sampling_truncates_and_fills(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three varied groups in round 1 → the first two; with one round allowed and one varied group, the batch is
-    filled with the first equal-reward group."""
-    run = scripted_run(monkeypatch, [[[0, 1], [2, 3], [4, 5]]])
+def test_dynamic_sampling_truncates_and_fills() -> None:
+    """Three varied groups over two rounds → the first two; with one round allowed and one varied group, the batch
+    is filled with the first equal-reward group."""
+    run = scripted_run([[[0, 1], [1, 1]], [[2, 3], [4, 5]]])
     trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
     assert run.buffer[run.schedule.key(0)].rewards.tolist() == [0, 1, 2, 3]
-    run = scripted_run(monkeypatch, [[[1, 1], [2, 2], [0, 1]]], dynamic_sampling_max_batches=1)
+    assert run.dynamic_counts == [2, 4, 3]
+    run = scripted_run([[[1, 1], [0, 1]]], dynamic_sampling_max_batches=1)
     trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
     batch = run.buffer[run.schedule.key(0)]
     assert batch.rewards.tolist() == [0, 1, 1, 1] and batch.group_ids.tolist() == [0, 0, 1, 1]
-    assert run.dynamic_counts == [1, 3, 1]
+    assert run.dynamic_counts == [1, 2, 1]
 
 
 def test_dynamic_sampling_run_trains_on_varied_groups(tmp_path: Path) -> None:
