@@ -259,7 +259,7 @@ def test_killing_the_driver_stops_its_cells(ray_module: Any, tmp_path: Path) -> 
     driver = subprocess.Popen([sys.executable, "-m", "offpolicylab", "sweep", str(tmp_path / "grid.json"), "--out",
                                str(tmp_path / "out"), "--engine", "ray"], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 600  # start-up only (a loaded 2-core machine took > 180 s once); not the property
     while not ((cell / "metrics.csv").exists() and (cell / "metrics.csv").read_text().count("\n") > 3):
         assert time.monotonic() < deadline and driver.poll() is None, "the cell never started"
         time.sleep(0.1)
