@@ -500,18 +500,18 @@ def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[st
                                                                                                    strict=True)]
     rows = [{"update": update, **own} for own in scalars(steps, current)]
     for run, step, row in zip(runs, steps, rows, strict=True):
-        if run.config.overlong_buffer or run.config.dynamic_sampling:  # the DAPO options' columns
-            row.update(shaping_columns(run, step.batch))
+        row.update(shaping_columns(run, step))
     return rows
 
 
-def shaping_columns(run: Run, batch: TokenBatch) -> dict[str, float]:
+def shaping_columns(run: Run, step: Step | None) -> dict[str, float]:
     """The columns of the DAPO options that are on: ``overlong_penalty`` (mean punishment in the consumed batch's
-    rewards), ``dynamic_rounds`` (batches sampled at this update) and ``dynamic_kept_frac`` (share of their groups
-    with rewards not all equal; NaN when none was sampled)."""
+    rewards; only this column reads the step's batch), ``dynamic_rounds`` (batches sampled at this update) and
+    ``dynamic_kept_frac`` (share of their groups with rewards not all equal; NaN when none was sampled)."""
     cfg, out = run.config, {}
     if cfg.overlong_buffer:
-        out["overlong_penalty"] = float(overlong_penalty(batch.mask.sum(-1), *overlong_settings(run)).mean())
+        lengths = step.batch.mask.sum(-1)
+        out["overlong_penalty"] = float(overlong_penalty(lengths, *overlong_settings(run)).mean())
     if cfg.dynamic_sampling:
         rounds, groups, kept = run.dynamic_counts
         out["dynamic_rounds"] = float(rounds)
