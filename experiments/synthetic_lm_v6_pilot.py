@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 if str(ROOT / "experiments") not in sys.path:
     sys.path.insert(0, str(ROOT / "experiments"))
 
-from collapse_experiment import GRID_CSV_COLUMNS, j_curve, run_stats  # noqa: E402
+from collapse_experiment import GRID_CSV_COLUMNS, grid_csv, j_curve, run_stats  # noqa: E402
 
 from offpolicylab import plots  # noqa: E402
 
@@ -74,13 +74,10 @@ def quarters(metrics: pd.DataFrame) -> list[dict[str, Any]]:
 def read(label: str, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The CSV row and the quarters of one run."""
     (run,) = plots.load_runs([run_dir])
-    stats = run_stats(run)
     curve = j_curve(run)
     has_fallen, fell_at = fell(curve["update"].to_numpy(), curve["J"].to_numpy())
-    row = {**stats, "label": label, "fell": has_fallen, "fell_update": fell_at}
-    row = {**row, "objective": label, "peak_J": stats["peak"], "final_J": stats["final"],
-           "collapsed": stats["collapse_update"] >= 0}
-    return {name: row[name] for name in CSV_COLUMNS}, quarters(run.metrics)
+    (row,) = grid_csv(pd.DataFrame([{**run_stats(run), "label": label}])).to_dict("records")
+    return {**row, "fell": has_fallen, "fell_update": fell_at}, quarters(run.metrics)
 
 
 def main(argv: list[str] | None = None) -> int:
