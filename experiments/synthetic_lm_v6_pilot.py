@@ -1,7 +1,11 @@
-"""The recipe v6 pilot read from its runs (``experiments/synthetic_lm_v6_pilot.md``): one row per run with the v5
-grid CSV's columns plus ``fell`` and ``fell_update``, and the mechanism by quarter of the updates.
+"""The recipe v6 pilot and grid read from their runs (``experiments/synthetic_lm_v6_pilot.md``,
+``experiments/synthetic_lm_grid_v6.md``): one row per run with the v5 grid CSV's columns plus ``fell`` and
+``fell_update``, the mechanism by quarter of the updates, and one row per cell over its seeds.
 
     python experiments/synthetic_lm_v6_pilot.py LABEL=RUN_DIR [LABEL=RUN_DIR ...] [--csv OUT.csv] [--json OUT.json]
+        [--cells OUT.csv]
+
+A label names the cell (the same label for each seed of a cell).
 
 J is the evaluation reward ``eval_reward_sampled`` (64 prompts × 4 samples) with its standard error.  Per run:
 J₀ the first evaluation, peak the largest, final the last.  **Fell** (the grid's definition, fixed before the pilot):
@@ -10,6 +14,9 @@ evaluation stays at or below peak − ½ (peak − J₀) — where the final fal
 Mechanism per quarter of the updates (mean, or the maximum where named): ``clip_frac``, ``ratio_p999`` (and its
 maximum), ``ratio_max`` (maximum), ``m2``, ``ess``, ``log_ratio_abs_mean``, ``grad_norm`` (median and maximum),
 ``entropy``, ``response_len``; and the evaluated KL(π‖π₀) per token (``eval_kl_init_k1``) at each quarter's end.
+Per cell (:func:`cells`): the seeds, the mean final J with its standard error over the seeds (sd / √n), the mean
+final as a multiple of on-policy GRPO's mean final (label ``grpo_on_policy``), and how many seeds fell and how many
+the collapse detector flagged.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ from offpolicylab import plots  # noqa: E402
 CSV_COLUMNS = (*GRID_CSV_COLUMNS, "fell", "fell_update")
 MEANS = ("clip_frac", "ratio_p999", "m2", "ess", "log_ratio_abs_mean", "entropy", "response_len")
 MAXIMA = ("ratio_p999", "ratio_max", "grad_norm")
+ON_POLICY = "grpo_on_policy"
+CELL_COLUMNS = ("objective", "staleness", "seeds", "final_mean", "final_se", "x_on_policy", "fell", "flagged",
+                "fell_updates")
 
 
 def fell(updates: np.ndarray, rewards: np.ndarray) -> tuple[bool, int]:
@@ -80,11 +90,30 @@ def read(label: str, run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]
     return {**row, "fell": has_fallen, "fell_update": fell_at}, quarters(run.metrics)
 
 
+def cells(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (objective, staleness) of the per-run table (:data:`CELL_COLUMNS`), in the runs' order:
+    ``final_se`` = sd over the seeds / √seeds (NaN for one seed), ``x_on_policy`` = final_mean / the mean final of
+    :data:`ON_POLICY` (NaN without it), ``fell_updates`` the seeds' fall updates joined by ``;``."""
+    rows = []
+    for (objective, staleness), part in runs.groupby(["objective", "staleness"], sort=False):
+        finals = part["final_J"].to_numpy(dtype=float)
+        rows.append({"objective": objective, "staleness": staleness, "seeds": len(part),
+                     "final_mean": finals.mean(),
+                     "final_se": finals.std(ddof=1) / math.sqrt(len(finals)) if len(finals) > 1 else math.nan,
+                     "fell": int(part["fell"].sum()), "flagged": int(part["collapsed"].sum()),
+                     "fell_updates": ";".join(str(u) for u in part["fell_update"] if u >= 0)})
+    table = pd.DataFrame(rows, columns=[c for c in CELL_COLUMNS if c != "x_on_policy"])
+    on_policy = table.loc[table["objective"] == ON_POLICY, "final_mean"]
+    table.insert(5, "x_on_policy", table["final_mean"] / on_policy.iloc[0] if len(on_policy) else math.nan)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR")
     parser.add_argument("--csv", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--cells", type=Path, default=None, help="write the per-cell table here")
     args = parser.parse_args(argv)
     rows, mechanisms = [], {}
     for item in args.runs:
@@ -93,15 +122,23 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"a run is LABEL=RUN_DIR, got {item!r}")
         row, by_quarter = read(label, Path(path))
         rows.append(row)
-        mechanisms[label] = by_quarter
+        mechanisms.setdefault(label, {})[row["seed"]] = by_quarter
     table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    per_cell = cells(table)
+    print(per_cell.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if args.cells:
+        args.cells.parent.mkdir(parents=True, exist_ok=True)
+        per_cell.to_csv(args.cells, index=False)
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.csv, index=False)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(mechanisms, indent=1) + "\n")
+        single = all(len(by_seed) == 1 for by_seed in mechanisms.values())  # the pilot: {label: quarters}
+        data = {label: next(iter(by_seed.values())) if single else {str(seed): q for seed, q in by_seed.items()}
+                for label, by_seed in mechanisms.items()}
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 

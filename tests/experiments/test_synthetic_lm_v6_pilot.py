@@ -65,3 +65,22 @@ def test_the_script_reads_a_tiny_v6_run(tmp_path: Path, monkeypatch: pytest.Monk
     assert row["objective"] == "grpo_no_tr" and row["staleness"] == 2 and row["seed"] == 0
     assert row["J0"] <= row["peak_J"] and row["peak_update"] in (0, 2, 4, 5)
     assert row["fell"] == (row["final_J"] <= row["peak_J"] - 0.5 * (row["peak_J"] - row["J0"]))
+
+
+def test_cells_by_hand() -> None:
+    runs = pd.DataFrame({
+        "objective": ["grpo_on_policy", "grpo_on_policy", "gppo", "gppo", "gppo"],
+        "staleness": [0, 0, 256, 256, 256], "seed": [0, 1, 0, 1, 2],
+        "final_J": [0.8, 0.6, 0.3, 0.6, 0.6], "fell": [False, False, True, False, False],
+        "fell_update": [-1, -1, 1500, -1, -1], "collapsed": [False, False, True, True, False]})
+    table = pilot.cells(runs)
+    assert list(table.columns) == list(pilot.CELL_COLUMNS)
+    on, gppo = table.iloc[0], table.iloc[1]
+    assert (on["objective"], on["seeds"], on["fell"], on["flagged"]) == ("grpo_on_policy", 2, 0, 0)
+    assert on["final_mean"] == pytest.approx(0.7) and on["x_on_policy"] == pytest.approx(1.0)
+    assert on["final_se"] == pytest.approx(math.sqrt(0.02) / math.sqrt(2))  # sd of (0.8, 0.6) = √0.02
+    assert (gppo["seeds"], gppo["fell"], gppo["flagged"], gppo["fell_updates"]) == (3, 1, 2, "1500")
+    assert gppo["final_mean"] == pytest.approx(0.5) and gppo["x_on_policy"] == pytest.approx(0.5 / 0.7)
+    assert gppo["final_se"] == pytest.approx(math.sqrt(0.03) / math.sqrt(3))  # deviations −0.2, 0.1, 0.1: var 0.03
+    one = pilot.cells(runs.iloc[2:3])
+    assert one["seeds"].item() == 1 and math.isnan(one["final_se"].item()) and math.isnan(one["x_on_policy"].item())
