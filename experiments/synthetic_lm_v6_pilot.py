@@ -13,10 +13,10 @@ final ≤ peak − ½ (peak − J₀).  ``fell_update``: the first evaluated upd
 evaluation stays at or below peak − ½ (peak − J₀) — where the final fall began (−1 when the run did not fall).
 Mechanism per quarter of the updates (mean, or the maximum where named): ``clip_frac``, ``ratio_p999`` (and its
 maximum), ``ratio_max`` (maximum), ``m2``, ``ess``, ``log_ratio_abs_mean``, ``grad_norm`` (median and maximum),
-``entropy``, ``response_len``; and the evaluated KL(π‖π₀) per token (``eval_kl_init_k1``) at each quarter's end.
-Per cell (:func:`cells`): the seeds, the mean final J with its standard error over the seeds (sd / √n), the mean
-final as a multiple of on-policy GRPO's mean final (label ``grpo_on_policy``), and how many seeds fell and how many
-the collapse detector flagged.
+``entropy``, ``response_len``; and the evaluated KL(π‖π₀) per token (``eval_kl_init_k1``) at each quarter's end
+(``--json``: {label: {seed: quarters}}).  Per cell (:func:`cells`): the seeds, the mean final J with its standard
+error over the seeds (sd / √n), the mean final as a multiple of on-policy GRPO's mean final (label
+``grpo_on_policy``), and how many seeds fell and how many the collapse detector flagged.
 """
 
 from __future__ import annotations
@@ -102,9 +102,9 @@ def cells(runs: pd.DataFrame) -> pd.DataFrame:
                      "final_se": finals.std(ddof=1) / math.sqrt(len(finals)) if len(finals) > 1 else math.nan,
                      "fell": int(part["fell"].sum()), "flagged": int(part["collapsed"].sum()),
                      "fell_updates": ";".join(str(u) for u in part["fell_update"] if u >= 0)})
-    table = pd.DataFrame(rows, columns=[c for c in CELL_COLUMNS if c != "x_on_policy"])
+    table = pd.DataFrame(rows).reindex(columns=list(CELL_COLUMNS))
     on_policy = table.loc[table["objective"] == ON_POLICY, "final_mean"]
-    table.insert(5, "x_on_policy", table["final_mean"] / on_policy.iloc[0] if len(on_policy) else math.nan)
+    table["x_on_policy"] = table["final_mean"] / on_policy.iloc[0] if len(on_policy) else math.nan
     return table
 
 
@@ -122,23 +122,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"a run is LABEL=RUN_DIR, got {item!r}")
         row, by_quarter = read(label, Path(path))
         rows.append(row)
-        mechanisms.setdefault(label, {})[row["seed"]] = by_quarter
+        mechanisms.setdefault(label, {})[str(row["seed"])] = by_quarter
     table = pd.DataFrame(rows, columns=list(CSV_COLUMNS))
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     per_cell = cells(table)
-    print(per_cell.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if args.cells:
-        args.cells.parent.mkdir(parents=True, exist_ok=True)
-        per_cell.to_csv(args.cells, index=False)
-    if args.csv:
-        args.csv.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.csv, index=False)
+    for frame, path in ((table, args.csv), (per_cell, args.cells)):
+        print(frame.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            frame.to_csv(path, index=False)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        single = all(len(by_seed) == 1 for by_seed in mechanisms.values())  # the pilot: {label: quarters}
-        data = {label: next(iter(by_seed.values())) if single else {str(seed): q for seed, q in by_seed.items()}
-                for label, by_seed in mechanisms.items()}
-        args.json.write_text(json.dumps(data, indent=1) + "\n")
+        args.json.write_text(json.dumps(mechanisms, indent=1) + "\n")
     return 0
 
 

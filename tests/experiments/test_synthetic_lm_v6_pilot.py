@@ -4,6 +4,7 @@ quarters of a hand-made metrics table, and the script on a tiny v6 run (seconds)
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def test_the_script_reads_a_tiny_v6_run(tmp_path: Path, monkeypatch: pytest.Monk
     assert pilot.main([f"grpo_no_tr={tmp_path / 'run'}", "--csv", str(out), "--json", str(tmp_path / "q.json")]) == 0
     table = pd.read_csv(out)
     assert list(table.columns) == list(pilot.CSV_COLUMNS)
+    quarters = json.loads((tmp_path / "q.json").read_text())
+    assert list(quarters) == ["grpo_no_tr"] and list(quarters["grpo_no_tr"]) == ["0"]
+    assert len(quarters["grpo_no_tr"]["0"]) == 4
     row = table.iloc[0]
     assert row["objective"] == "grpo_no_tr" and row["staleness"] == 2 and row["seed"] == 0
     assert row["J0"] <= row["peak_J"] and row["peak_update"] in (0, 2, 4, 5)
