@@ -11,7 +11,8 @@ J is the evaluation reward ``eval_reward_sampled`` (64 prompts × 4 samples) wit
 J₀ the first evaluation, peak the largest, final the last.  **Fell** (the grid's definition, fixed before the pilot):
 final ≤ peak − ½ (peak − J₀).  ``fell_update``: the first evaluated update after the peak from which every later
 evaluation stays at or below peak − ½ (peak − J₀) — where the final fall began (−1 when the run did not fall).
-Mechanism per quarter of the updates (mean, or the maximum where named): ``clip_frac``, ``ratio_p999`` (and its
+Mechanism per quarter of the updates (mean, or the maximum where named): ``clip_frac``, ``mask_frac`` and
+``accept_rate`` (the trajectory filters' share accepted, where the objective logs it), ``ratio_p999`` (and its
 maximum), ``ratio_max`` (maximum), ``m2``, ``ess``, ``log_ratio_abs_mean``, ``grad_norm`` (median and maximum),
 ``entropy``, ``response_len``; and the evaluated KL(π‖π₀) per token (``eval_kl_init_k1``) at each quarter's end
 (``--json``: {label: {seed: quarters}}).  Per cell (:func:`cells`): the seeds, the mean final J with its standard
@@ -42,7 +43,8 @@ from collapse_experiment import GRID_CSV_COLUMNS, grid_csv, j_curve, run_stats  
 from offpolicylab import plots  # noqa: E402
 
 CSV_COLUMNS = (*GRID_CSV_COLUMNS, "fell", "fell_update")
-MEANS = ("clip_frac", "ratio_p999", "m2", "ess", "log_ratio_abs_mean", "entropy", "response_len")
+MEANS = ("clip_frac", "mask_frac", "accept_rate", "ratio_p999", "m2", "ess", "log_ratio_abs_mean", "entropy",
+         "response_len")
 MAXIMA = ("ratio_p999", "ratio_max", "grad_norm")
 ON_POLICY = "grpo_on_policy"
 CELL_COLUMNS = ("objective", "staleness", "seeds", "final_mean", "final_se", "x_on_policy", "fell", "flagged",

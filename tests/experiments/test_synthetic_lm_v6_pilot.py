@@ -40,11 +40,13 @@ def test_fell_by_hand(rewards: list[float], expected: tuple[bool, int]) -> None:
 
 def test_quarters_of_a_hand_made_table() -> None:
     metrics = pd.DataFrame({"update": range(8), "clip_frac": [0, 0, 1, 1, 2, 2, 3, 5.0],
-                            "grad_norm": [1, 3, 2, 2, 9, 1, 1, 1.0],
+                            "grad_norm": [1, 3, 2, 2, 9, 1, 1, 1.0], "accept_rate": [1, 0, 0.5, 0.5, 0, 0, 0.25, 0.75],
                             "eval_kl_init_k1": [0.0, math.nan, 0.1, math.nan, math.nan, 0.3, math.nan, math.nan]})
     rows = pilot.quarters(metrics)
     assert [row["updates"] for row in rows] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [row["clip_frac_mean"] for row in rows] == [0, 1, 2, 4]
+    assert [row["accept_rate_mean"] for row in rows] == [0.5, 0.5, 0, 0.5]
+    assert all("mask_frac_mean" not in row for row in rows)  # a column the run did not log is left out
     assert [row["grad_norm_max"] for row in rows] == [3, 2, 9, 1]
     assert [row["grad_norm_median"] for row in rows] == [2, 2, 5, 1]
     assert rows[0]["kl_init_k1_end"] == 0.0 and rows[2]["kl_init_k1_end"] == 0.3
