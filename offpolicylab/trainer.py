@@ -449,12 +449,19 @@ def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Ten
 def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor, eps: float = 1e-6) -> Tensor:
     """A_i = r_i − r̄_{g(i)}  (÷ (σ_{g(i)} + eps) when ``std_norm``; σ is the population std of the group);
     ``std_norm`` may be a [B] bool tensor choosing per row (runs with different estimators joined row-wise: the
-    other rows are divided by 1, which is exact)."""
+    other rows are divided by 1, which is exact).
+
+    A group whose rewards are all equal gets A = 0 exactly, as the formula gives: its float32 mean can miss the
+    common value by an ulp (eight rewards of 0.1 sum to 0.8000001), and that residue divided by σ + eps ≈ 1e-6
+    would be an advantage of ≈ −0.007 for every response of the group (as in verl's ``compute_grpo_outcome_advantage``,
+    whose ``torch.mean`` leaves the same residue)."""
     groups = int(group_ids.max()) + 1
     zeros = rewards.new_zeros(groups)
     count = zeros.index_add(0, group_ids, torch.ones_like(rewards))
     mean = zeros.index_add(0, group_ids, rewards) / count
-    centered = rewards - mean[group_ids]
+    low = torch.full_like(zeros, math.inf).scatter_reduce(0, group_ids, rewards, "amin")
+    high = torch.full_like(zeros, -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
+    centered = torch.where((low == high)[group_ids], torch.zeros_like(rewards), rewards - mean[group_ids])
     if std_norm is False:
         return centered
     var = zeros.index_add(0, group_ids, centered**2) / count

@@ -30,9 +30,19 @@ def test_group_advantages_match_numpy(std_norm: bool) -> None:
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_constant_group_has_zero_advantage_even_normalised() -> None:
-    got = trainer.group_advantages(torch.ones(4), torch.zeros(4, dtype=torch.long), True)
-    assert torch.equal(got, torch.zeros(4))
+@pytest.mark.parametrize("value", [1.0, 0.1, 0.3, 0.7])
+@pytest.mark.parametrize("size", [4, 8, 16, 64])
+@pytest.mark.parametrize("std_norm", [False, True])
+def test_constant_group_has_zero_advantage_even_normalised(value: float, size: int, std_norm: bool) -> None:
+    """Equal rewards give A = 0 by the formula; eight float32 rewards of 0.1 have a mean one ulp off 0.1, which
+    ÷ (σ + 1e-6) would turn into A ≈ −0.007.  A second group with a spread keeps its usual advantages."""
+    rewards = torch.cat([torch.full((size,), value), torch.tensor([0.0, 1.0, 0.1, 1.0])])
+    groups = torch.cat([torch.zeros(size, dtype=torch.long), torch.ones(4, dtype=torch.long)])
+    got = trainer.group_advantages(rewards, groups, std_norm)
+    assert torch.equal(got[:size], torch.zeros(size))
+    r = np.array([0.0, 1.0, 0.1, 1.0], dtype=np.float32).astype(np.float64)
+    expected = (r - r.mean()) / (r.std() + 1e-6) if std_norm else r - r.mean()
+    np.testing.assert_allclose(got[size:].numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(("objective", "choice", "used"), [
