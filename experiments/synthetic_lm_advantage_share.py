@@ -12,9 +12,11 @@ and a run whose success saturates (more groups all right) clips less at the same
 the first factor off a run's checkpoint — the stale buffer holds every batch the next updates will consume, with its
 rewards, group ids and masks — and, with the run's ``metrics.csv``, the clip fraction logged at the updates that
 consume them (the buffer's ``keys``; updates the run has not reached are left out), both token-weighted over the
-batches, so that their ratio is the clip fraction among the tokens with Â ≠ 0.
+batches, so that their ratio is the clip fraction among the tokens with Â ≠ 0.  Runs trained before the trainer
+gave equal-reward groups Â = 0 exactly gave the groups of :func:`residue` |Â| ≈ 0.007, which can be clipped: the
+second ratio printed counts their tokens in the denominator too.
 
-    python experiments/synthetic_lm_advantage_share.py RUN_DIR [RUN_DIR ...] [--json OUT.json]
+    python experiments/synthetic_lm_advantage_share.py RUN_DIR [RUN_DIR ...] [--metrics CSV] [--json OUT.json]
 
 Only tensors are read (``torch.load(weights_only=True)``).
 """
@@ -42,66 +44,82 @@ def nonzero_advantage(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return out
 
 
+def residue(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """[N] bool: the row's group has rewards all equal to one value v whose float32 mean (Σ r) / n is not v (eight
+    rewards of 0.1: 0.10000000894 against 0.10000000149) — the groups to which a group-mean advantage without the
+    equal-rewards case gives |Â| ≈ 0.007 instead of 0."""
+    out = torch.zeros_like(rewards, dtype=torch.bool)
+    for group in group_ids.unique():
+        rows = group_ids == group
+        r = rewards[rows]
+        out[rows] = bool((r == r[0]).all()) and float(r.sum() / len(r)) != float(r[0])
+    return out
+
+
 def batch_table(buffer: dict[str, Tensor]) -> pd.DataFrame:
     """One row per buffered batch: ``key`` (the update that consumes it), ``version`` (the policy that sampled it),
     ``tokens``, ``share_tokens`` (response tokens with Â ≠ 0 over all response tokens), ``share_groups``,
-    ``success`` (share of responses with reward 1) and ``equal_with_residue``: the share of groups whose rewards are
-    all equal but whose float32 mean is not that value (eight rewards of 0.1) — the groups that a group-mean
-    advantage without the equal-rewards case gives |Â| ≈ 0.007 instead of 0."""
+    ``success`` (share of responses with reward 1), and the groups of :func:`residue`: their share of the groups
+    (``equal_with_residue``) and of the tokens (``residue_tokens``)."""
     rows = []
     start = 0
     for key, count in zip(buffer["keys"].tolist(), buffer["rows"].tolist(), strict=True):
         part = slice(start, start + count)
         start += count
+        rewards, groups = buffer["rewards"][part], buffer["group_ids"][part]
         mask = buffer["response_mask"][part].sum(1)
-        moving = nonzero_advantage(buffer["rewards"][part], buffer["group_ids"][part])
-        groups = buffer["group_ids"][part]
-        moving_groups = sum(bool(moving[groups == g][0]) for g in groups.unique())
-        residue = sum(bool(float(r.sum() / len(r)) != float(r[0])) for r in
-                      (buffer["rewards"][part][groups == g] for g in groups.unique()) if bool((r == r[0]).all()))
+        moving, residual = nonzero_advantage(rewards, groups), residue(rewards, groups)
+        firsts = [int((groups == g).nonzero()[0]) for g in groups.unique()]
         rows.append({"key": key, "version": int(buffer["version"][part].max()), "tokens": float(mask.sum()),
-                     "equal_with_residue": residue / len(groups.unique()),
                      "share_tokens": float(mask[moving].sum() / mask.sum()),
-                     "share_groups": moving_groups / len(groups.unique()),
-                     "success": float((buffer["rewards"][part] == 1.0).float().mean())})
+                     "share_groups": float(moving[firsts].float().mean()),
+                     "success": float((rewards == 1.0).float().mean()),
+                     "equal_with_residue": float(residual[firsts].float().mean()),
+                     "residue_tokens": float(mask[residual].sum() / mask.sum())})
     return pd.DataFrame(rows)
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
-    """The buffer's batches of ``run_dir``'s checkpoint, summarised, and the logged clip fraction at their keys."""
+def read_run(run_dir: Path, metrics_csv: Path | None = None) -> dict[str, Any]:
+    """The buffer's batches of ``run_dir``'s checkpoint, summarised, and the clip fraction logged at their keys in
+    ``metrics_csv`` (default: the run's own; another run's when a shorter rerun of it supplies the checkpoint)."""
     state = torch.load(run_dir / "checkpoint" / "state.pt", weights_only=True, map_location="cpu")
     table = batch_table(state["buffer"])
-    metrics = pd.read_csv(run_dir / "metrics.csv").set_index("update")
+    metrics = pd.read_csv(metrics_csv or run_dir / "metrics.csv").set_index("update")
     logged = table[table["key"].isin(metrics.index)]
     tokens = logged["tokens"].to_numpy()
     clip = float((metrics.loc[logged["key"], "clip_frac"].to_numpy() * tokens).sum() / tokens.sum()) \
         if len(logged) else math.nan
     share = float((logged["share_tokens"].to_numpy() * tokens).sum() / tokens.sum()) if len(logged) else math.nan
+    extra = float((logged["residue_tokens"].to_numpy() * tokens).sum() / tokens.sum()) if len(logged) else math.nan
     return {"run": str(run_dir), "next_update": int(state["next_update"]),
             "versions": [int(table["version"].min()), int(table["version"].max())],
             "keys": [int(table["key"].min()), int(table["key"].max())], "batches": len(table),
             "share_tokens": float(table["share_tokens"].mean()), "share_groups": float(table["share_groups"].mean()),
             "success": float(table["success"].mean()), "equal_with_residue": float(table["equal_with_residue"].mean()),
+            "residue_tokens": float(table["residue_tokens"].mean()),
             "logged_batches": len(logged),
             "clip_frac_logged": clip, "share_tokens_logged": share,
-            "clip_frac_given_nonzero": clip / share if share else math.nan}
+            "clip_frac_given_nonzero": clip / share if share else math.nan,
+            "clip_frac_given_nonzero_or_residue": clip / (share + extra) if share + extra else math.nan}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--metrics", type=Path, default=None,
+                        help="read the logged clip fraction from this metrics.csv (a longer run of the same config)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    results = [read_run(run) for run in args.runs]
+    results = [read_run(run, args.metrics) for run in args.runs]
     print("| run | sampled by versions | consumed at | Â ≠ 0: tokens / groups | success | equal with residue | "
-          "clip_frac logged (batches) | clip_frac given Â ≠ 0 |")
+          "clip_frac logged (batches) | clip_frac given Â ≠ 0 (or a residue group) |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in results:
         print(f"| {r['run']} | {r['versions'][0]}–{r['versions'][1]} | {r['keys'][0]}–{r['keys'][1]} | "
               f"{100 * r['share_tokens']:.1f} % / {100 * r['share_groups']:.1f} % | {100 * r['success']:.1f} % | "
               f"{100 * r['equal_with_residue']:.1f} % | "
               f"{100 * r['clip_frac_logged']:.3f} % ({r['logged_batches']}) | "
-              f"{100 * r['clip_frac_given_nonzero']:.3f} % |")
+              f"{100 * r['clip_frac_given_nonzero']:.3f} % ({100 * r['clip_frac_given_nonzero_or_residue']:.3f} %) |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0

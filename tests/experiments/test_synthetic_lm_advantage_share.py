@@ -42,6 +42,7 @@ def test_share_by_hand() -> None:
     assert list(table["share_groups"]) == [0.5, 0.0]
     assert list(table["success"]) == [0.25, 0.5]
     assert list(table["equal_with_residue"]) == [0.0, 0.0]  # two rewards of 0.1 average to 0.1 exactly
+    assert list(table["residue_tokens"]) == [0.0, 0.0]
 
 
 def test_eight_rewards_of_a_tenth_are_a_group_with_residue() -> None:
@@ -50,7 +51,7 @@ def test_eight_rewards_of_a_tenth_are_a_group_with_residue() -> None:
               "rewards": torch.tensor([0.1] * 8 + [0.0] * 8), "group_ids": torch.tensor([0] * 8 + [1] * 8),
               "version": torch.zeros(16, dtype=torch.long)}
     (row,) = share.batch_table(buffer).to_dict("records")
-    assert row["equal_with_residue"] == 0.5 and row["share_tokens"] == 0.0
+    assert row["equal_with_residue"] == 0.5 and row["residue_tokens"] == 0.5 and row["share_tokens"] == 0.0
 
 
 def test_clip_fraction_given_nonzero_by_hand(tmp_path: Path) -> None:
