@@ -13,7 +13,7 @@ the first factor off a run's checkpoint — the stale buffer holds every batch t
 rewards, group ids and masks — and, with the run's ``metrics.csv``, the clip fraction logged at the updates that
 consume them (the buffer's ``keys``; updates the run has not reached are left out), both token-weighted over the
 batches, so that their ratio is the clip fraction among the tokens with Â ≠ 0.  Runs trained before the trainer
-gave equal-reward groups Â = 0 exactly gave the groups of :func:`residue` |Â| ≈ 0.007, which can be clipped: the
+gave equal-reward groups Â = 0 exactly gave the residue groups of :func:`group_kinds` |Â| ≈ 0.007, which can be clipped: the
 second ratio printed counts their tokens in the denominator too.
 
     python experiments/synthetic_lm_advantage_share.py RUN_DIR [RUN_DIR ...] [--metrics CSV] [--json OUT.json]
@@ -35,31 +35,26 @@ import torch
 from torch import Tensor
 
 
-def nonzero_advantage(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """[N] bool: the row's group has rewards that are not all equal (its GRPO advantage is nonzero)."""
-    out = torch.zeros_like(rewards, dtype=torch.bool)
-    for group in group_ids.unique():
-        rows = group_ids == group
-        out[rows] = bool((rewards[rows] != rewards[rows][0]).any())
-    return out
-
-
-def residue(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """[N] bool: the row's group has rewards all equal to one value v whose float32 mean (Σ r) / n is not v (eight
-    rewards of 0.1: 0.10000000894 against 0.10000000149) — the groups to which a group-mean advantage without the
-    equal-rewards case gives |Â| ≈ 0.007 instead of 0."""
-    out = torch.zeros_like(rewards, dtype=torch.bool)
+def group_kinds(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """Two [N] bool tensors: whether the row's group has rewards that are not all equal (its GRPO advantage is
+    nonzero), and whether its rewards are all equal to one value v whose float32 mean (Σ r) / n is not v (eight
+    rewards of 0.1: 0.10000000894 against 0.10000000149) — a *residue group*, to which a group-mean advantage without
+    the equal-rewards case gives |Â| ≈ 0.007 instead of 0."""
+    moving = torch.zeros_like(rewards, dtype=torch.bool)
+    residue = torch.zeros_like(rewards, dtype=torch.bool)
     for group in group_ids.unique():
         rows = group_ids == group
         r = rewards[rows]
-        out[rows] = bool((r == r[0]).all()) and float(r.sum() / len(r)) != float(r[0])
-    return out
+        equal = bool((r == r[0]).all())
+        moving[rows] = not equal
+        residue[rows] = equal and float(r.sum() / len(r)) != float(r[0])
+    return moving, residue
 
 
 def batch_table(buffer: dict[str, Tensor]) -> pd.DataFrame:
     """One row per buffered batch: ``key`` (the update that consumes it), ``version`` (the policy that sampled it),
     ``tokens``, ``share_tokens`` (response tokens with Â ≠ 0 over all response tokens), ``share_groups``,
-    ``success`` (share of responses with reward 1), and the groups of :func:`residue`: their share of the groups
+    ``success`` (share of responses with reward 1), and the residue groups of :func:`group_kinds`: their share of the groups
     (``equal_with_residue``) and of the tokens (``residue_tokens``)."""
     rows = []
     start = 0
@@ -68,7 +63,7 @@ def batch_table(buffer: dict[str, Tensor]) -> pd.DataFrame:
         start += count
         rewards, groups = buffer["rewards"][part], buffer["group_ids"][part]
         mask = buffer["response_mask"][part].sum(1)
-        moving, residual = nonzero_advantage(rewards, groups), residue(rewards, groups)
+        moving, residual = group_kinds(rewards, groups)
         firsts = [int((groups == g).nonzero()[0]) for g in groups.unique()]
         rows.append({"key": key, "version": int(buffer["version"][part].max()), "tokens": float(mask.sum()),
                      "share_tokens": float(mask[moving].sum() / mask.sum()),
@@ -87,10 +82,12 @@ def read_run(run_dir: Path, metrics_csv: Path | None = None) -> dict[str, Any]:
     metrics = pd.read_csv(metrics_csv or run_dir / "metrics.csv").set_index("update")
     logged = table[table["key"].isin(metrics.index)]
     tokens = logged["tokens"].to_numpy()
-    clip = float((metrics.loc[logged["key"], "clip_frac"].to_numpy() * tokens).sum() / tokens.sum()) \
-        if len(logged) else math.nan
-    share = float((logged["share_tokens"].to_numpy() * tokens).sum() / tokens.sum()) if len(logged) else math.nan
-    extra = float((logged["residue_tokens"].to_numpy() * tokens).sum() / tokens.sum()) if len(logged) else math.nan
+
+    def weighted(values: Any) -> float:
+        return float((values * tokens).sum() / tokens.sum()) if len(logged) else math.nan
+
+    clip = weighted(metrics.loc[logged["key"], "clip_frac"].to_numpy())
+    share, extra = weighted(logged["share_tokens"].to_numpy()), weighted(logged["residue_tokens"].to_numpy())
     return {"run": str(run_dir), "next_update": int(state["next_update"]),
             "versions": [int(table["version"].min()), int(table["version"].max())],
             "keys": [int(table["key"].min()), int(table["key"].max())], "batches": len(table),
