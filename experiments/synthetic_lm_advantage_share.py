@@ -1,8 +1,8 @@
 """How much of a stale buffer can be clipped at all: the share of response tokens whose GRPO advantage is nonzero, per
 buffered batch, beside the clip fraction the run logged when it consumed that batch.
 
-GRPO's advantage Â_i = (R_i − mean_g R) / (std_g R + 1e-6) is 0 for every response of a group g whose G rewards are
-equal (Shao et al. 2024, arXiv:2402.03300).  The ε-clip acts on a token only through −Â·r, so a token with Â = 0 is
+GRPO's advantage Â_i = (R_i − mean_g R) / (std_g R + 1e-6) is 0 for every response of a group g whose G rewards
+are equal (Shao et al. 2024, arXiv:2402.03300).  The ε-clip acts on a token only through −Â·r, so a token with Â = 0 is
 never counted as clipped, while it stays in the denominator of the clip fraction (ours, `clip_frac`, and verl's
 `actor/pg_clipfrac`, a masked mean over all response tokens).  The clip fraction therefore factors as
 
@@ -13,8 +13,8 @@ the first factor off a run's checkpoint — the stale buffer holds every batch t
 rewards, group ids and masks — and, with the run's ``metrics.csv``, the clip fraction logged at the updates that
 consume them (the buffer's ``keys``; updates the run has not reached are left out), both token-weighted over the
 batches, so that their ratio is the clip fraction among the tokens with Â ≠ 0.  Runs trained before the trainer
-gave equal-reward groups Â = 0 exactly gave the residue groups of :func:`group_kinds` |Â| ≈ 0.007, which can be clipped: the
-second ratio printed counts their tokens in the denominator too.
+gave equal-reward groups Â = 0 exactly gave the residue groups of :func:`group_kinds` |Â| ≈ 0.007, which can be
+clipped: the second ratio printed counts their tokens in the denominator too.
 
     python experiments/synthetic_lm_advantage_share.py RUN_DIR [RUN_DIR ...] [--metrics CSV] [--json OUT.json]
 
@@ -54,8 +54,8 @@ def group_kinds(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
 def batch_table(buffer: dict[str, Tensor]) -> pd.DataFrame:
     """One row per buffered batch: ``key`` (the update that consumes it), ``version`` (the policy that sampled it),
     ``tokens``, ``share_tokens`` (response tokens with Â ≠ 0 over all response tokens), ``share_groups``,
-    ``success`` (share of responses with reward 1), and the residue groups of :func:`group_kinds`: their share of the groups
-    (``equal_with_residue``) and of the tokens (``residue_tokens``)."""
+    ``success`` (share of responses with reward 1), and the residue groups of :func:`group_kinds`: their share of
+    the groups (``equal_with_residue``) and of the tokens (``residue_tokens``)."""
     rows = []
     start = 0
     for key, count in zip(buffer["keys"].tolist(), buffer["rows"].tolist(), strict=True):

@@ -453,8 +453,8 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor
 
     A group whose rewards are all equal gets A = 0 exactly, as the formula gives: its float32 mean can miss the
     common value by an ulp (eight rewards of 0.1 sum to 0.8000001), and that residue divided by σ + eps ≈ 1e-6
-    would be an advantage of ≈ −0.007 for every response of the group (as in verl's ``compute_grpo_outcome_advantage``,
-    whose ``torch.mean`` leaves the same residue)."""
+    would be an advantage of ≈ −0.007 for every response of the group (as in verl's
+    ``compute_grpo_outcome_advantage``, whose ``torch.mean`` leaves the same residue)."""
     groups = int(group_ids.max()) + 1
     zeros = rewards.new_zeros(groups)
     count = zeros.index_add(0, group_ids, torch.ones_like(rewards))

@@ -16,7 +16,8 @@ from offpolicylab.config import TrainConfig
 from offpolicylab.trainer import group_advantages, train
 
 ROOT = Path(__file__).resolve().parents[2]
-SPEC = importlib.util.spec_from_file_location("advantage_share", ROOT / "experiments" / "synthetic_lm_advantage_share.py")
+SPEC = importlib.util.spec_from_file_location("advantage_share",
+                                              ROOT / "experiments" / "synthetic_lm_advantage_share.py")
 share = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(share)
 
