@@ -452,7 +452,7 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor
     other rows are divided by 1, which is exact).
 
     A group whose rewards are all equal gets A = 0 exactly, as the formula gives: its float32 mean can miss the
-    common value by an ulp (eight rewards of 0.1 sum to 0.8000001), and that residue divided by σ + eps ≈ 1e-6
+    common value by an ulp (three rewards of 0.9 sum to 2.6999998), and that residue divided by σ + eps ≈ 1e-6
     would be an advantage of ≈ −0.007 for every response of the group (as in verl's
     ``compute_grpo_outcome_advantage``, whose ``torch.mean`` leaves the same residue)."""
     groups = int(group_ids.max()) + 1

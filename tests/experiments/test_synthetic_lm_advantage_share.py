@@ -46,11 +46,12 @@ def test_share_by_hand() -> None:
     assert list(table["residue_tokens"]) == [0.0, 0.0]
 
 
-def test_eight_rewards_of_a_tenth_are_a_group_with_residue() -> None:
-    """float32: 0.1 summed eight times and divided by 8 is 0.10000000894, not 0.1 (0.10000000149)."""
-    buffer = {"keys": torch.tensor([5]), "rows": torch.tensor([16]), "response_mask": torch.ones(16, 2),
-              "rewards": torch.tensor([0.1] * 8 + [0.0] * 8), "group_ids": torch.tensor([0] * 8 + [1] * 8),
-              "version": torch.zeros(16, dtype=torch.long)}
+def test_three_rewards_of_0_9_are_a_group_with_residue() -> None:
+    """float32: (0.9 + 0.9) + 0.9 rounds down, and divided by 3 it is one ulp below 0.9.  Three equal values have one
+    summation order, so this holds on every CPU (eight can be summed pairwise, exactly, or in a row, not)."""
+    buffer = {"keys": torch.tensor([5]), "rows": torch.tensor([6]), "response_mask": torch.ones(6, 2),
+              "rewards": torch.tensor([0.9] * 3 + [0.0] * 3), "group_ids": torch.tensor([0] * 3 + [1] * 3),
+              "version": torch.zeros(6, dtype=torch.long)}
     (row,) = share.batch_table(buffer).to_dict("records")
     assert row["equal_with_residue"] == 0.5 and row["residue_tokens"] == 0.5 and row["share_tokens"] == 0.0
 

@@ -30,12 +30,13 @@ def test_group_advantages_match_numpy(std_norm: bool) -> None:
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("value", [1.0, 0.1, 0.3, 0.7])
-@pytest.mark.parametrize("size", [4, 8, 16, 64])
+@pytest.mark.parametrize("value", [1.0, 0.1, 0.3, 0.7, 0.9])
+@pytest.mark.parametrize("size", [3, 4, 8, 16, 64])
 @pytest.mark.parametrize("std_norm", [False, True])
 def test_constant_group_has_zero_advantage_even_normalised(value: float, size: int, std_norm: bool) -> None:
-    """Equal rewards give A = 0 by the formula; eight float32 rewards of 0.1 have a mean one ulp off 0.1, which
-    ÷ (σ + 1e-6) would turn into A ≈ −0.007.  A second group with a spread keeps its usual advantages."""
+    """Equal rewards give A = 0 by the formula; a float32 mean can miss their value by an ulp (three rewards of 0.9
+    on every CPU: three equal values have one summation order), which ÷ (σ + 1e-6) would turn into |A| ≈ 0.01.
+    A second group with a spread keeps its usual advantages."""
     rewards = torch.cat([torch.full((size,), value), torch.tensor([0.0, 1.0, 0.1, 1.0])])
     groups = torch.cat([torch.zeros(size, dtype=torch.long), torch.ones(4, dtype=torch.long)])
     got = trainer.group_advantages(rewards, groups, std_norm)
