@@ -37,8 +37,8 @@ from torch import Tensor
 
 def group_kinds(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
     """Two [N] bool tensors: whether the row's group has rewards that are not all equal (its GRPO advantage is
-    nonzero), and whether its rewards are all equal to one value v whose float32 mean (Σ r) / n is not v (eight
-    rewards of 0.1: 0.10000000894 against 0.10000000149) — a *residue group*, to which a group-mean advantage without
+    nonzero), and whether its rewards are all equal to one value v whose float32 mean (Σ r) / n is not v (three
+    rewards of 0.9 on any CPU; eight of 0.1 when summed in a row, as here) — a *residue group*, to which a group-mean advantage without
     the equal-rewards case gives |Â| ≈ 0.007 instead of 0."""
     moving = torch.zeros_like(rewards, dtype=torch.bool)
     residue = torch.zeros_like(rewards, dtype=torch.bool)
