@@ -119,7 +119,8 @@ def measure(args: argparse.Namespace) -> dict:
     for update in range(args.updates):
         fresh = collect(stack, update, watch)
         rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
-        if update % args.probe_every == 0:
+        measured = update >= args.measure_from
+        if measured and update % args.probe_every == 0:
             with torch.no_grad():
                 prompts = run.world.sample_prompts(args.probe_size, probe_gen)
                 probe = sample_rollout(run.policy, prompts, 1, 1.0, probe_gen, run.config.behavior_logp)
@@ -134,18 +135,20 @@ def measure(args: argparse.Namespace) -> dict:
         with torch.no_grad():
             if keys is not None:
                 trained_keys.append({int(k) for k in keys[rollout.prompt_index].tolist()})
-            after, _ = run.policy.score(rollout)
-            own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
+            if measured:
+                after, _ = run.policy.score(rollout)
+                own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
             delta = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, before, strict=True)])
             ratio = (delta / args.lr).numpy()
             steps.append((update, float(np.median(ratio)), float(np.quantile(ratio, 0.99)), float(ratio.max()),
                           float(np.quantile(ratio, 0.999))))
-            ids.append(torch.unique(rollout.response_ids[rollout.response_mask.bool()]).numel())
-            mask = rollout.response_mask.bool()
-            staleness = int((update - rollout.version[0]).item())
-            in_run[staleness].append(np.stack([(logp.detach() - rollout.behavior_logp)[mask].numpy(),
-                                               rollout.behavior_logp[mask].exp().numpy()]))
             clip.append(float(output.metrics["clip_frac"]))
+            if measured:
+                ids.append(torch.unique(rollout.response_ids[rollout.response_mask.bool()]).numel())
+                mask = rollout.response_mask.bool()
+                staleness = int((update - rollout.version[0]).item())
+                in_run[staleness].append(np.stack([(logp.detach() - rollout.behavior_logp)[mask].numpy(),
+                                                   rollout.behavior_logp[mask].exp().numpy()]))
             for birth, probe, logp_old, pmask, old_params in probes:  # after `update`: birth's policy + lag
                 lag = update + 1 - birth
                 if lag in probe_lr:
@@ -177,15 +180,18 @@ def measure(args: argparse.Namespace) -> dict:
             probes = [p for p in probes if update + 1 - p[0] < lags[-1]]
         if update % 50 == 0:
             print(f"update {update}  {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    late = max(10, args.measure_from)  # Adam's steps are read from this update on
+    window = steps[args.measure_from:]
     result = {
         "command": " ".join(sys.argv), "world_params": world_params, "lr": args.lr, "updates": args.updates,
-        "seed": args.seed, "clip_frac_mean": float(np.mean(clip)), "seconds": time.perf_counter() - start,
+        "seed": args.seed, "measure_from": args.measure_from, "clip_frac_mean": float(np.mean(clip[args.measure_from:])),
+        "clip_frac_run": float(np.mean(clip)), "seconds": time.perf_counter() - start,
         "probe_length_mean": lengths,
         "adam_step_over_lr": {"first": steps[:4], "last": steps[-4:],
-                              "median_of_medians": float(np.median([s[1] for s in steps])),
-                              "median_p99": float(np.median([s[2] for s in steps])),
-                              "median_p999_after_10": float(np.median([s[4] for s in steps[10:]] or [np.nan])),
-                              "max_after_10": float(max([s[3] for s in steps[10:]] or [np.nan]))},
+                              "median_of_medians": float(np.median([s[1] for s in window])),
+                              "median_p99": float(np.median([s[2] for s in window])),
+                              "median_p999_after_10": float(np.median([s[4] for s in steps[late:]] or [np.nan])),
+                              "max_after_10": float(max([s[3] for s in steps[late:]] or [np.nan]))},
         "distinct_token_ids_per_update": float(np.mean(ids)),
         "in_run": {str(k): tail_stats(np.concatenate([a[0] for a in v]), np.concatenate([a[1] for a in v]))
                    for k, v in in_run.items() if v},
@@ -267,6 +273,10 @@ def table(results: list[dict]) -> str:
                      + (f"; after update 10: p99.9 {step['median_p999_after_10']:.2f} (median), max "
                         f"{step['max_after_10']:.2f}; distinct token ids per update "
                         f"{res['distinct_token_ids_per_update']:.0f}" if "max_after_10" in step else ""))
+        if res.get("measure_from"):
+            lines.append(f"measured from update {res['measure_from']} (|Δθ|/lr p99.9 and max from update "
+                         f"{max(10, res['measure_from'])}); clip_frac over the whole run "
+                         f"{100 * res['clip_frac_run']:.4f} %")
         lines.append("| source | lag | tokens | outside [0.8,1.2] | p99 | p99.9 | p99.99 | max |")
         lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
         for source in ("in_run", "probe"):
@@ -286,11 +296,13 @@ def table(results: list[dict]) -> str:
                          + " / ".join(f"{c['p99.9']:.4f}" for c in cells) + " | "
                          + " / ".join(f"{c['max']:.3f}" for c in cells) + f" | {100 * cells[2]['outside']:.3f} % |")
         first, later = res["per_birth"][0], res["per_birth"][1:]
-        lines.append("\nper probe, lag 3: first rollout batch (update 0) vs the later probes (median): outside / p99.9")
+        lines.append(f"\nper probe, lag 3: the first probe (update {first['birth']}) vs the later probes (median): "
+                     "outside / p99.9")
         later3 = [r["3"] for r in later if "3" in r]
-        lines.append(f"  update 0: {100 * first['3']['outside']:.4f} % / {first['3']['p99.9']:.4f};  later: "
-                     f"{100 * np.median([r['outside'] for r in later3]):.4f} % / "
-                     f"{np.median([r['p99.9'] for r in later3]):.4f}  ({len(later3)} probes)")
+        later_text = (f"{100 * np.median([r['outside'] for r in later3]):.4f} % / "
+                      f"{np.median([r['p99.9'] for r in later3]):.4f}" if later3 else "none")
+        lines.append(f"  update {first['birth']}: {100 * first['3']['outside']:.4f} % / {first['3']['p99.9']:.4f};  "
+                     f"later: {later_text}  ({len(later3)} probes)")
         if res.get("by_key"):
             lines.append("by key (probes): tokens of prompts whose key was trained since the probe / the others: "
                          "share of tokens, p99.9, max, outside")
@@ -330,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--probe-every", type=int, default=20, help="a multiple of 4 (a rollout boundary)")
     parser.add_argument("--probe-size", type=int, default=512)
+    parser.add_argument("--measure-from", type=int, default=0,
+                        help="probe and summarise only from this update on (a multiple of 4; training starts at 0)")
     parser.add_argument("--long-lags", default="4,8,16,32,64,128,256")
     parser.add_argument("--world-param", action="append", default=[], metavar="K=V")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON")
@@ -356,8 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.table is not None:
         print(table([json.loads(p.read_text()) for p in args.table]))
         return 0
-    if args.probe_every % 4:
-        parser.error("--probe-every must be a multiple of 4 (a stages:4 rollout boundary)")
+    if args.probe_every % 4 or args.measure_from % 4:
+        parser.error("--probe-every and --measure-from must be multiples of 4 (a stages:4 rollout boundary)")
+    if not 0 <= args.measure_from < args.updates:
+        parser.error(f"--measure-from must be in [0, --updates = {args.updates}), got {args.measure_from}")
     args.long_lags = [int(x) for x in args.long_lags.split(",") if x]
     result = measure(args)
     if args.out:

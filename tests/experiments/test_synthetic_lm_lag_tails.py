@@ -60,3 +60,30 @@ def test_adam_noise_drift_grows_as_the_square_root_of_the_lag() -> None:
     assert 25 < drift[256] / drift[2] < 45  # pure noise: ballistic below ~10 updates (momentum), diffusive beyond
     coherent = lag_tails.adam_displacement(1.0, lags=(2, 256), params=200, burn=1500, steps=1500)
     assert coherent[256] / coherent[2] > 100
+
+
+def test_measure_from_probes_and_summarises_only_the_late_updates(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--measure-from 4``: the same training (the whole run's clip fraction equals the trainer's), but the probes
+    are born at update 4 and later only, and the clip fraction and in-run tails cover updates 4–7."""
+    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
+    lr, updates = 3e-2, 8
+    params = [x for k, v in TINY.items() for x in ("--world-param", f"{k}={v}")]
+    out = tmp_path / "late.json"
+    assert lag_tails.main(["--lr", str(lr), "--updates", str(updates), "--probe-every", "4", "--probe-size", "16",
+                           "--long-lags", "4", "--measure-from", "4", "--out", str(out), *params]) == 0
+    result = json.loads(out.read_text())
+    config = TrainConfig(world="synthetic_lm", world_params=dict(TINY), objective="grpo",
+                         objective_params={"eps_low": 0.2, "eps_high": 0.2}, schedule="stages:4", updates=updates,
+                         lr=lr, seed=0, eval_every=updates, sample_every=0, checkpoint_every=updates)
+    train(config, tmp_path / "run")
+    trainer_clip = pd.read_csv(tmp_path / "run" / "metrics.csv")["clip_frac"].to_numpy()
+    assert result["clip_frac_run"] == pytest.approx(float(np.mean(trainer_clip)), abs=1e-12)
+    assert result["clip_frac_mean"] == pytest.approx(float(np.mean(trainer_clip[4:])), abs=1e-12)
+    assert [row["birth"] for row in result["per_birth"]] == [4]
+    assert set(result["probe"]) == {"1", "2", "3", "4"}  # the update-4 probe, scored after updates 4–7
+    # one rollout batch (updates 4–7) in the in-run tails: one minibatch at each staleness 0–3
+    sizes = {k: result["in_run"][k]["all"]["n"] for k in ("0", "1", "2", "3")}
+    assert min(sizes.values()) > 0
+    with pytest.raises(SystemExit):
+        lag_tails.main(["--updates", "8", "--measure-from", "8", *params])
