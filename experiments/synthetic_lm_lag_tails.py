@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python experiments/synthetic_lm_lag_tails.py` from a checkout
@@ -49,6 +50,7 @@ if str(ROOT) not in sys.path:  # run as `python experiments/synthetic_lm_lag_tai
 
 from offpolicylab.behavior import sample_rollout  # noqa: E402
 from offpolicylab.config import TrainConfig, parse_assignments  # noqa: E402
+from offpolicylab.contracts import Rollout  # noqa: E402
 from offpolicylab.profiling import Stopwatch  # noqa: E402
 from offpolicylab.trainer import Stack, build, collect, train_update  # noqa: E402
 
@@ -92,11 +94,15 @@ def tail_stats(log_ratio: np.ndarray, p_old: np.ndarray) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     world_params = parse_assignments(args.world_param, "--world-param")
-    config = TrainConfig(world="synthetic_lm", world_params=world_params, objective="grpo",
+    config = TrainConfig(world=args.world, world_params=world_params, policy=args.policy,
+                         policy_params=parse_assignments(args.policy_param, "--policy-param"), objective="grpo",
                          objective_params={"eps_low": 0.2, "eps_high": 0.2}, schedule="stages:4",
                          updates=args.updates, lr=args.lr, seed=args.seed, eval_every=args.updates, sample_every=0,
-                         checkpoint_every=args.updates)
+                         checkpoint_every=args.updates, prompts_per_update=args.prompts_per_update,
+                         group_size=args.group_size)
     run = build(config)
+    eos = end_tokens(run.policy)
+    responses: list[np.ndarray] = []  # per stale response (staleness 1–3): tokens, Σ|log r|, tokens outside, truncated
     stack = Stack.one(run)
     watch = Stopwatch()
     probe_gen = torch.Generator().manual_seed(10_000 + args.seed)
@@ -120,7 +126,7 @@ def measure(args: argparse.Namespace) -> dict:
         fresh = collect(stack, update, watch)
         rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
         measured = update >= args.measure_from
-        if measured and update % args.probe_every == 0:
+        if measured and args.probe_size and update % args.probe_every == 0:
             with torch.no_grad():
                 prompts = run.world.sample_prompts(args.probe_size, probe_gen)
                 probe = sample_rollout(run.policy, prompts, 1, 1.0, probe_gen, run.config.behavior_logp)
@@ -135,7 +141,7 @@ def measure(args: argparse.Namespace) -> dict:
         with torch.no_grad():
             if keys is not None:
                 trained_keys.append({int(k) for k in keys[rollout.prompt_index].tolist()})
-            if measured:
+            if measured and args.rescore:
                 after, _ = run.policy.score(rollout)
                 own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
             delta = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, before, strict=True)])
@@ -149,6 +155,8 @@ def measure(args: argparse.Namespace) -> dict:
                 staleness = int((update - rollout.version[0]).item())
                 in_run[staleness].append(np.stack([(logp.detach() - rollout.behavior_logp)[mask].numpy(),
                                                    rollout.behavior_logp[mask].exp().numpy()]))
+                if staleness:
+                    responses.append(per_response(logp.detach() - rollout.behavior_logp, rollout, eos))
             for birth, probe, logp_old, pmask, old_params in probes:  # after `update`: birth's policy + lag
                 lag = update + 1 - birth
                 if lag in probe_lr:
@@ -198,13 +206,72 @@ def measure(args: argparse.Namespace) -> dict:
         "probe": {str(k): tail_stats(np.concatenate(probe_lr[k]), np.concatenate(probe_p[k]))
                   for k in lags if probe_lr[k]},
         "per_birth": per_birth,
-        "self": tail_stats(np.concatenate(own), np.zeros(sum(a.size for a in own))),
+        "self": tail_stats(np.concatenate(own), np.zeros(sum(a.size for a in own))) if own else {},
+        "responses": concentration(np.concatenate(responses)) if responses else {},
         "by_key": {name: {str(k): tail_stats(np.concatenate(v), np.zeros(sum(a.size for a in v)))["all"]
                           for k, v in lags_.items() if v}
                    for name, lags_ in by_key.items()} if keys is not None else {},
-        "groups_lag3": group_table(np.concatenate(full3), {g: np.concatenate(v) for g, v in groups.items()}),
+        "groups_lag3": group_table(np.concatenate(full3), {g: np.concatenate(v) for g, v in groups.items()})
+        if full3 else {},
     }
     return result
+
+
+def end_tokens(policy: object) -> Tensor | None:
+    """The token ids that end a response (``eos_ids`` of the ``hf`` policy, ``eos_id`` of the student), or None when
+    responses have a fixed length."""
+    ids = getattr(policy, "eos_ids", None)
+    if ids is not None:
+        return torch.as_tensor(ids)
+    eos = getattr(policy, "eos_id", None)
+    return None if eos is None else torch.tensor([eos])
+
+
+def per_response(log_ratio: Tensor, rollout: Rollout, eos: Tensor | None) -> np.ndarray:
+    """Per response of a consumed minibatch [B, 4]: response tokens, Σ |log r|, tokens outside [0.8, 1.2], and 1.0
+    when truncated (its last position is a response token and not an end token; NaN when responses have a fixed
+    length)."""
+    mask = rollout.response_mask.bool()
+    a = torch.where(mask, log_ratio.abs(), 0.0)
+    outside = mask & ((log_ratio > CLIP_HIGH) | (log_ratio < -CLIP_LOW))
+    if eos is None:
+        truncated = torch.full((mask.shape[0],), float("nan"))
+    else:
+        truncated = (mask[:, -1] & ~torch.isin(rollout.response_ids[:, -1], eos)).double()
+    return torch.stack([mask.sum(-1).double(), a.sum(-1).double(), outside.sum(-1).double(), truncated], 1).numpy()
+
+
+def half_share(outside: np.ndarray) -> float:
+    """The smallest share of responses that holds at least half of the outside tokens (``outside``: per response)."""
+    by_count = np.cumsum(np.sort(outside)[::-1]) / outside.sum()
+    return float((np.searchsorted(by_count, 0.5 - 1e-12) + 1) / len(outside))
+
+
+def concentration(rows: np.ndarray, draws: int = 200, seed: int = 0) -> dict:
+    """Where the tokens outside [0.8, 1.2] sit among the stale responses (rows of :func:`per_response`): the
+    smallest share of responses that holds half of them, beside the same share when as many outside tokens fall on
+    uniformly random tokens (median of ``draws`` placements: few outside tokens look concentrated by chance alone);
+    the share held by the 1 % and 5 % of responses with the largest mean |log r|; the share held by truncated
+    responses, the share of tokens in truncated responses, and the share of responses truncated."""
+    tokens, total, outside, truncated = rows.T
+    n, clipped = len(rows), int(outside.sum())
+    out: dict = {"responses": n, "tokens": int(tokens.sum()), "outside_tokens": clipped,
+                 "truncated_responses": float(np.mean(truncated)),
+                 "truncated_tokens": float(tokens[truncated == 1].sum() / max(tokens.sum(), 1))}
+    if not clipped:
+        return out
+    out["half_in_share_of_responses"] = half_share(outside)
+    rng = np.random.default_rng(seed)
+    owner = np.repeat(np.arange(n), tokens.astype(int))
+    null = [half_share(np.bincount(owner[rng.choice(owner.size, clipped, replace=False)], minlength=n))
+            for _ in range(draws)]
+    out["half_in_share_null"] = float(np.median(null))
+    order = np.argsort(-total / np.maximum(tokens, 1), kind="stable")
+    for pct in (1, 5):
+        top = order[:max(1, math.ceil(n * pct / 100))]
+        out[f"share_in_top{pct}pct_mean"] = float(outside[top].sum() / clipped)
+    out["share_in_truncated"] = float(outside[truncated == 1].sum() / clipped)
+    return out
 
 
 def adam_displacement(signal: float, lags: tuple[int, ...] = (1, 2, 3, 256), params: int = 4000, burn: int = 3000,
@@ -262,6 +329,72 @@ def group_table(full: np.ndarray, only: dict[str, np.ndarray]) -> dict:
     return out
 
 
+def probe_lines(res: dict) -> list[str]:
+    """The probes' tables: tails by π_old bin, per probe, by key, by parameter group, at long lags."""
+    lines = []
+    lines.append("\nby π_old bin (probes, lags 1 / 2 / 3; share of tokens; p99.9 and max of |log r|; outside):")
+    lines.append("| π_old | share | p99.9 (lag 1 / 2 / 3) | max (lag 1 / 2 / 3) | outside lag 3 |")
+    lines.append("|---|---:|---:|---:|---:|")
+    for name in BIN_NAMES:
+        cells = [res["probe"][str(k)]["bins"][name] for k in (1, 2, 3)]
+        if not cells[0]["n"]:
+            lines.append(f"| {name} | 0 | | | |")
+            continue
+        lines.append(f"| {name} | {100 * cells[0]['share']:.2f} % | "
+                     + " / ".join(f"{c['p99.9']:.4f}" for c in cells) + " | "
+                     + " / ".join(f"{c['max']:.3f}" for c in cells) + f" | {100 * cells[2]['outside']:.3f} % |")
+    first, later = res["per_birth"][0], res["per_birth"][1:]
+    lines.append(f"\nper probe, lag 3: the first probe (update {first['birth']}) vs the later probes (median): "
+                 "outside / p99.9")
+    later3 = [r["3"] for r in later if "3" in r]
+    later_text = (f"{100 * np.median([r['outside'] for r in later3]):.4f} % / "
+                  f"{np.median([r['p99.9'] for r in later3]):.4f}" if later3 else "none")
+    lines.append(f"  update {first['birth']}: {100 * first['3']['outside']:.4f} % / {first['3']['p99.9']:.4f};  "
+                 f"later: {later_text}  ({len(later3)} probes)")
+    if res.get("by_key"):
+        lines.append("by key (probes): tokens of prompts whose key was trained since the probe / the others: "
+                     "share of tokens, p99.9, max, outside")
+        for k in ("1", "2", "3"):
+            a, b = res["by_key"]["shared"].get(k, {"n": 0}), res["by_key"]["other"].get(k, {"n": 0})
+            n = a["n"] + b["n"]
+            if not (a["n"] and b["n"]):
+                lines.append(f"  lag {k}: {a['n']} of {n} tokens of just-trained keys")
+                continue
+            lines.append(f"  lag {k}: {100 * a['n'] / n:.1f} % p99.9 {a['p99.9']:.4f} max {a['max']:.3f} outside "
+                         f"{100 * a['outside']:.4f} %  |  other p99.9 {b['p99.9']:.4f} max {b['max']:.3f} "
+                         f"outside {100 * b['outside']:.4f} %")
+    g = res["groups_lag3"]
+    lines.append("lag 3, one parameter group's change only: p99 / p99.9 of |log r|; mean share of the full log r on "
+                 "the top 0.1 % tokens")
+    lines.append(f"  all: {g['full']['p99']:.4f} / {g['full']['p99.9']:.4f}")
+    for group in GROUPS:
+        lines.append(f"  {group}: {g[group]['p99']:.4f} / {g[group]['p99.9']:.4f}; {g[group]['share_of_top']:.2f}")
+    long = [k for k in res["probe"] if int(k) > 3]
+    if long:
+        lines.append("\nlong lags (probes; drift of on-policy training): lag: outside / p99 / p99.9 / max")
+        for k in long:
+            a = res["probe"][k]["all"]
+            lines.append(f"  {k}: {100 * a['outside']:.3f} % / {a['p99']:.3f} / {a['p99.9']:.3f} / {a['max']:.2f}"
+                         f"  (n {a['n']})")
+    return lines
+
+
+def response_lines(resp: dict) -> list[str]:
+    """Where the stale minibatches' tokens outside [0.8, 1.2] sit among their responses (:func:`concentration`)."""
+    lines = [f"\nstale responses (staleness 1–3): {resp['responses']}, {resp['tokens']} tokens, "
+             f"{resp['outside_tokens']} outside [0.8, 1.2]; truncated {100 * resp['truncated_responses']:.1f} %"]
+    if resp["outside_tokens"]:
+        lines.append(f"  half of the outside tokens sit in {100 * resp['half_in_share_of_responses']:.2f} % of the "
+                     f"responses; the 1 % / 5 % of responses with the largest mean |log r| hold "
+                     f"{100 * resp['share_in_top1pct_mean']:.1f} % / {100 * resp['share_in_top5pct_mean']:.1f} %; "
+                     f"truncated responses hold {100 * resp['share_in_truncated']:.1f} % (of the tokens: "
+                     f"{100 * resp['truncated_tokens']:.1f} %)")
+        lines.append(f"  by chance (as many outside tokens on random tokens, median): half in "
+                     f"{100 * resp['half_in_share_null']:.2f} % of the responses")
+    return lines
+
+
+
 def table(results: list[dict]) -> str:
     lines = []
     for res in results:
@@ -284,56 +417,13 @@ def table(results: list[dict]) -> str:
                 a = s["all"]
                 lines.append(f"| {source} | {lag} | {a['n']} | {100 * a['outside']:.4f} % | {a['p99']:.4f} | "
                              f"{a['p99.9']:.4f} | {a['p99.99']:.4f} | {a['max']:.4f} |")
-        lines.append("\nby π_old bin (probes, lags 1 / 2 / 3; share of tokens; p99.9 and max of |log r|; outside):")
-        lines.append("| π_old | share | p99.9 (lag 1 / 2 / 3) | max (lag 1 / 2 / 3) | outside lag 3 |")
-        lines.append("|---|---:|---:|---:|---:|")
-        for name in BIN_NAMES:
-            cells = [res["probe"][str(k)]["bins"][name] for k in (1, 2, 3)]
-            if not cells[0]["n"]:
-                lines.append(f"| {name} | 0 | | | |")
-                continue
-            lines.append(f"| {name} | {100 * cells[0]['share']:.2f} % | "
-                         + " / ".join(f"{c['p99.9']:.4f}" for c in cells) + " | "
-                         + " / ".join(f"{c['max']:.3f}" for c in cells) + f" | {100 * cells[2]['outside']:.3f} % |")
-        first, later = res["per_birth"][0], res["per_birth"][1:]
-        lines.append(f"\nper probe, lag 3: the first probe (update {first['birth']}) vs the later probes (median): "
-                     "outside / p99.9")
-        later3 = [r["3"] for r in later if "3" in r]
-        later_text = (f"{100 * np.median([r['outside'] for r in later3]):.4f} % / "
-                      f"{np.median([r['p99.9'] for r in later3]):.4f}" if later3 else "none")
-        lines.append(f"  update {first['birth']}: {100 * first['3']['outside']:.4f} % / {first['3']['p99.9']:.4f};  "
-                     f"later: {later_text}  ({len(later3)} probes)")
-        if res.get("by_key"):
-            lines.append("by key (probes): tokens of prompts whose key was trained since the probe / the others: "
-                         "share of tokens, p99.9, max, outside")
-            for k in ("1", "2", "3"):
-                a, b = res["by_key"]["shared"].get(k, {"n": 0}), res["by_key"]["other"].get(k, {"n": 0})
-                n = a["n"] + b["n"]
-                if not (a["n"] and b["n"]):
-                    lines.append(f"  lag {k}: {a['n']} of {n} tokens of just-trained keys")
-                    continue
-                lines.append(f"  lag {k}: {100 * a['n'] / n:.1f} % p99.9 {a['p99.9']:.4f} max {a['max']:.3f} outside "
-                             f"{100 * a['outside']:.4f} %  |  other p99.9 {b['p99.9']:.4f} max {b['max']:.3f} "
-                             f"outside {100 * b['outside']:.4f} %")
-        if "self" in res:
+        if res.get("self"):
             a = res["self"]["all"]
             lines.append(f"a minibatch's own tokens right after the update that trained on them: p99 {a['p99']:.4f}, "
                          f"p99.9 {a['p99.9']:.4f}, max {a['max']:.3f}, outside {100 * a['outside']:.4f} %")
-        g = res["groups_lag3"]
-        lines.append("lag 3, one parameter group's change only: p99 / p99.9 of |log r|; mean share of the full log r on "
-                     "the top 0.1 % tokens")
-        lines.append(f"  all: {g['full']['p99']:.4f} / {g['full']['p99.9']:.4f}")
-        for group in GROUPS:
-            lines.append(f"  {group}: {g[group]['p99']:.4f} / {g[group]['p99.9']:.4f}; {g[group]['share_of_top']:.2f}")
-        long = [k for k in res["probe"] if int(k) > 3]
-        if long:
-            lines.append("\nlong lags (probes; drift of on-policy training): lag: outside / p99 / p99.9 / max")
-            for k in long:
-                a = res["probe"][k]["all"]
-                lines.append(f"  {k}: {100 * a['outside']:.3f} % / {a['p99']:.3f} / {a['p99.9']:.3f} / {a['max']:.2f}"
-                             f"  (n {a['n']})")
+        lines += probe_lines(res) if res["probe"] else []
+        lines += response_lines(res["responses"]) if res.get("responses") else []
     return "\n".join(lines)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -345,7 +435,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-from", type=int, default=0,
                         help="probe and summarise only from this update on (a multiple of 4; training starts at 0)")
     parser.add_argument("--long-lags", default="4,8,16,32,64,128,256")
+    parser.add_argument("--world", default="synthetic_lm", help="any world (gsm8k with --world-param model=...)")
     parser.add_argument("--world-param", action="append", default=[], metavar="K=V")
+    parser.add_argument("--policy", default=None, help="policy kind (the world's default when not given)")
+    parser.add_argument("--policy-param", action="append", default=[], metavar="K=V")
+    parser.add_argument("--prompts-per-update", type=int, default=None)
+    parser.add_argument("--group-size", type=int, default=None)
+    parser.add_argument("--rescore", action=argparse.BooleanOptionalAction, default=True,
+                        help="score each consumed minibatch again after its update (the 'self' tail; a forward)")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON")
     parser.add_argument("--table", nargs="*", type=Path, default=None, help="only print the tables of these files")
     parser.add_argument("--adam-floor", action="store_true",

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from offpolicylab.config import TrainConfig
+from offpolicylab.contracts import Rollout
 from offpolicylab.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +89,61 @@ def test_measure_from_probes_and_summarises_only_the_late_updates(tmp_path: Path
     assert min(sizes.values()) > 0
     with pytest.raises(SystemExit):
         lag_tails.main(["--updates", "8", "--measure-from", "8", *params])
+
+
+def _rollout(response_ids: list[list[int]], mask: list[list[int]]) -> Rollout:
+    ids, m = torch.tensor(response_ids), torch.tensor(mask, dtype=torch.float32)
+    rows = ids.shape[0]
+    return Rollout(prompt_ids=torch.zeros(rows, 1, dtype=torch.long), prompt_mask=torch.ones(rows, 1),
+                   response_ids=ids, response_mask=m, behavior_logp=torch.zeros_like(m),
+                   group_ids=torch.arange(rows), prompt_index=torch.arange(rows))
+
+
+def test_per_response_counts_tokens_outside_and_truncation_by_hand() -> None:
+    """Three responses of width 3, EOS = 9: one ends with EOS at its last position (not truncated), one ends early,
+    one fills the width without EOS (truncated).  log r = 0.3 is outside [0.8, 1.2] (> log 1.2 = 0.182), −0.2 is not
+    (> log 0.8 = −0.223), −0.3 is; the padded position's 5.0 is ignored."""
+    rollout = _rollout([[1, 2, 9], [9, 0, 0], [1, 2, 3]], [[1, 1, 1], [1, 0, 0], [1, 1, 1]])
+    log_r = torch.tensor([[0.3, -0.2, 0.0], [-0.3, 5.0, 5.0], [0.1, 0.1, 0.1]])
+    rows = lag_tails.per_response(log_r, rollout, torch.tensor([9]))
+    np.testing.assert_allclose(rows, [[3, 0.5, 1, 0], [1, 0.3, 1, 0], [3, 0.3, 0, 1]], rtol=1e-6)
+    fixed = lag_tails.per_response(log_r, rollout, None)  # fixed-length responses: truncation is undefined
+    assert np.isnan(fixed[:, 3]).all()
+
+
+def test_concentration_by_hand() -> None:
+    """200 responses: 196 of 10 tokens with one outside and mean |log r| 0.01, and 4 of 60 tokens with 49 outside
+    (mean |log r| 0.5 and 0.4): 4 responses (2 %) hold 196 of the 392 outside tokens; two of the four are
+    truncated."""
+    rows = np.array([[10, 0.1, 1, 0]] * 196 + [[60, 30.0, 49, 1]] * 2 + [[60, 24.0, 49, 0]] * 2, dtype=float)
+    out = lag_tails.concentration(rows)
+    assert out["responses"] == 200 and out["tokens"] == 2200 and out["outside_tokens"] == 392
+    assert out["half_in_share_of_responses"] == pytest.approx(4 / 200)  # 4 × 49 = 196 = half
+    assert out["share_in_top1pct_mean"] == pytest.approx(98 / 392)  # the top 2 responses by mean |log r|
+    assert out["share_in_top5pct_mean"] == pytest.approx((196 + 6) / 392)  # top 10: the 4 and 6 with one each
+    assert out["share_in_truncated"] == pytest.approx(98 / 392)
+    assert out["truncated_responses"] == pytest.approx(2 / 200)
+    assert out["truncated_tokens"] == pytest.approx(120 / 2200)
+    # by chance: 392 of 2200 tokens (17.8 %) on random tokens give the four long responses ≈ 10.7 each and the
+    # short ones ≈ 1.8 each (Poisson-like); sorted, half is reached after the four and ≈ 44 short ones holding
+    # 3 or more: ≈ 48 of 200 responses, 12 × the observed 2 %
+    assert 0.18 < out["half_in_share_null"] < 0.30
+    assert lag_tails.half_share(np.array([3.0, 0.0, 1.0, 0.0])) == 0.25  # 3 of 4 in one of four responses
+    assert lag_tails.half_share(np.array([1.0, 1.0, 1.0, 1.0])) == 0.5  # exactly half in two
+    assert "half_in_share_of_responses" not in lag_tails.concentration(np.array([[5, 0.1, 0, 0]]))
+
+
+def test_probe_free_run_reports_where_the_stale_outside_tokens_sit(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--probe-size 0 --no-rescore`` (a real model's cheap mode): no probes and no rescoring, the same training, and
+    the stale minibatches' responses: 3 of every 4 minibatches (staleness 1–3) of 2 prompts × 2 responses."""
+    monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
+    params = [x for k, v in TINY.items() for x in ("--world-param", f"{k}={v}")]
+    out = tmp_path / "free.json"
+    assert lag_tails.main(["--lr", "3e-2", "--updates", "8", "--probe-size", "0", "--no-rescore",
+                           "--prompts-per-update", "2", "--group-size", "2", "--out", str(out), *params]) == 0
+    result = json.loads(out.read_text())
+    assert result["probe"] == {} and result["self"] == {} and result["groups_lag3"] == {}
+    assert result["responses"]["responses"] == 6 * 4  # updates 1–3 and 5–7, 4 responses each
+    assert result["responses"]["tokens"] == sum(result["in_run"][k]["all"]["n"] for k in ("1", "2", "3"))
+    assert np.isnan(result["responses"]["truncated_responses"])  # the v5 student's responses have a fixed length
