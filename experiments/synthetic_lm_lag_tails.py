@@ -94,7 +94,8 @@ def tail_stats(log_ratio: np.ndarray, p_old: np.ndarray) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     world_params = parse_assignments(args.world_param, "--world-param")
-    config = TrainConfig(world=args.world, world_params=world_params, policy=args.policy,
+    policy = args.policy or ("hf" if "model" in world_params else None)  # as `offpolicylab run --model` does
+    config = TrainConfig(world=args.world, world_params=world_params, policy=policy,
                          policy_params=parse_assignments(args.policy_param, "--policy-param"), objective="grpo",
                          objective_params={"eps_low": 0.2, "eps_high": 0.2}, schedule="stages:4",
                          updates=args.updates, lr=args.lr, seed=args.seed, eval_every=args.updates, sample_every=0,
