@@ -27,6 +27,15 @@ TINY = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts":
         "num_layers": 1, "distill_steps": 20, "distill_batch": 16}
 
 
+def trainer_clip_fractions(lr: float, updates: int, out: Path) -> np.ndarray:
+    """The clip fraction per update of the trainer's own run of the lag-tail script's configuration."""
+    config = TrainConfig(world="synthetic_lm", world_params=dict(TINY), objective="grpo",
+                         objective_params={"eps_low": 0.2, "eps_high": 0.2}, schedule="stages:4", updates=updates,
+                         lr=lr, seed=0, eval_every=updates, sample_every=0, checkpoint_every=updates)
+    train(config, out)
+    return pd.read_csv(out / "metrics.csv")["clip_frac"].to_numpy()
+
+
 def test_lag_tails_trains_as_the_trainer_and_measures_the_lags(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
@@ -36,11 +45,7 @@ def test_lag_tails_trains_as_the_trainer_and_measures_the_lags(tmp_path: Path,
     assert lag_tails.main(["--lr", str(lr), "--updates", str(updates), "--probe-every", "4", "--probe-size", "16",
                            "--long-lags", "4", "--out", str(out), *params]) == 0
     result = json.loads(out.read_text())
-    config = TrainConfig(world="synthetic_lm", world_params=dict(TINY), objective="grpo",
-                         objective_params={"eps_low": 0.2, "eps_high": 0.2}, schedule="stages:4", updates=updates,
-                         lr=lr, seed=0, eval_every=updates, sample_every=0, checkpoint_every=updates)
-    train(config, tmp_path / "run")
-    trainer_clip = pd.read_csv(tmp_path / "run" / "metrics.csv")["clip_frac"].to_numpy()
+    trainer_clip = trainer_clip_fractions(lr, updates, tmp_path / "run")
     assert trainer_clip.mean() > 0
     assert result["clip_frac_mean"] == pytest.approx(float(np.mean(trainer_clip)), abs=1e-12)
     # stages:4: the first minibatch is the behaviour policy's (up to float32: sampling's and scoring's forwards)
@@ -75,11 +80,7 @@ def test_measure_from_probes_and_summarises_only_the_late_updates(tmp_path: Path
     assert lag_tails.main(["--lr", str(lr), "--updates", str(updates), "--probe-every", "4", "--probe-size", "16",
                            "--long-lags", "4", "--measure-from", "4", "--out", str(out), *params]) == 0
     result = json.loads(out.read_text())
-    config = TrainConfig(world="synthetic_lm", world_params=dict(TINY), objective="grpo",
-                         objective_params={"eps_low": 0.2, "eps_high": 0.2}, schedule="stages:4", updates=updates,
-                         lr=lr, seed=0, eval_every=updates, sample_every=0, checkpoint_every=updates)
-    train(config, tmp_path / "run")
-    trainer_clip = pd.read_csv(tmp_path / "run" / "metrics.csv")["clip_frac"].to_numpy()
+    trainer_clip = trainer_clip_fractions(lr, updates, tmp_path / "run")
     assert result["clip_frac_run"] == pytest.approx(float(np.mean(trainer_clip)), abs=1e-12)
     assert result["clip_frac_mean"] == pytest.approx(float(np.mean(trainer_clip[4:])), abs=1e-12)
     assert [row["birth"] for row in result["per_birth"]] == [4]
