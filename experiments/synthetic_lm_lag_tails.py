@@ -122,7 +122,7 @@ def measure(args: argparse.Namespace) -> dict:
     own: list = []
     clip, steps, lengths, ids = [], [], [], []
     params = run.policy.trainable_parameters()
-    start = time.perf_counter()
+    start = shown = time.perf_counter()
     for update in range(args.updates):
         fresh = collect(stack, update, watch)
         rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
@@ -187,8 +187,9 @@ def measure(args: argparse.Namespace) -> dict:
                         for (_, p), cur in zip(named, current, strict=True):
                             p.copy_(cur)
             probes = [p for p in probes if update + 1 - p[0] < lags[-1]]
-        if update % 50 == 0:
-            print(f"update {update}  {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        if update % 50 == 0 or time.perf_counter() - shown > 60:  # a real model's updates take minutes
+            shown = time.perf_counter()
+            print(f"update {update}  {shown - start:.0f} s", file=sys.stderr, flush=True)
     late = max(10, args.measure_from)  # Adam's steps are read from this update on
     window = steps[args.measure_from:]
     result = {
