@@ -176,7 +176,7 @@ def measure(args: argparse.Namespace) -> dict:
                         row[str(lag)] = {"outside": float(((x > CLIP_HIGH) | (x < -CLIP_LOW)).mean()),
                                          "p99": float(np.quantile(np.abs(x), 0.99)),
                                          "p99.9": float(np.quantile(np.abs(x), 0.999)), "max": float(np.abs(x).max())}
-                    if lag == 3:
+                    if lag == 3 and args.world == "synthetic_lm":  # the student's parameter groups (group_of)
                         full3.append(x)
                         current = [p.detach().clone() for _, p in named]
                         for group in GROUPS:
@@ -366,11 +366,13 @@ def probe_lines(res: dict) -> list[str]:
                          f"{100 * a['outside']:.4f} %  |  other p99.9 {b['p99.9']:.4f} max {b['max']:.3f} "
                          f"outside {100 * b['outside']:.4f} %")
     g = res["groups_lag3"]
-    lines.append("lag 3, one parameter group's change only: p99 / p99.9 of |log r|; mean share of the full log r on "
-                 "the top 0.1 % tokens")
-    lines.append(f"  all: {g['full']['p99']:.4f} / {g['full']['p99.9']:.4f}")
-    for group in GROUPS:
-        lines.append(f"  {group}: {g[group]['p99']:.4f} / {g[group]['p99.9']:.4f}; {g[group]['share_of_top']:.2f}")
+    if g:
+        lines.append("lag 3, one parameter group's change only: p99 / p99.9 of |log r|; mean share of the full log r "
+                     "on the top 0.1 % tokens")
+        lines.append(f"  all: {g['full']['p99']:.4f} / {g['full']['p99.9']:.4f}")
+        for group in GROUPS:
+            lines.append(f"  {group}: {g[group]['p99']:.4f} / {g[group]['p99.9']:.4f}; "
+                         f"{g[group]['share_of_top']:.2f}")
     long = [k for k in res["probe"] if int(k) > 3]
     if long:
         lines.append("\nlong lags (probes; drift of on-policy training): lag: outside / p99 / p99.9 / max")

@@ -148,3 +148,25 @@ def test_probe_free_run_reports_where_the_stale_outside_tokens_sit(tmp_path: Pat
     assert result["responses"]["responses"] == 6 * 4  # updates 1–3 and 5–7, 4 responses each
     assert result["responses"]["tokens"] == sum(result["in_run"][k]["all"]["n"] for k in ("1", "2", "3"))
     assert np.isnan(result["responses"]["truncated_responses"])  # the v5 student's responses have a fixed length
+
+
+@pytest.mark.llm
+def test_a_language_model_world_gets_probes_truncation_and_no_student_groups(tmp_path: Path) -> None:
+    """On the GSM8k world with a tiny random Llama (the ``hf`` policy, picked by the model path as the CLI does):
+    probes at lags 1–4, stale responses with truncation defined (8 new tokens: a random model rarely ends), and no
+    parameter-group table (its groups are the student's)."""
+    from tests.tiny_llm import build_tokenizer, save_model_and_data
+
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"#### {a + b}"} for a, b in ((1, 2), (3, 4))]
+    files = save_model_and_data(tmp_path, build_tokenizer(), rows, ["train", "test"])
+    out = tmp_path / "lm.json"
+    assert lag_tails.main(["--world", "gsm8k", "--world-param", f"model={files['model']}", "--world-param",
+                           f"data={files['data']}", "--world-param", "max_response_len=8", "--world-param", "n_eval=1",
+                           "--policy-param", "lora_r=4", "--prompts-per-update", "2", "--group-size", "2",
+                           "--lr", "1e-2", "--updates", "8", "--probe-every", "4", "--probe-size", "4",
+                           "--long-lags", "4", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["probe"]) == {"1", "2", "3", "4"} and result["groups_lag3"] == {}
+    assert result["in_run"]["0"]["all"]["max"] < 1e-4  # lag 0: the sampling and the training forwards agree
+    assert result["responses"]["responses"] == 6 * 4
+    assert 0.0 <= result["responses"]["truncated_responses"] <= 1.0  # defined: the tokenizer has an EOS
