@@ -24,11 +24,20 @@ and measures, besides the run's own ``clip_frac``:
 
 Quantiles are of |log r| over response tokens; bins are π_old(y | c) of the sampled token (temperature 1).
 
+Any world runs (``--world``; a model path picks the ``hf`` policy): there the parameter groups are skipped (they are
+the student's), and the stale minibatches' responses report where their tokens outside [0.8, 1.2] sit — in how few
+responses, in truncated ones — beside a chance placement (:func:`concentration`).  ``--measure-from`` reads only the
+late updates; ``--probe-size 0 --no-rescore`` skips the forwards a real model cannot spare.
+
     OMP_NUM_THREADS=1 python experiments/synthetic_lm_lag_tails.py --lr 3e-5 --out runs/lag_tails_v5.json
     OMP_NUM_THREADS=1 python experiments/synthetic_lm_lag_tails.py --world-param preset=seed_scale_v6 --lr 1.5e-5 \\
         --out runs/lag_tails_v6.json
     python experiments/synthetic_lm_lag_tails.py --table runs/lag_tails_v5.json runs/lag_tails_v6.json
     python experiments/synthetic_lm_lag_tails.py --adam-floor      # Adam's lag-256 / lag-2 drift, any gradient
+    OMP_NUM_THREADS=2 python experiments/synthetic_lm_lag_tails.py --world gsm8k \\
+        --world-param model=models/smollm2-135m-instruct --world-param data=../shared/data/gsm8k \\
+        --world-param max_response_len=128 --prompts-per-update 2 --group-size 4 --lr 2e-4 --updates 32 \\
+        --probe-size 0 --no-rescore --out runs/lag_tails_smollm2.json     # SmolLM2 (docs/llm.md), LoRA
 """
 
 from __future__ import annotations
