@@ -37,7 +37,7 @@ late updates; ``--probe-size 0 --no-rescore`` skips the forwards a real model ca
     OMP_NUM_THREADS=2 python experiments/synthetic_lm_lag_tails.py --world gsm8k \\
         --world-param model=models/smollm2-135m-instruct --world-param data=../shared/data/gsm8k \\
         --world-param max_response_len=128 --prompts-per-update 2 --group-size 4 --lr 2e-4 --updates 32 \\
-        --probe-size 0 --no-rescore --out runs/lag_tails_smollm2.json     # SmolLM2 (docs/llm.md), LoRA
+        --probe-size 0 --no-rescore --out runs/lag_tails_smollm2_lora.json  # SmolLM2 (docs/llm.md), LoRA
 """
 
 from __future__ import annotations
