@@ -80,13 +80,18 @@ BIN_NAMES = ("<1e-3", "1e-3–1e-2", "1e-2–0.1", "0.1–0.5", "0.5–0.9", "�
 CLIP_HIGH, CLIP_LOW = math.log(1.2), -math.log(0.8)  # 0.182, 0.223
 
 
+def beyond_clip(log_ratio: np.ndarray | Tensor) -> np.ndarray | Tensor:
+    """Whether r = exp(log r) lies outside [0.8, 1.2] (NumPy or torch, elementwise)."""
+    return (log_ratio > CLIP_HIGH) | (log_ratio < -CLIP_LOW)
+
+
 def tail_stats(log_ratio: np.ndarray, p_old: np.ndarray) -> dict:
     """Share of tokens outside [0.8, 1.2] and quantiles of |log r|, overall and per π_old bin."""
     def stats(x: np.ndarray) -> dict:
         if x.size == 0:
             return {"n": 0}
         a = np.abs(x)
-        out = {"n": int(x.size), "outside": float(((x > CLIP_HIGH) | (x < -CLIP_LOW)).mean())}
+        out = {"n": int(x.size), "outside": float(beyond_clip(x).mean())}
         for q in (0.5, 0.99, 0.999, 0.9999):
             out[f"p{q * 100:g}"] = float(np.quantile(a, q))
         out["max"] = float(a.max())
@@ -160,13 +165,13 @@ def measure(args: argparse.Namespace) -> dict:
                           float(np.quantile(ratio, 0.999))))
             clip.append(float(output.metrics["clip_frac"]))
             if measured:
-                ids.append(torch.unique(rollout.response_ids[rollout.response_mask.bool()]).numel())
                 mask = rollout.response_mask.bool()
+                ids.append(torch.unique(rollout.response_ids[mask]).numel())
                 staleness = int((update - rollout.version[0]).item())
-                in_run[staleness].append(np.stack([(logp.detach() - rollout.behavior_logp)[mask].numpy(),
-                                                   rollout.behavior_logp[mask].exp().numpy()]))
+                log_ratio = logp.detach() - rollout.behavior_logp
+                in_run[staleness].append(np.stack([log_ratio[mask].numpy(), rollout.behavior_logp[mask].exp().numpy()]))
                 if staleness:
-                    responses.append(per_response(logp.detach() - rollout.behavior_logp, rollout, eos))
+                    responses.append(per_response(log_ratio, rollout, eos))
             for birth, probe, logp_old, pmask, old_params in probes:  # after `update`: birth's policy + lag
                 lag = update + 1 - birth
                 if lag in probe_lr:
@@ -182,7 +187,7 @@ def measure(args: argparse.Namespace) -> dict:
                         by_key["other"][lag].append(x[~shared])
                     if lag <= 3:
                         row = next(r for r in per_birth if r["birth"] == birth)
-                        row[str(lag)] = {"outside": float(((x > CLIP_HIGH) | (x < -CLIP_LOW)).mean()),
+                        row[str(lag)] = {"outside": float(beyond_clip(x).mean()),
                                          "p99": float(np.quantile(np.abs(x), 0.99)),
                                          "p99.9": float(np.quantile(np.abs(x), 0.999)), "max": float(np.abs(x).max())}
                     if lag == 3 and args.world == "synthetic_lm":  # the student's parameter groups (group_of)
@@ -244,7 +249,7 @@ def per_response(log_ratio: Tensor, rollout: Rollout, eos: Tensor | None) -> np.
     length)."""
     mask = rollout.response_mask.bool()
     a = torch.where(mask, log_ratio.abs(), 0.0)
-    outside = mask & ((log_ratio > CLIP_HIGH) | (log_ratio < -CLIP_LOW))
+    outside = mask & beyond_clip(log_ratio)
     if eos is None:
         truncated = torch.full((mask.shape[0],), float("nan"))
     else:
