@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
-from offpolicylab.policies.autoregressive import AutoregressivePolicy
+from offpolicylab.policies.autoregressive import TOKEN_DRAWS, AutoregressivePolicy
 from offpolicylab.policies.hf import PLANNED_PARAMS, hf_policy_params, make_hf_policy
 from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
@@ -71,7 +71,7 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
-                      sampler_precision: str, **sizes: int | None) -> TransformerPolicy:
+                      sampler_precision: str, token_draw: str, compiled: bool, **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
@@ -80,7 +80,8 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
         sizes = {key: defaults[key] if value is None else value for key, value in sizes.items()}
         return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
                                  max_prompt_len=max_prompt_len, seed=seed, sampler_noise_std=sampler_noise_std,
-                                 sampler_precision=sampler_precision, **sizes, **shape)
+                                 sampler_precision=sampler_precision, token_draw=token_draw, compiled=compiled,
+                                 **sizes, **shape)
     policy = world.pretrained_policy()
     pretrained = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
                   "num_heads": policy.shape.num_heads}
@@ -90,6 +91,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
         raise ValueError(f"transformer {', '.join(clash)} differs from the world's pretrained π₀; valid: leave the "
                          "sizes unset, or init=random")
     policy.sampler_noise_std, policy.sampler_precision = sampler_noise_std, sampler_precision
+    policy.token_draw, policy.model.compiled = token_draw, compiled
     return policy
 
 
@@ -121,6 +123,11 @@ POLICIES.register("transformer", build_transformer, {
     "seed": Param(0, int, low=0, high=MAX_SEED, doc="initial-weight seed (random init)"),
     "sampler_noise_std": _SAMPLER_NOISE,
     "sampler_precision": _SAMPLER_PRECISION,
+    "token_draw": Param("race", str, choices=TOKEN_DRAWS,
+                        doc="how decoding draws a token: race = torch.multinomial's exponential race (V numbers per "
+                            "step); inverse_cdf = one uniform per step (faster, other tokens)"),
+    "compiled": Param(False, bool, doc="run the blocks through torch.compile (faster after a compilation per "
+                                       "process; float32 rounding differs; needs a C++ compiler)"),
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,
     stack_in_sweeps=False)  # its stacked work grows with the rows: ≈ separate runs' cost (benchmarks/README.md)
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),

@@ -26,6 +26,13 @@ arithmetic in two ways, and then reports its own log-prob of each drawn token as
 ``behavior_logp`` stays the policy's own log softmax(z/τ) of the sampled token in float32 (from the same pass when
 p = fp32, else from one teacher-forced pass after decoding; ``sample(..., policy_logp=False)`` skips that pass and
 then reports the engine's numbers there too).
+
+How a token is drawn from p (``token_draw``; both draw exactly from p, with other random numbers):
+
+- ``race`` (default): the exponential race y = argmax_v p_v / q_v, q_v ~ Exp(1) — ``torch.multinomial``'s own
+  draws, V numbers per row and step;
+- ``inverse_cdf``: y = min{v : Σ_{w≤v} p_w > u · Σ_w p_w}, u ~ U[0, 1) — one number per row and step, which makes
+  decoding cheaper (benchmarks/README.md) and changes which tokens a seed draws.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ from torch import Tensor
 from offpolicylab.contracts import Prompts, Rollout
 from offpolicylab.policies.precision import check_precision, engine_log_softmax, sampler_weights
 
+TOKEN_DRAWS = ("race", "inverse_cdf")
+
 
 class AutoregressivePolicy(ABC):
     """Base of :class:`TabularSoftmaxPolicy` and :class:`SequenceModelPolicy` (the :class:`Policy` protocol)."""
@@ -52,9 +61,10 @@ class AutoregressivePolicy(ABC):
     eos_id: int | None
     sampler_noise_std: float
     sampler_precision: str = "fp32"
+    token_draw: str = "race"  # one of TOKEN_DRAWS (module docstring)
 
     def _init_common(self, vocab_size: int, response_len: int, eos_id: int | None, sampler_noise_std: float,
-                     sampler_precision: str = "fp32") -> None:
+                     sampler_precision: str = "fp32", token_draw: str = "race") -> None:
         if vocab_size < 2:
             raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
         if response_len < 1:
@@ -68,6 +78,7 @@ class AutoregressivePolicy(ABC):
         self.eos_id = eos_id
         self.sampler_noise_std = float(sampler_noise_std)
         self.sampler_precision = check_precision(sampler_precision)
+        self.token_draw = check_token_draw(token_draw)
 
     # ------------------------------------------------------------------------------------------ to implement
     @abstractmethod
@@ -139,7 +150,7 @@ class AutoregressivePolicy(ABC):
         exact = self.sampler_precision == "fp32"  # the engine computes with the policy's own numbers
         noisy = self.sampler_noise_std > 0
         sampler = torch.zeros(batch, width) if noisy or not exact else None
-        race: Tensor | None = None  # every step's Exp(1) numbers, drawn at the first (see race_numbers)
+        ahead: Tensor | None = None  # every step's random numbers, drawn at the first (see draws_ahead)
         with torch.no_grad(), self.sampler_engine():
             state = self.start_decoding(prompt_ids, prompt_mask, prompt_index)
             for t in range(width):
@@ -153,9 +164,9 @@ class AutoregressivePolicy(ABC):
                     noise = _randn(logp.shape, generator, logp.dtype)
                     engine_logp = torch.log_softmax(logp + self.sampler_noise_std * noise, -1)
                 probs = engine_logp.exp()
-                if t == 0 and not noisy and _races(probs):  # nothing else draws between the steps
-                    race = race_numbers((width, *probs.shape), generator)
-                token = _multinomial(probs, generator, None if race is None else race[t])
+                if t == 0 and not noisy:  # nothing else draws between the steps
+                    ahead = draws_ahead(self.token_draw, width, probs, generator)
+                token = draw_tokens(self.token_draw, probs, generator, None if ahead is None else ahead[t])
                 token = torch.where(alive, token, torch.full_like(token, self.pad_id))
                 ids[:, t] = token
                 mask[:, t] = alive.to(mask.dtype)
@@ -164,7 +175,7 @@ class AutoregressivePolicy(ABC):
                     sampler[:, t] = torch.where(alive, engine_logp.gather(1, token[:, None]).squeeze(1), 0.0)
                 if self.eos_id is not None:
                     alive = alive & (token != self.eos_id)
-                    if race is not None and not bool(alive.any()):
+                    if ahead is not None and not bool(alive.any()):
                         break  # every row ended; the later steps' numbers were drawn ahead, so nothing else changes
         rollout = Rollout(
             prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=ids, response_mask=mask,
@@ -250,6 +261,54 @@ def _randn(shape: torch.Size, generator: torch.Generator | Sequence[torch.Genera
         return torch.randn(shape, generator=generator, dtype=dtype)
     rows = shape[0] // len(generator)
     return torch.cat([torch.randn((rows, *shape[1:]), generator=g, dtype=dtype) for g in generator])
+
+
+def check_token_draw(token_draw: str) -> str:
+    """``token_draw`` itself when it is one of :data:`TOKEN_DRAWS`, else ``ValueError`` naming them."""
+    if token_draw not in TOKEN_DRAWS:
+        raise ValueError(f"token_draw={token_draw!r} is invalid; valid: {', '.join(TOKEN_DRAWS)}")
+    return token_draw
+
+
+def draws_ahead(token_draw: str, width: int, probs: Tensor,
+                generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor | None:
+    """The random numbers of all ``width`` decoding steps of ``probs`` [B, V]'s rows, drawn at once (so a loop that
+    stops after the last EOS leaves every generator where the full loop would): race numbers [T, B, V] or uniforms
+    [T, B, 1]; None when the race is ``torch.multinomial``'s own (:func:`_races`)."""
+    if token_draw == "inverse_cdf":
+        return uniforms((width, probs.shape[0], 1), generator)
+    return race_numbers((width, *probs.shape), generator) if _races(probs) else None
+
+
+def draw_tokens(token_draw: str, probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None,
+                numbers: Tensor | None = None) -> Tensor:
+    """One token per row of ``probs`` [B, V] by ``token_draw`` (module docstring), from ``numbers`` when they were
+    drawn ahead (:func:`draws_ahead`), else from ``generator``."""
+    if token_draw == "inverse_cdf":
+        return inverse_cdf(probs, uniforms((probs.shape[0], 1), generator) if numbers is None else numbers)
+    return _multinomial(probs, generator, numbers)
+
+
+def inverse_cdf(probs: Tensor, uniform: Tensor) -> Tensor:
+    """y = min{v : Σ_{w≤v} p_w > u · Σ_w p_w} per row of ``probs`` [B, V] (≥ 0, unnormalised allowed) for the
+    uniforms u [B, 1] in [0, 1); in float64, so a token of probability 0 is never drawn."""
+    if not math.isfinite(float(probs.sum())):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    cumulative = probs.double().cumsum(-1)
+    total = cumulative[:, -1:]
+    if bool((total <= 0).any()):
+        raise RuntimeError("a row of the probability tensor sums to 0")
+    target = torch.minimum(uniform.double() * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cumulative, target, right=True).squeeze(1)
+
+
+def uniforms(shape: tuple[int, ...], generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+    """u ~ U[0, 1) float64 of ``shape`` = [..., B, k]; with k generators, the B rows are equal blocks and block i's
+    numbers come from generator i (as :func:`race_numbers` splits them)."""
+    generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
+    rows = shape[-2] // len(generators)
+    parts = [torch.rand((*shape[:-2], rows, shape[-1]), dtype=torch.float64, generator=g) for g in generators]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
 def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None,

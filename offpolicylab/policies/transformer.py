@@ -16,11 +16,17 @@ Two code paths compute the same logits:
   attends to the cache, O(L) instead of O(L²) per token.  Tests check the two agree within 1e-5.
 
 :class:`CausalTransformer` is also the synthetic-LM world's random teacher network (``offpolicylab.worlds.synthetic_lm``).
+
+``compiled = True`` runs every block through ``torch.compile`` (inductor; on the CPU it needs a C++ compiler): the
+same function with fused kernels, whose results differ from eager ones by float32 rounding (tests check 1e-5) and
+which cost a compilation per process (benchmarks/README.md has both sides' speed).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -98,13 +104,22 @@ class _Block(nn.Module):
         return h + self.mlp(self.norm2(h))
 
 
+@functools.cache
+def compiled_block() -> Callable[..., Tensor]:
+    """``_Block.forward(block, h, allowed, cache)`` through ``torch.compile(dynamic=True)``: one compiled function
+    that every block passes itself to (nothing bound to one module, so copies of a model stay independent)."""
+    return torch.compile(_Block.forward, dynamic=True)
+
+
 class CausalTransformer(nn.Module):
     """Token + position embeddings → ``num_layers`` pre-LN blocks → final LayerNorm (see module docstring);
-    :meth:`forward` gives the normalised hidden states, ``head`` the logits."""
+    :meth:`forward` gives the normalised hidden states, ``head`` the logits.  ``compiled``: run the blocks through
+    :func:`compiled_block`."""
 
-    def __init__(self, shape: TransformerShape) -> None:
+    def __init__(self, shape: TransformerShape, compiled: bool = False) -> None:
         super().__init__()
         self.shape = shape
+        self.compiled = compiled
         self.token = nn.Embedding(shape.input_vocab, shape.d_model)
         self.position = nn.Embedding(shape.max_len, shape.d_model)
         self.blocks = nn.ModuleList(_Block(shape) for _ in range(shape.num_layers))
@@ -137,7 +152,7 @@ class CausalTransformer(nn.Module):
         h = self.token(tokens) + self.position(positions)
         if cache is None:
             for block in self.blocks:
-                h = block(h, allowed)
+                h = self._block(block, h, allowed)
             return self.norm(h)
         if not cache.length:
             self._allocate(cache, tokens.shape[0], length, tokens.device)
@@ -167,9 +182,13 @@ class CausalTransformer(nn.Module):
             raise ValueError(f"the key/value cache holds {cache.keys[0].shape[2]} positions; "
                              f"{cache.length + length} were asked for")
         for block, keys, values in zip(self.blocks, cache.keys, cache.values, strict=True):
-            h = block(h, allowed, (keys, values, cache.length))
+            h = self._block(block, h, allowed, (keys, values, cache.length))
         cache.length += length
         return h
+
+    def _block(self, block: nn.Module, h: Tensor, allowed: Tensor | None,
+               cache: tuple[Tensor, Tensor, int] | None = None) -> Tensor:
+        return compiled_block()(block, h, allowed, cache) if self.compiled else block(h, allowed, cache)
 
     def _allocate(self, cache: KVCache, batch: int, prompt_len: int, device: torch.device) -> None:
         """Buffers for the prompt and up to ``max_len`` new positions (each new real token takes a position id)."""
@@ -186,13 +205,15 @@ class TransformerPolicy(ModulePolicy):
 
     Token id ``i`` is the same symbol in prompt and response; padded prompt positions get the extra symbol
     ``max(prompt_vocab_size, vocab_size)``.  ``seed`` makes the initial weights reproducible (a private RNG);
-    ``state`` (a :meth:`state_dict`) starts the policy from given weights, e.g. a world's pretrained π₀."""
+    ``state`` (a :meth:`state_dict`) starts the policy from given weights, e.g. a world's pretrained π₀;
+    ``token_draw`` and ``compiled``: see :mod:`offpolicylab.policies.autoregressive` and the module docstring."""
 
     def __init__(self, vocab_size: int, response_len: int, eos_id: int | None = None,
                  prompt_vocab_size: int | None = None, max_prompt_len: int = 16, d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, sampler_noise_std: float = 0.0, seed: int = 0,
-                 state: dict[str, Tensor] | None = None, sampler_precision: str = "fp32") -> None:
-        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision)
+                 state: dict[str, Tensor] | None = None, sampler_precision: str = "fp32", token_draw: str = "race",
+                 compiled: bool = False) -> None:
+        self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision, token_draw)
         prompt_vocab_size = vocab_size if prompt_vocab_size is None else int(prompt_vocab_size)
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
@@ -202,7 +223,7 @@ class TransformerPolicy(ModulePolicy):
                                       d_model, num_layers, num_heads)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.model = CausalTransformer(self.shape)
+            self.model = CausalTransformer(self.shape, compiled)
         if state is not None:
             self.load_state_dict(state)
 

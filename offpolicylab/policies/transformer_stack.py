@@ -127,14 +127,19 @@ class StackedTransformerPolicy(TransformerPolicy):
 
     def __init__(self, members: Sequence[TransformerPolicy]) -> None:
         first = members[0]
-        key = (first.shape, first.eos_id, first.sampler_noise_std, first.sampler_precision, first.pad_token,
-               first.max_prompt_len)
-        if any((m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len) != key
-               for m in members):
-            raise ValueError("stacked transformer policies must share shape, eos_id, sampler noise, sampler precision "
-                             "and prompt length")
+        if any(m.model.compiled for m in members):
+            raise ValueError("compiled transformer policies are not stacked (compiled kernels would round the stack "
+                             "differently from each member alone); valid: compiled=false, or run the seeds separately")
+
+        def key(m: TransformerPolicy) -> tuple[Any, ...]:
+            return (m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len,
+                    m.token_draw)
+
+        if any(key(m) != key(first) for m in members):
+            raise ValueError("stacked transformer policies must share shape, eos_id, sampler noise, sampler precision, "
+                             "prompt length and token draw")
         self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std,
-                          first.sampler_precision)
+                          first.sampler_precision, first.token_draw)
         self.pad_token, self.max_prompt_len, self.shape = first.pad_token, first.max_prompt_len, first.shape
         self.size = len(members)
         self.model = stack_modules([member.model for member in members])

@@ -118,8 +118,9 @@ def _config(world_params: dict[str, Any], **changes: Any) -> TrainConfig:
 
 
 @pytest.mark.parametrize("changes", [{}, {"objective": "m2po", "schedule": "stale_k:2"},
-                                     {"objective": "cispo", "schedule": "mixture:0.5"}],
-                         ids=["grpo", "m2po_stale", "cispo_mixture"])
+                                     {"objective": "cispo", "schedule": "mixture:0.5"},
+                                     {"policy_params": {"token_draw": "inverse_cdf"}}],
+                         ids=["grpo", "m2po_stale", "cispo_mixture", "inverse_cdf"])
 def test_batched_seeds_write_the_separate_runs_bit_for_bit(world_params: dict[str, Any], changes: dict[str, Any],
                                                            tmp_path: Path) -> None:
     config = _config(world_params, **changes)
