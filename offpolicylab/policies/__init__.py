@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
-from offpolicylab.policies.autoregressive import TOKEN_DRAWS, AutoregressivePolicy
+from offpolicylab.policies.autoregressive import TOKEN_DRAWS, AutoregressivePolicy, check_token_draw
 from offpolicylab.policies.hf import PLANNED_PARAMS, hf_policy_params, make_hf_policy
 from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
-from offpolicylab.policies.transformer import TransformerPolicy
+from offpolicylab.policies.transformer import TransformerPolicy, check_compiled
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 from offpolicylab.registry import MAX_SEED, Param, Registry
 
@@ -91,7 +91,8 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
         raise ValueError(f"transformer {', '.join(clash)} differs from the world's pretrained π₀; valid: leave the "
                          "sizes unset, or init=random")
     policy.sampler_noise_std, policy.sampler_precision = sampler_noise_std, sampler_precision
-    policy.token_draw, policy.model.compiled = token_draw, compiled
+    policy.token_draw = check_token_draw(token_draw)
+    policy.model.compiled = check_compiled(compiled, sampler_precision)
     return policy
 
 
@@ -127,7 +128,8 @@ POLICIES.register("transformer", build_transformer, {
                         doc="how decoding draws a token: race = torch.multinomial's exponential race (V numbers per "
                             "step); inverse_cdf = one uniform per step (faster, other tokens)"),
     "compiled": Param(False, bool, doc="run the blocks through torch.compile (faster after a compilation per "
-                                       "process; float32 rounding differs; needs a C++ compiler)"),
+                                       "process; float32 rounding differs; needs a C++ compiler; not with an fp8 "
+                                       "sampler_precision)"),
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,
     stack_in_sweeps=False)  # its stacked work grows with the rows: ≈ separate runs' cost (benchmarks/README.md)
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),

@@ -291,15 +291,16 @@ def draw_tokens(token_draw: str, probs: Tensor, generator: torch.Generator | Seq
 
 def inverse_cdf(probs: Tensor, uniform: Tensor) -> Tensor:
     """y = min{v : Σ_{w≤v} p_w > u · Σ_w p_w} per row of ``probs`` [B, V] (≥ 0, unnormalised allowed) for the
-    uniforms u [B, 1] in [0, 1); in float64, so a token of probability 0 is never drawn."""
+    uniforms u [B, 1] in [0, 1), in float64: a token of probability 0 is never drawn (its cumulative sum equals its
+    predecessor's), and u · Σ < Σ for every double u < 1 (the rounded product falls at least one step below Σ), so
+    some token always qualifies."""
     if not math.isfinite(float(probs.sum())):
         raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     cumulative = probs.double().cumsum(-1)
     total = cumulative[:, -1:]
     if bool((total <= 0).any()):
         raise RuntimeError("a row of the probability tensor sums to 0")
-    target = torch.minimum(uniform.double() * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cumulative, target, right=True).squeeze(1)
+    return torch.searchsorted(cumulative, uniform.double() * total, right=True).squeeze(1)
 
 
 def uniforms(shape: tuple[int, ...], generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:

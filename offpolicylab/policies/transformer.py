@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -104,11 +106,34 @@ class _Block(nn.Module):
         return h + self.mlp(self.norm2(h))
 
 
+RECOMPILE_LIMIT = 64  # graphs per compiled function: scoring with and without grad, prefill, decoding, batch sizes …
+
+
 @functools.cache
 def compiled_block() -> Callable[..., Tensor]:
     """``_Block.forward(block, h, allowed, cache)`` through ``torch.compile(dynamic=True)``: one compiled function
-    that every block passes itself to (nothing bound to one module, so copies of a model stay independent)."""
+    that every block passes itself to (nothing bound to one module, so copies of a model stay independent).  A run
+    needs ≈ 6–10 graphs of it (scoring with and without grad, the prompt's prefill, one-token decoding, evaluation's
+    batch), so dynamo's recompile limit is raised to :data:`RECOMPILE_LIMIT` (its default, 8, would silently fall
+    back to eager blocks beyond it)."""
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(_Block.forward, dynamic=True)
+
+
+def check_compiled(compiled: bool, sampler_precision: str) -> bool:
+    """``compiled`` itself when compiled blocks can run it, else ``ValueError``: an FP8 sampler rounds every linear
+    map's input with a forward pre-hook, which a compiled block does not see, and inductor needs a C++ compiler."""
+    if not compiled:
+        return False
+    if sampler_precision.startswith("fp8"):
+        raise ValueError(f"compiled=true cannot run sampler_precision={sampler_precision} (its input rounding is a "
+                         "module hook that compiled blocks skip); valid: sampler_precision fp32, bf16 or fp16, or "
+                         "compiled=false")
+    if not any(shutil.which(name) for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if name):
+        raise ValueError("compiled=true needs a C++ compiler (g++, c++, clang++ or $CXX) for torch.compile on the "
+                         "CPU; valid: install one, or compiled=false")
+    return True
 
 
 class CausalTransformer(nn.Module):
@@ -223,7 +248,7 @@ class TransformerPolicy(ModulePolicy):
                                       d_model, num_layers, num_heads)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            self.model = CausalTransformer(self.shape, compiled)
+            self.model = CausalTransformer(self.shape, check_compiled(compiled, self.sampler_precision))
         if state is not None:
             self.load_state_dict(state)
 

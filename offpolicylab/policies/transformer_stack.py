@@ -128,8 +128,9 @@ class StackedTransformerPolicy(TransformerPolicy):
     def __init__(self, members: Sequence[TransformerPolicy]) -> None:
         first = members[0]
         if any(m.model.compiled for m in members):
-            raise ValueError("compiled transformer policies are not stacked (compiled kernels would round the stack "
-                             "differently from each member alone); valid: compiled=false, or run the seeds separately")
+            raise ValueError("batched transformer seeds need compiled=false: compiled kernels would round the stack "
+                             "differently from each seed alone; valid: run the seeds separately (--seed S), or "
+                             "compiled=false")
 
         def key(m: TransformerPolicy) -> tuple[Any, ...]:
             return (m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len,

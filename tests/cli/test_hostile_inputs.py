@@ -453,6 +453,17 @@ def test_batched_gru_seeds_with_a_reduced_precision_sampler_write_nothing(tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+def test_batched_compiled_transformer_seeds_and_an_unknown_token_draw_write_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["run", "--world", "token_mdp", "--objective", "grpo", "--policy", "transformer", "--policy-param",
+            "init=random", "--updates", "2", "--out", str(tmp_path / "out")]
+    err = refused([*base, "--policy-param", "compiled=true", "--seeds", "0,1"], capsys)
+    assert "batched transformer seeds need compiled=false" in err
+    err = refused([*base, "--policy-param", "token_draw=gumbel"], capsys)
+    assert "token_draw='gumbel' is invalid; valid: one of race, inverse_cdf" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_swap_without_renameat2_and_a_kill_between_its_renames(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the kernel lacks RENAME_EXCHANGE the swap takes two renames; an output a kill left moved aside is put

@@ -4,6 +4,7 @@ weights (the compiled function is bound to no module)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from offpolicylab.policies.transformer import TransformerPolicy
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 
 TOLERANCE = 1e-5  # float32 rounding of fused kernels, logits of order 1
+pytestmark = pytest.mark.skipif(not any(shutil.which(n) for n in ("g++", "c++", "clang++")),
+                                reason="torch.compile on the CPU needs a C++ compiler, and this machine has none")
 
 
 def _policy(compiled: bool, seed: int = 0) -> TransformerPolicy:
@@ -58,9 +61,15 @@ def test_compiled_sampling_agrees_with_eager_scoring_and_a_copy_keeps_its_own_we
         assert (compiled.score(rollout)[0] - before)[mask].abs().max() > 0.01  # the original did move
 
 
-def test_compiled_policies_are_not_stacked() -> None:
-    with pytest.raises(ValueError, match="not stacked"):
+def test_what_compiled_blocks_cannot_run_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="need compiled=false"):
         StackedTransformerPolicy([_policy(True, 1), _policy(True, 2)])
+    with pytest.raises(ValueError, match="cannot run sampler_precision=fp8_e4m3"):
+        TransformerPolicy(vocab_size=20, response_len=6, compiled=True, sampler_precision="fp8_e4m3")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(ValueError, match="needs a C\\+\\+ compiler"):
+        _policy(True)
+    assert not _policy(False).model.compiled  # eager blocks need no compiler
 
 
 def test_a_compiled_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path: Path,

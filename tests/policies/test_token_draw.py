@@ -27,6 +27,9 @@ def test_inverse_cdf_on_hand_worked_values() -> None:
     largest = 1 - 2.0 ** -53
     assert inverse_cdf(zeros, torch.tensor([[0.0], [0.4999], [0.5], [largest]], dtype=torch.float64)).tolist() == [
         1, 1, 3, 3]
+    # the largest u below 1 with a trailing zero and a total that is not a power of two: the last positive token
+    weights = torch.tensor([[0.2, 0.5, 0.3, 0.0], [0.1, 0.0, 0.7, 0.0]])
+    assert inverse_cdf(weights, torch.full((2, 1), largest, dtype=torch.float64)).tolist() == [2, 2]
     with pytest.raises(RuntimeError, match="inf"):
         inverse_cdf(torch.full((1, 3), float("nan")), torch.zeros(1, 1, dtype=torch.float64))
     with pytest.raises(RuntimeError, match="sums to 0"):
@@ -91,3 +94,49 @@ def test_batched_seeds_draw_what_each_member_draws_alone() -> None:
 def test_the_option_is_checked() -> None:
     with pytest.raises(ValueError, match="valid: race, inverse_cdf"):
         _policy(token_draw="gumbel")
+
+
+@pytest.mark.parametrize("engine", [{"sampler_noise_std": 0.5}, {"sampler_precision": "bf16"}],
+                         ids=["noisy", "bf16"])
+def test_the_other_engines_draw_by_inverse_cdf_too(engine: dict[str, object]) -> None:
+    """A noisy sampler draws its noise and then its uniform each step; a bf16 engine's probabilities are drawn as
+    they are.  Both: same seed, same tokens (reproducible), other tokens than the race's, the engine's log-probs
+    recorded; batched seeds draw what each member draws alone."""
+    seeds = [3, 7]
+    prompts = _prompts(2)
+    rows = _policy(3, token_draw="inverse_cdf", **engine).sample(prompts, 64, 1.0, torch.Generator().manual_seed(1))
+    again = _policy(3, token_draw="inverse_cdf", **engine).sample(prompts, 64, 1.0, torch.Generator().manual_seed(1))
+    race = _policy(3, **engine).sample(prompts, 64, 1.0, torch.Generator().manual_seed(1))
+    assert torch.equal(rows.response_ids, again.response_ids)
+    assert not torch.equal(rows.response_ids, race.response_ids)
+    assert rows.sampler_logp is not None and (rows.sampler_logp <= 0).all()
+    stacked = StackedTransformerPolicy([_policy(seed, token_draw="inverse_cdf", **engine) for seed in seeds])
+    together = stacked.sample(Prompts(prompts.ids.repeat(2, 1), prompts.mask.repeat(2, 1), prompts.index.repeat(2)),
+                              3, 1.0, [torch.Generator().manual_seed(10 + s) for s in range(2)])
+    for s, seed in enumerate(seeds):
+        own = _policy(seed, token_draw="inverse_cdf", **engine).sample(prompts, 3, 1.0,
+                                                                       torch.Generator().manual_seed(10 + s))
+        assert torch.equal(own.response_ids, together.response_ids[6 * s:6 * (s + 1)])
+
+
+def test_batched_seeds_that_stop_early_leave_each_generator_where_its_own_run_does() -> None:
+    """With EOS, decoding of the stack stops when every member's rows have ended; each member alone stops when its
+    own have: the generators must still agree (every step's uniforms are drawn at the first step)."""
+    def policy(seed: int) -> TransformerPolicy:
+        made = TransformerPolicy(vocab_size=4, response_len=8, eos_id=0, prompt_vocab_size=5, max_prompt_len=3,
+                                 d_model=8, num_layers=1, num_heads=2, seed=seed, token_draw="inverse_cdf")
+        with torch.no_grad():
+            made.model.head.bias[0] += 2.0  # EOS likely at every step, so rows end early
+        return made
+
+    prompts = _prompts(2)
+    generators = [torch.Generator().manual_seed(10 + s) for s in range(2)]
+    together = StackedTransformerPolicy([policy(3), policy(7)]).sample(
+        Prompts(prompts.ids.repeat(2, 1), prompts.mask.repeat(2, 1), prompts.index.repeat(2)), 4, 1.0, generators)
+    lengths = together.response_mask.sum(1)
+    assert lengths.max() < 8  # every row ended before the last position: the loop stopped early
+    for s, seed in enumerate((3, 7)):
+        generator = torch.Generator().manual_seed(10 + s)
+        own = policy(seed).sample(prompts, 4, 1.0, generator)
+        assert torch.equal(own.response_ids, together.response_ids[8 * s:8 * (s + 1)])
+        assert torch.equal(generator.get_state(), generators[s].get_state())
