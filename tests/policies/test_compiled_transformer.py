@@ -77,25 +77,15 @@ def test_a_compiled_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_p
     """Both options together on a small synthetic-LM world, killed while it saves checkpoint 4 of 6."""
     from offpolicylab import trainer
     from offpolicylab.config import TrainConfig
-    from offpolicylab.runs import RunDir
     from tests.policies.test_transformer_stack import TINY_WORLD
+    from tests.small_runs import train_killed_at
     from tests.trainer.test_seeds import assert_same_run
 
     config = TrainConfig(world="synthetic_lm", world_params={**TINY_WORLD, "cache_dir": str(tmp_path / "cache")},
                          policy_params={"compiled": True, "token_draw": "inverse_cdf"}, objective="grpo",
                          schedule="stale_k:2", updates=6, prompts_per_update=2, group_size=4, eval_every=3,
                          sample_every=0, checkpoint_every=2)
-    save = RunDir.save_checkpoint
-
-    def dies(self: RunDir, state: dict) -> None:
-        if state["next_update"] == 4:
-            raise KeyboardInterrupt
-        save(self, state)
-
-    monkeypatch.setattr(RunDir, "save_checkpoint", dies)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.train(config, tmp_path / "cut")
-    monkeypatch.setattr(RunDir, "save_checkpoint", save)
+    train_killed_at(config, tmp_path / "cut", 4, monkeypatch)
     trainer.train(config, tmp_path / "cut", resume=True)
     trainer.train(config, tmp_path / "whole")
     assert_same_run(tmp_path / "cut", tmp_path / "whole", resumed_at=2)
