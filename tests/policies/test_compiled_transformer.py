@@ -10,9 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from offpolicylab import trainer
+from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts
 from offpolicylab.policies.transformer import TransformerPolicy
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
+from tests.policies.test_transformer_stack import TINY_WORLD
+from tests.small_runs import train_killed_at
+from tests.trainer.test_seeds import assert_same_run
 
 TOLERANCE = 1e-5  # float32 rounding of fused kernels, logits of order 1
 pytestmark = pytest.mark.skipif(not any(shutil.which(n) for n in ("g++", "c++", "clang++")),
@@ -75,12 +80,6 @@ def test_what_compiled_blocks_cannot_run_is_refused(monkeypatch: pytest.MonkeyPa
 def test_a_compiled_run_resumed_after_a_kill_ends_as_the_uninterrupted_one(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Both options together on a small synthetic-LM world, killed while it saves checkpoint 4 of 6."""
-    from offpolicylab import trainer
-    from offpolicylab.config import TrainConfig
-    from tests.policies.test_transformer_stack import TINY_WORLD
-    from tests.small_runs import train_killed_at
-    from tests.trainer.test_seeds import assert_same_run
-
     config = TrainConfig(world="synthetic_lm", world_params={**TINY_WORLD, "cache_dir": str(tmp_path / "cache")},
                          policy_params={"compiled": True, "token_draw": "inverse_cdf"}, objective="grpo",
                          schedule="stale_k:2", updates=6, prompts_per_update=2, group_size=4, eval_every=3,
