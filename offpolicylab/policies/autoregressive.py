@@ -294,8 +294,7 @@ def inverse_cdf(probs: Tensor, uniform: Tensor) -> Tensor:
     uniforms u [B, 1] in [0, 1), in float64: a token of probability 0 is never drawn (its cumulative sum equals its
     predecessor's), and u · Σ < Σ for every double u < 1 (the rounded product falls at least one step below Σ), so
     some token always qualifies."""
-    if not math.isfinite(float(probs.sum())):
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    _check_finite(probs)
     cumulative = probs.double().cumsum(-1)
     total = cumulative[:, -1:]
     if bool((total <= 0).any()):
@@ -303,9 +302,17 @@ def inverse_cdf(probs: Tensor, uniform: Tensor) -> Tensor:
     return torch.searchsorted(cumulative, uniform.double() * total, right=True).squeeze(1)
 
 
-def uniforms(shape: tuple[int, ...], generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
-    """u ~ U[0, 1) float64 of ``shape`` = [..., B, k]; with k generators, the B rows are equal blocks and block i's
-    numbers come from generator i (as :func:`race_numbers` splits them)."""
+def _check_finite(probs: Tensor) -> None:
+    """``RuntimeError`` (``torch.multinomial``'s message) unless every probability is finite: they are ≥ 0, so the
+    sum is finite iff every one is."""
+    if not math.isfinite(float(probs.sum())):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+
+
+def uniforms(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+    """u ~ U[0, 1) float64 of ``shape`` = [..., B, k]; with n generators, the B rows are n equal blocks and block i's
+    numbers come from generator i, filling it in order of the leading dimensions (:func:`race_numbers` turns them
+    into Exp(1) numbers)."""
     generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
     rows = shape[-2] // len(generators)
     parts = [torch.rand((*shape[:-2], rows, shape[-1]), dtype=torch.float64, generator=g) for g in generators]
@@ -327,8 +334,7 @@ def _multinomial(probs: Tensor, generator: torch.Generator | Sequence[torch.Gene
         blocks = probs.split(probs.shape[0] // len(generators))
         return torch.cat([torch.multinomial(b, 1, generator=g) for b, g in zip(blocks, generators, strict=True)]
                          ).squeeze(1)
-    if not math.isfinite(float(probs.sum())):  # probabilities are >= 0: the sum is finite iff every one is
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    _check_finite(probs)
     return (probs / (race_numbers(probs.shape, generator) if race is None else race)).argmax(-1)
 
 
@@ -344,10 +350,7 @@ def race_numbers(shape: tuple[int, ...] | torch.Size,
     order of the leading dimensions, so [T, B, V] at once are, bit for bit (numbers and generator states), T draws
     of [B, V] in a row (a decoding loop that draws nothing else: its steps' numbers in one call per generator, and
     one pass for all of them)."""
-    generators = [generator] if generator is None or isinstance(generator, torch.Generator) else list(generator)
-    rows = shape[-2] // len(generators)
-    uniforms = [torch.rand((*shape[:-2], rows, shape[-1]), dtype=torch.float64, generator=g) for g in generators]
-    return exponential_of((uniforms[0] if len(uniforms) == 1 else torch.cat(uniforms, dim=-2)).neg_())
+    return exponential_of(uniforms(shape, generator).neg_())
 
 
 def exponential(shape: tuple[int, ...] | torch.Size, generator: torch.Generator | None) -> Tensor:
