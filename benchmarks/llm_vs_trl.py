@@ -111,7 +111,7 @@ def time_ours(args: argparse.Namespace, setup: Setup) -> tuple[list[float], floa
                                                                         strict=True)])
         logp, entropy = policy.score(rollout)
         batch = TokenBatch(logp=logp, behavior_logp=rollout.behavior_logp, mask=rollout.response_mask,
-                           advantages=group_advantages(rewards, rollout.group_ids, True), rewards=rewards,
+                           advantages=group_advantages(rewards, rollout.group_ids, "std"), rewards=rewards,
                            group_ids=rollout.group_ids, entropy=entropy)
         loss = objective(batch).loss
         optimizer.zero_grad(set_to_none=True)

@@ -65,7 +65,7 @@ def main() -> None:
         rewards = task.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)
         logp, entropy = policy.score(rollout)
         batch = TokenBatch(logp=logp, behavior_logp=rollout.behavior_logp,
-                           advantages=group_advantages(rewards, rollout.group_ids, True),
+                           advantages=group_advantages(rewards, rollout.group_ids, "std"),
                            mask=rollout.response_mask, rewards=rewards, group_ids=rollout.group_ids, entropy=entropy)
         objective.update(batch)
         out = objective(batch)

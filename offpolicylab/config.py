@@ -20,7 +20,7 @@ from offpolicylab.registry import Param
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
-ADVANTAGE_CHOICES = ("auto", "mean", "std")
+ADVANTAGE_CHOICES = ("auto", "mean", "std", "std_trl", "std_population")
 KL_INIT_MODES = ("auto", "on", "off")
 MAX_SEED = 2**32 - 1  # torch, NumPy and the evaluation seed (seed × 1_000_003 + update) all take it exactly
 MIN_TEMPERATURE = 1e-6  # logits / T stay finite in float32 for |logits| up to about 1e32
@@ -70,8 +70,9 @@ class TrainConfig:
     advantage: str = _f(Param(None, str, choices=ADVANTAGE_CHOICES, optional=True,
                               doc="group-relative advantage estimator: auto (the objective's paper: std for GRPO, "
                                   "GSPO, CISPO, M2PO, MIS-PO, P3O, Mu-GRPO; mean for REINFORCE, REC, OPMD, AsymRE, "
-                                  "RED, TOPR), mean (r − r̄) or std ((r − r̄)/(σ + 1e-6)); config.json records the "
-                                  "one used"))
+                                  "RED, TOPR), mean (r − r̄), std ((r − r̄)/(s + 1e-6), s the Bessel-corrected "
+                                  "group std: verl's), std_trl ((r − r̄)/(s + 1e-4): TRL's) or std_population "
+                                  "(÷ (σ + 1e-6), σ the population std); config.json records the one used"))
     dynamic_sampling: bool = _f(Param(False, bool,
                                       doc="DAPO dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11): drop "
                                           "the groups whose world rewards are all equal (advantage 0) and sample "

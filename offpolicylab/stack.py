@@ -47,7 +47,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     detector: CollapseDetector
-    advantage: str = "std"  # the advantage estimator used ("mean" or "std"), config.advantage resolved
+    advantage: str = "std"  # the advantage estimator used (trainer.ESTIMATORS), config.advantage resolved
     initial: Policy | None = None  # π_0, frozen: mixture / offline data, the KL penalty's reference, KL(π‖π_0)
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start

@@ -14,7 +14,8 @@ configuration trained as one computation (:mod:`offpolicylab.batched`).  At upda
 2. **train**     the batch consumed at ``u`` is taken from the buffer (:func:`take`); ``policy.score`` gives ``logp``
                  (with grad) and ``entropy``; group-relative advantages, one per sequence: ``mean``
                  A_i = r_i − mean_{j∈g(i)} r_j (REC paper, Yao et al. 2025) or ``std`` A_i = (r_i − r̄)/(std_{j∈g(i)}
-                 r_j + 1e-6) (GRPO, Shao et al. 2024, DeepSeekMath, arXiv 2402.03300); staleness = u − version per
+                 r_j + 1e-6), the Bessel-corrected std as verl computes it (GRPO, Shao et al. 2024, DeepSeekMath,
+                 arXiv 2402.03300; :func:`group_advantages`); staleness = u − version per
                  sequence (:func:`make_batch`); ``objective.update(batch)``, then ``objective(batch)`` → loss,
                  metrics; backward, global-norm gradient clipping, optimizer step — skipped, and the run stopped, when
                  its loss or gradient is not finite (:func:`train_update`).
@@ -433,11 +434,12 @@ def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Ten
     sequence's staleness at ``update``, log π_prox for an objective that reads it (:func:`proximal_of`) and, when an
     objective has a KL penalty, π_0's log-probs of the tokens (:func:`~offpolicylab.reference.reference_logp`)."""
     runs, own_logp = stack.runs, stack.split(logp)
-    estimators = [run.advantage == "std" for run in runs]  # per run: mean or std normalisation
-    std_norm = estimators[0] if len(set(estimators)) == 1 else torch.cat(
-        [torch.full((len(rollout),), std, device=joined.rewards.device)
-         for std, rollout in zip(estimators, rollouts, strict=True)])
-    advantages = group_advantages(joined.rewards, joined.group_ids, std_norm)  # the joined groups are distinct
+    estimators = {run.advantage for run in runs}
+    if len(estimators) == 1:  # the joined groups are distinct: one call computes every member's advantages
+        advantages = group_advantages(joined.rewards, joined.group_ids, estimators.pop())
+    else:
+        advantages = torch.cat([group_advantages(rollout.rewards, rollout.group_ids, run.advantage)
+                                for run, rollout in zip(runs, rollouts, strict=True)])
     proximal = [proximal_of(run, own, update) for run, own in zip(runs, own_logp, strict=True)]
     prox_logp = None if all(p is None for p in proximal) else torch.cat(
         [own.detach() if p is None else p for p, own in zip(proximal, own_logp, strict=True)])
@@ -446,15 +448,31 @@ def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Ten
     return whole if reference is None else whole.replace(ref_logp=reference)
 
 
-def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor, eps: float = 1e-6) -> Tensor:
-    """A_i = r_i − r̄_{g(i)}  (÷ (σ_{g(i)} + eps) when ``std_norm``; σ is the population std of the group);
-    ``std_norm`` may be a [B] bool tensor choosing per row (runs with different estimators joined row-wise: the
-    other rows are divided by 1, which is exact).
+#: The group-relative advantage estimators: name → (divide by the group's std, Bessel's correction, ε).
+#: ``std`` is verl's ``compute_grpo_outcome_advantage`` (``torch.std``, unbiased, + 1e-6), ``std_trl`` TRL's GRPO
+#: trainer (``nanstd``, unbiased, + 1e-4), ``std_population`` the population std (÷ n) + 1e-6.
+ESTIMATORS: dict[str, tuple[bool, bool, float]] = {
+    "mean": (False, False, 0.0), "std": (True, True, 1e-6), "std_trl": (True, True, 1e-4),
+    "std_population": (True, False, 1e-6),
+}
 
-    A group whose rewards are all equal gets A = 0 exactly, as the formula gives: its float32 mean can miss the
-    common value by an ulp (three rewards of 0.9 sum to 2.6999998), and that residue divided by σ + eps ≈ 1e-6
-    would be an advantage of ≈ −0.007 for every response of the group (as in verl's
-    ``compute_grpo_outcome_advantage``, whose ``torch.mean`` leaves the same residue)."""
+
+def group_advantages(rewards: Tensor, group_ids: Tensor, estimator: str = "std") -> Tensor:
+    """A_i = r_i − r̄_{g(i)} (``mean``; the REC paper, Yao et al. 2025), or ÷ (s_{g(i)} + ε) for the std estimators
+    (GRPO, Shao et al. 2024, DeepSeekMath, arXiv 2402.03300) as the engines compute it: ``std`` is verl's
+    (``compute_grpo_outcome_advantage``: s = ``torch.std``, Bessel's correction s² = Σ (r − r̄)² / (n − 1),
+    ε = 1e-6), ``std_trl`` TRL's (``GRPOTrainer``: ``nanstd``, also Bessel-corrected, ε = 1e-4), ``std_population``
+    the population std s² = Σ (r − r̄)² / n with ε = 1e-6 (:data:`ESTIMATORS`).
+
+    A group whose rewards are all equal (a group of one included) gets A = 0 exactly, as the formula gives (and as
+    both engines give when the rewards are exactly representable): a float32 mean can miss the common value by an
+    ulp (three rewards of 0.9 sum to 2.6999998), and that residue divided by s + ε ≈ 1e-6 would be an advantage of
+    ≈ −0.007 for every response of the group (verl's ``torch.mean`` leaves the same residue).  For a group of one,
+    where the unbiased std is undefined (TRL: NaN; verl: mean 0, std 1, A = r), A = 0: it carries no relative
+    information."""
+    divide, bessel, eps = ESTIMATORS[estimator]
+    if rewards.numel() == 0:
+        return rewards.clone()
     groups = int(group_ids.max()) + 1
     zeros = rewards.new_zeros(groups)
     count = zeros.index_add(0, group_ids, torch.ones_like(rewards))
@@ -462,13 +480,10 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_norm: bool | Tensor
     low = torch.full_like(zeros, math.inf).scatter_reduce(0, group_ids, rewards, "amin")
     high = torch.full_like(zeros, -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
     centered = torch.where((low == high)[group_ids], torch.zeros_like(rewards), rewards - mean[group_ids])
-    if std_norm is False:
+    if not divide:
         return centered
-    var = zeros.index_add(0, group_ids, centered**2) / count
-    spread = var.sqrt()[group_ids] + eps
-    if std_norm is True:
-        return centered / spread
-    return centered / torch.where(std_norm, spread, torch.ones((), dtype=spread.dtype))
+    var = zeros.index_add(0, group_ids, centered**2) / ((count - 1).clamp_min(1) if bessel else count)
+    return centered / (var.sqrt()[group_ids] + eps)
 
 
 def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:

@@ -22,8 +22,10 @@ from offpolicylab.objectives.regularization import KL_ESTIMATORS, kl_penalty
 from offpolicylab.registry import Param, Registry, resolve
 
 #: Group-relative advantage estimators (see the trainer): ``mean`` A_i = r_i − r̄_g (REC paper, Yao et al. 2025,
-#: arXiv:2509.24203), ``std`` A_i = (r_i − r̄_g)/(σ_g + 1e-6) (GRPO, Shao et al. 2024, arXiv:2402.03300).
-ADVANTAGES = ("mean", "std")
+#: arXiv:2509.24203), ``std`` A_i = (r_i − r̄_g)/(s_g + 1e-6) with s_g the Bessel-corrected group std (GRPO, Shao
+#: et al. 2024, arXiv:2402.03300, as verl computes it), ``std_trl`` the same with + 1e-4 (TRL's), ``std_population``
+#: with the population std.
+ADVANTAGES = ("mean", "std", "std_trl", "std_population")
 
 COMMON_PARAMS: dict[str, Param] = {
     "agg": Param("token-mean", str, choices=AGG_CHOICES,

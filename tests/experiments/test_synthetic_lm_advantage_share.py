@@ -83,7 +83,7 @@ def test_matches_the_trainers_advantages_on_a_real_buffer(tmp_path: Path, monkey
     for count, fraction in zip(buffer["rows"].tolist(), table["share_tokens"], strict=True):
         part = slice(start, start + count)
         start += count
-        advantages = group_advantages(buffer["rewards"][part], buffer["group_ids"][part], True)
+        advantages = group_advantages(buffer["rewards"][part], buffer["group_ids"][part], "std")
         mask = buffer["response_mask"][part].sum(1)
         assert fraction == pytest.approx(float(mask[advantages != 0].sum() / mask.sum()))
     result = share.read_run(tmp_path / "run")

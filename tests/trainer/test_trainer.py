@@ -14,36 +14,66 @@ from offpolicylab import samples, trainer
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from tests.small_runs import bandit_config, column, mdp_config, nan_objective, read_rows
 
-
 # ------------------------------------------------------------------------------------------------ advantages
-@pytest.mark.parametrize("std_norm", [False, True])
-def test_group_advantages_match_numpy(std_norm: bool) -> None:
-    rng = np.random.default_rng(0)
-    rewards = rng.random(12).astype(np.float32)
-    groups = np.repeat(np.arange(3), 4)
-    expected = np.empty(12)
-    for g in range(3):
+#: estimator → (NumPy std's ddof, ε) or None for mean-only: verl's torch.std and TRL's nanstd are unbiased (ddof 1).
+NUMPY_STD = {"mean": None, "std": (1, 1e-6), "std_trl": (1, 1e-4), "std_population": (0, 1e-6)}
+
+
+def numpy_advantages(rewards: np.ndarray, groups: np.ndarray, estimator: str) -> np.ndarray:
+    """A = r − r̄ per group, ÷ (np.std(r, ddof) + ε) for the std estimators; a group of equal rewards gets 0."""
+    expected = np.zeros(len(rewards))
+    for g in np.unique(groups):
         r = rewards[groups == g].astype(np.float64)
+        if r.max() == r.min():
+            continue
         a = r - r.mean()
-        expected[groups == g] = a / (r.std() + 1e-6) if std_norm else a
-    got = trainer.group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups), std_norm)
-    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+        if NUMPY_STD[estimator] is not None:
+            ddof, eps = NUMPY_STD[estimator]
+            a = a / (r.std(ddof=ddof) + eps)
+        expected[groups == g] = a
+    return expected
+
+
+@pytest.mark.parametrize("estimator", list(NUMPY_STD))
+def test_group_advantages_match_numpy(estimator: str) -> None:
+    """Groups of 4, of 2 (Bessel's correction doubles the variance there) and of 8 against NumPy."""
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(5), [4, 4, 2, 2, 8])
+    rewards = rng.random(len(groups)).astype(np.float32)
+    got = trainer.group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups), estimator)
+    np.testing.assert_allclose(got.numpy(), numpy_advantages(rewards, groups, estimator), rtol=1e-5, atol=1e-6)
+
+
+def test_default_std_is_bessel_corrected() -> None:
+    """GRPO's std as verl and TRL compute it: for a group of two rewards 0 and 1 the unbiased std is √½, so
+    A = ±½/(√½ + ε) = ±√½ (the population std ½ would give ±1); for G = 8 the population std's advantages are
+    √(8/7) times larger."""
+    got = trainer.group_advantages(torch.tensor([0.0, 1.0]), torch.tensor([0, 0]))
+    torch.testing.assert_close(got, torch.tensor([-0.5, 0.5]) / (0.5**0.5 + 1e-6))
+    rewards, groups = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]), torch.zeros(8, dtype=torch.long)
+    ratio = trainer.group_advantages(rewards, groups, "std_population") / trainer.group_advantages(rewards, groups)
+    torch.testing.assert_close(ratio, torch.full((8,), (8 / 7) ** 0.5), rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("value", [1.0, 0.1, 0.3, 0.7, 0.9])
-@pytest.mark.parametrize("size", [3, 4, 8, 16, 64])
-@pytest.mark.parametrize("std_norm", [False, True])
-def test_constant_group_has_zero_advantage_even_normalised(value: float, size: int, std_norm: bool) -> None:
+@pytest.mark.parametrize("size", [2, 3, 4, 8, 16, 64])
+@pytest.mark.parametrize("estimator", list(NUMPY_STD))
+def test_constant_group_has_zero_advantage_even_normalised(value: float, size: int, estimator: str) -> None:
     """Equal rewards give A = 0 by the formula; a float32 mean can miss their value by an ulp (three rewards of 0.9
-    on every CPU: three equal values have one summation order), which ÷ (σ + 1e-6) would turn into |A| ≈ 0.01.
+    on every CPU: three equal values have one summation order), which ÷ (s + 1e-6) would turn into |A| ≈ 0.01.
     A second group with a spread keeps its usual advantages."""
     rewards = torch.cat([torch.full((size,), value), torch.tensor([0.0, 1.0, 0.1, 1.0])])
     groups = torch.cat([torch.zeros(size, dtype=torch.long), torch.ones(4, dtype=torch.long)])
-    got = trainer.group_advantages(rewards, groups, std_norm)
+    got = trainer.group_advantages(rewards, groups, estimator)
     assert torch.equal(got[:size], torch.zeros(size))
-    r = np.array([0.0, 1.0, 0.1, 1.0], dtype=np.float32).astype(np.float64)
-    expected = (r - r.mean()) / (r.std() + 1e-6) if std_norm else r - r.mean()
-    np.testing.assert_allclose(got[size:].numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[size:].numpy(), numpy_advantages(rewards.numpy(), groups.numpy(), estimator)[size:],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_group_of_one_has_zero_advantage() -> None:
+    """A lone response carries no relative information: A = 0 (the unbiased std of one value is undefined)."""
+    got = trainer.group_advantages(torch.tensor([0.7, 0.0, 1.0]), torch.tensor([0, 1, 1]))
+    torch.testing.assert_close(got, torch.tensor([0.0, -(0.5**0.5), 0.5**0.5]) / (1 + 1e-6 * 2**0.5))
 
 
 @pytest.mark.parametrize(("objective", "choice", "used"), [
@@ -53,6 +83,8 @@ def test_constant_group_has_zero_advantage_even_normalised(value: float, size: i
     ("m2po", "auto", "std"),
     ("grpo", "mean", "mean"),  # an explicit choice overrides the paper's
     ("rec", "std", "std"),
+    ("grpo", "std_trl", "std_trl"),
+    ("grpo", "std_population", "std_population"),
 ])
 def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, objective: str,
                                                   choice: str, used: str) -> None:
@@ -73,16 +105,13 @@ def test_advantage_estimator_is_used_and_recorded(tmp_path: Path, objective: str
     for rewards, groups, advantages in seen:
         for g in np.unique(groups):
             r = rewards[groups == g]
-            want = r - r.mean()
-            if used == "std":
-                want = want / (r.std() + 1e-6)
             informative += int(r.std() > 0)
-            np.testing.assert_allclose(advantages[groups == g], want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(advantages, numpy_advantages(rewards, groups, used), rtol=1e-5, atol=1e-6)
     assert informative > 0  # some group had distinct rewards, so mean and std differ
 
 
 def test_unknown_advantage_is_rejected() -> None:
-    with pytest.raises(ValueError, match="valid: one of auto, mean, std"):
+    with pytest.raises(ValueError, match="valid: one of auto, mean, std, std_trl, std_population"):
         mdp_config(advantage="zscore")
 
 
