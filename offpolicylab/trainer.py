@@ -395,11 +395,30 @@ def train_update(stack: Stack, update: int, fresh: list[list[Rollout]], watch: S
     with watch("policy_backward"):
         stack.optimizer.zero_grad(set_to_none=True)
         losses = torch.stack([output.loss for output in outputs])
+        scaler = getattr(stack.policy, "loss_scaler", None)
+        if scaler is not None:
+            return scaled_step(stack, scaler, losses, outputs, fresh, rollouts, whole)
         losses.sum().backward()
         norms = stack.clip_gradients(stack.config.grad_clip)
         finite = (torch.isfinite(losses.detach()) & torch.isfinite(torch.stack(norms))).tolist()
         if any(finite):
             stack.optimizer.step()
+    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, fresh, rollouts, finite,
+                                                                         strict=True))]
+
+
+def scaled_step(stack: Stack, scaler: torch.amp.GradScaler, losses: Tensor, outputs: list[LossOutput],
+                fresh: list[list[Rollout]], rollouts: list[Rollout], whole: TokenBatch) -> list[Step]:
+    """The backward and step of a loss-scaled (fp16) stack of one, as ``torch.amp.GradScaler`` runs them: backward of
+    S · loss, gradients divided by S, clipped, the step taken only if they are finite (else skipped and S halved);
+    an overflow skips the step without stopping the run, a non-finite loss stops it."""
+    scaler.scale(losses.sum()).backward()
+    scaler.unscale_(stack.optimizer)
+    norms = stack.clip_gradients(stack.config.grad_clip)
+    finite = torch.isfinite(losses.detach()).tolist()
+    if all(finite):
+        scaler.step(stack.optimizer)
+        scaler.update()
     return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, fresh, rollouts, finite,
                                                                          strict=True))]
 

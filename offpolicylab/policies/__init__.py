@@ -14,6 +14,7 @@ from typing import Any
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import TOKEN_DRAWS, AutoregressivePolicy, check_token_draw
 from offpolicylab.policies.hf import PLANNED_PARAMS, hf_policy_params, make_hf_policy
+from offpolicylab.policies.mixed_precision import TRAINER_PRECISIONS
 from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
@@ -71,8 +72,10 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
-                      sampler_precision: str, token_draw: str, compiled: bool, **sizes: int | None) -> TransformerPolicy:
-    """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights."""
+                      sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
+                      lm_head_fp32: bool, **sizes: int | None) -> TransformerPolicy:
+    """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights; scored in
+    ``trainer_precision`` (:mod:`offpolicylab.policies.mixed_precision`)."""
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
         _check_prompt_len(max_prompt_len, world)
@@ -81,7 +84,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
         return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
                                  max_prompt_len=max_prompt_len, seed=seed, sampler_noise_std=sampler_noise_std,
                                  sampler_precision=sampler_precision, token_draw=token_draw, compiled=compiled,
-                                 **sizes, **shape)
+                                 trainer_precision=trainer_precision, lm_head_fp32=lm_head_fp32, **sizes, **shape)
     policy = world.pretrained_policy()
     pretrained = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
                   "num_heads": policy.shape.num_heads}
@@ -93,6 +96,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     policy.sampler_noise_std, policy.sampler_precision = sampler_noise_std, sampler_precision
     policy.token_draw = check_token_draw(token_draw)
     policy.model.compiled = check_compiled(compiled, sampler_precision)
+    policy.set_trainer_precision(trainer_precision, lm_head_fp32)
     return policy
 
 
@@ -130,6 +134,12 @@ POLICIES.register("transformer", build_transformer, {
     "compiled": Param(False, bool, doc="run the blocks through torch.compile (faster after a compilation per "
                                        "process; float32 rounding differs; needs a C++ compiler; not with an fp8 "
                                        "sampler_precision)"),
+    "trainer_precision": Param("fp32", str, choices=TRAINER_PRECISIONS,
+                               doc="precision of the trainer's forwards (loss, old-log-prob recompute, evaluation "
+                                   "scoring) under autocast, fp32 master weights and Adam state, log-softmax in fp32; "
+                                   "fp16 with a dynamic loss scale (docs/sampler_precision.md)"),
+    "lm_head_fp32": Param(False, bool, doc="compute the LM head in fp32 under a 16-bit trainer_precision "
+                                           "(MiniMax-M1's fix)"),
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,
     stack_in_sweeps=False)  # its stacked work grows with the rows: ≈ separate runs' cost (benchmarks/README.md)
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),

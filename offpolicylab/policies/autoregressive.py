@@ -61,6 +61,7 @@ class AutoregressivePolicy(ABC):
     eos_id: int | None
     sampler_noise_std: float
     sampler_precision: str = "fp32"
+    trainer_precision: str = "fp32"  # the precision of score's forward (policies.mixed_precision)
     token_draw: str = "race"  # one of TOKEN_DRAWS (module docstring)
 
     def _init_common(self, vocab_size: int, response_len: int, eos_id: int | None, sampler_noise_std: float,
@@ -147,7 +148,8 @@ class AutoregressivePolicy(ABC):
         alive = torch.ones(batch, dtype=torch.bool)
         mask = torch.zeros(batch, width)
         behavior = torch.zeros(batch, width)
-        exact = self.sampler_precision == "fp32"  # the engine computes with the policy's own numbers
+        # the engine computes with the policy's own numbers only when both are fp32
+        exact = self.sampler_precision == "fp32" and self.trainer_precision == "fp32"
         noisy = self.sampler_noise_std > 0
         sampler = torch.zeros(batch, width) if noisy or not exact else None
         ahead: Tensor | None = None  # every step's random numbers, drawn at the first (see draws_ahead)
@@ -192,11 +194,13 @@ class AutoregressivePolicy(ABC):
 
     def score(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """(logp [B, T], entropy [B, T]) of ``rollout.response_ids`` at ``rollout.temperature``, with grad.
-        Padded positions hold the values of the pad token (the mask removes them)."""
+        Padded positions hold the values of the pad token (the mask removes them).  Logits in a 16-bit
+        ``trainer_precision`` are divided by τ in their dtype and normalised in float32 (verl's
+        ``logprobs_from_logits``)."""
         _check_temperature(rollout.temperature)
         logits = self._scaled_logits(rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index,
                                      rollout.response_ids, rollout.temperature)
-        log_probs = torch.log_softmax(logits, -1)
+        log_probs = torch.log_softmax(logits.float(), -1)
         logp = log_probs.gather(-1, rollout.response_ids[..., None]).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
         return logp, entropy

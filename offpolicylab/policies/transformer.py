@@ -35,6 +35,12 @@ import torch
 from torch import Tensor, nn
 
 from offpolicylab.policies.autoregressive import ModulePolicy
+from offpolicylab.policies.mixed_precision import (
+    check_trainer_precision,
+    head_logits,
+    loss_scaler,
+    trainer_autocast,
+)
 
 
 @dataclass(frozen=True)
@@ -231,14 +237,19 @@ class TransformerPolicy(ModulePolicy):
     Token id ``i`` is the same symbol in prompt and response; padded prompt positions get the extra symbol
     ``max(prompt_vocab_size, vocab_size)``.  ``seed`` makes the initial weights reproducible (a private RNG);
     ``state`` (a :meth:`state_dict`) starts the policy from given weights, e.g. a world's pretrained π₀;
-    ``token_draw`` and ``compiled``: see :mod:`offpolicylab.policies.autoregressive` and the module docstring."""
+    ``token_draw`` and ``compiled``: see :mod:`offpolicylab.policies.autoregressive` and the module docstring;
+    ``trainer_precision`` and ``lm_head_fp32``: the precision of the scoring forward
+    (:mod:`offpolicylab.policies.mixed_precision`); ``loss_scaler`` is fp16's dynamic loss scale (else None)."""
+
+    SCALER_KEY = "loss_scaler."  # state_dict keys of the loss scaler's state (fp16)
 
     def __init__(self, vocab_size: int, response_len: int, eos_id: int | None = None,
                  prompt_vocab_size: int | None = None, max_prompt_len: int = 16, d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, sampler_noise_std: float = 0.0, seed: int = 0,
                  state: dict[str, Tensor] | None = None, sampler_precision: str = "fp32", token_draw: str = "race",
-                 compiled: bool = False) -> None:
+                 compiled: bool = False, trainer_precision: str = "fp32", lm_head_fp32: bool = False) -> None:
         self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision, token_draw)
+        self.set_trainer_precision(trainer_precision, lm_head_fp32)
         prompt_vocab_size = vocab_size if prompt_vocab_size is None else int(prompt_vocab_size)
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
@@ -262,8 +273,38 @@ class TransformerPolicy(ModulePolicy):
         prompt, real = self._prompt(prompt_ids, prompt_mask)
         tokens = torch.cat([prompt, response_ids[:, :-1]], dim=1)
         real = torch.cat([real, torch.ones_like(response_ids[:, :-1], dtype=torch.bool)], dim=1)
-        hidden = self.model(tokens, real)
-        return self.model.head(hidden[:, prompt.shape[1] - 1:])
+        with trainer_autocast(self.trainer_precision, tokens.device):
+            hidden = self.model(tokens, real)
+            return head_logits(self.model.head, hidden[:, prompt.shape[1] - 1:], self.lm_head_fp32)
+
+    # ------------------------------------------------------------------------------------------ trainer precision
+    def set_trainer_precision(self, precision: str, lm_head_fp32: bool = False) -> None:
+        """The scoring forward's precision and LM head (module :mod:`~offpolicylab.policies.mixed_precision`); a
+        fresh loss scaler for fp16."""
+        self.trainer_precision = check_trainer_precision(precision)
+        self.lm_head_fp32 = bool(lm_head_fp32)
+        self.loss_scaler = loss_scaler(self.trainer_precision)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The model's weights, and with fp16 the loss scaler's scale and growth count (so a resumed run goes on
+        with the scale it had)."""
+        state = super().state_dict()
+        if self.loss_scaler is not None and self.loss_scaler._scale is not None:
+            scaler = self.loss_scaler.state_dict()
+            state[self.SCALER_KEY + "scale"] = torch.tensor(scaler["scale"], dtype=torch.float64)
+            state[self.SCALER_KEY + "growth_tracker"] = torch.tensor(scaler["_growth_tracker"])
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> object:
+        """:meth:`state_dict`'s output; scaler entries restore an fp16 policy's scale and are ignored otherwise."""
+        scaler = {key[len(self.SCALER_KEY):]: value for key, value in state.items() if key.startswith(self.SCALER_KEY)}
+        weights = {key: value for key, value in state.items() if not key.startswith(self.SCALER_KEY)}
+        if scaler and getattr(self, "loss_scaler", None) is not None:
+            own = self.loss_scaler
+            own.load_state_dict({"scale": float(scaler["scale"]), "_growth_tracker": int(scaler["growth_tracker"]),
+                                 "growth_factor": own.get_growth_factor(), "backoff_factor": own.get_backoff_factor(),
+                                 "growth_interval": own.get_growth_interval()})
+        return super().load_state_dict(weights)
 
     # ------------------------------------------------------------------------------------------ KV-cached sampling
     def start_decoding(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor) -> KVCache:

@@ -132,6 +132,11 @@ class StackedTransformerPolicy(TransformerPolicy):
                              "differently from each seed alone; valid: run the seeds separately (--seed S), or "
                              "compiled=false")
 
+        if any(m.trainer_precision != "fp32" or m.lm_head_fp32 for m in members):
+            raise ValueError("batched transformer seeds need trainer_precision=fp32 and lm_head_fp32=false (one loss "
+                             "scale and one autocast for every seed is not each seed's own run); valid: run the seeds "
+                             "separately (--seed S), or trainer_precision=fp32")
+
         def key(m: TransformerPolicy) -> tuple[Any, ...]:
             return (m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len,
                     m.token_draw)
@@ -141,6 +146,7 @@ class StackedTransformerPolicy(TransformerPolicy):
                              "prompt length and token draw")
         self._init_common(first.vocab_size, first.response_len, first.eos_id, first.sampler_noise_std,
                           first.sampler_precision, first.token_draw)
+        self.set_trainer_precision("fp32")
         self.pad_token, self.max_prompt_len, self.shape = first.pad_token, first.max_prompt_len, first.shape
         self.size = len(members)
         self.model = stack_modules([member.model for member in members])

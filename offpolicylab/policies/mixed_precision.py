@@ -1,0 +1,68 @@
+"""The trainer's precision as FSDP mixed precision / ``torch.autocast`` runs it: fp32 master weights and optimizer
+state, every trainer forward in a 16-bit dtype, log-probabilities in fp32 from the 16-bit logits.
+
+    z = f_θ(x) under autocast(dtype)            matrix products in dtype (weights cast per forward), logits in dtype
+    ℓ = log_softmax(float32(z / τ))[y]          the division in dtype, the normalisation in fp32
+
+as verl's actor computes them (``dp_actor._forward_micro_batch`` runs every actor forward — the old-log-prob
+recompute and the training forward — under ``torch.autocast(dtype=torch.bfloat16)``; its ``logprobs_from_logits``
+normalises in fp32).  The backward of the autocast casts returns fp32 gradients to the fp32 master weights, and Adam
+keeps fp32 state, so only the forward rounds.  ``torch.autocast`` rather than casting the weights per forward: it is
+what the M2PO paper's public code and verl run, it keeps the residual stream and LayerNorm of an fp32 input in fp32
+(CPU autocast runs ``linear``, ``matmul`` and ``bmm`` in the dtype and passes other ops through in their inputs'
+dtype), and it needs no second copy of the weights.
+
+- ``fp32``: no autocast (today's arithmetic bit for bit).
+- ``bf16``: bfloat16 autocast (8 significant bits, unit roundoff u = 2⁻⁸).
+- ``fp16``: float16 autocast (11 bits, u = 2⁻¹¹) with a dynamic loss scale (:func:`loss_scaler`:
+  ``torch.amp.GradScaler`` — the loss is multiplied by S before the backward, the gradients divided by S; a step
+  whose gradients hold an inf or NaN is skipped and S halved; after 2000 finite steps S doubles), as fp16 training
+  runs (Micikevicius et al. 2018, "Mixed Precision Training", arXiv:1710.03740).
+
+``lm_head_fp32 = True`` computes the LM head (the last linear map) in fp32 from the hidden state, so the logits are
+fp32 while the body rounds: MiniMax-M1's fix of the training–inference mismatch (MiniMax 2025, arXiv:2506.13585,
+§3.2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import Tensor, nn
+
+TRAINER_PRECISIONS = ("fp32", "bf16", "fp16")
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: unit roundoff u = 2^-p of each dtype (p significant bits, the implicit one included: bf16 8, fp16 11, fp32 24)
+UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
+
+
+def check_trainer_precision(precision: str) -> str:
+    """``precision`` if it is one of :data:`TRAINER_PRECISIONS`, else ``ValueError`` naming them."""
+    if precision not in TRAINER_PRECISIONS:
+        raise ValueError(f"trainer_precision={precision!r} is invalid; valid: {', '.join(TRAINER_PRECISIONS)}")
+    return precision
+
+
+def trainer_autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:
+    """``torch.autocast(device, dtype)`` for a 16-bit ``precision``; nothing for ``fp32``."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    device_type = torch.device(device).type
+    return torch.autocast(device_type=device_type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def head_logits(head: nn.Module, hidden: Tensor, fp32_head: bool) -> Tensor:
+    """z = W h + b: in the surrounding autocast's dtype, or, with ``fp32_head``, in fp32 from fp32(h) with autocast
+    off (the fp32 LM head)."""
+    if not fp32_head:
+        return head(hidden)
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        return head(hidden.float())
+
+
+def loss_scaler(precision: str) -> torch.amp.GradScaler | None:
+    """A dynamic loss scaler (``torch.amp.GradScaler`` on the CPU: initial scale 2¹⁶, ×0.5 on an inf / NaN gradient
+    with the step skipped, ×2 after 2000 finite steps) for ``fp16``; None otherwise (bf16 has fp32's exponent range
+    and trains unscaled, as FSDP's bf16 mixed precision does)."""
+    return torch.amp.GradScaler("cpu") if precision == "fp16" else None

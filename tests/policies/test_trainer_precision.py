@@ -1,0 +1,157 @@
+"""The transformer's ``trainer_precision`` (autocast forwards, fp32 master weights, fp16 loss scaling) and
+``lm_head_fp32``: gradients against an fp32 reference within the dtype's unit roundoff, log-probs normalised in fp32
+from the 16-bit logits, the loss scaler skipping a step whose gradient overflows, and fp32 left as it was."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from offpolicylab.contracts import Prompts
+from offpolicylab.policies.mixed_precision import UNIT_ROUNDOFF
+from offpolicylab.policies.transformer import TransformerPolicy
+from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
+from offpolicylab.trainer import scaled_step
+
+VOCAB, WIDTH, LAYERS = 32, 8, 2
+#: rounding sites in series along a path through the network: per block six products (qkv, q·kᵀ, attention·v, out,
+#: two MLP maps), each rounding its two operands and its output (3 sites), and the head (3): 6·3·L + 3
+SITES = 6 * 3 * LAYERS + 3
+
+
+def policy(precision: str = "fp32", **kwargs) -> TransformerPolicy:
+    return TransformerPolicy(vocab_size=VOCAB, response_len=WIDTH, max_prompt_len=4, d_model=32, num_layers=LAYERS,
+                             num_heads=4, seed=3, trainer_precision=precision, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    generator = torch.Generator().manual_seed(0)
+    prompts = Prompts(ids=torch.randint(0, VOCAB, (4, 4), generator=generator), mask=torch.ones(4, 4),
+                      index=torch.arange(4))
+    return policy().sample(prompts, 4, 1.0, generator)
+
+
+def gradient(precision: str, rollout, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the flat gradient of −mean(A · log π), log π) of a fresh policy in ``precision``."""
+    net = policy(precision, **kwargs)
+    advantages = torch.linspace(-1.0, 1.0, len(rollout))[:, None]
+    logp, _ = net.score(rollout)
+    (-(logp * advantages * rollout.response_mask).mean()).backward()
+    grads = [p.grad for p in net.trainable_parameters()]
+    assert all(g.dtype == torch.float32 for g in grads)  # fp32 master weights get fp32 gradients
+    return torch.cat([g.flatten() for g in grads]), logp.detach()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gradient_matches_fp32_within_the_dtypes_unit_roundoff(precision, rollout):
+    """First order, each of the SITES roundings in series perturbs by a relative δ_i with |δ_i| ≤ u; independent
+    roundings add in quadrature, so ‖g − g₃₂‖ / ‖g₃₂‖ ≈ √SITES · u (6.2 u here): the bound is √SITES · u rounded up to
+    8 u, and a 16-bit path must round at all (more than u / 8, where fp32 would give ≈ 1e-7)."""
+    reference, _ = gradient("fp32", rollout)
+    grad, _ = gradient(precision, rollout)
+    u = UNIT_ROUNDOFF[precision]
+    error = float((grad - reference).norm() / reference.norm())
+    assert 8 * u >= math.sqrt(SITES) * u
+    assert u / 8 < error < 8 * u, (precision, error / u)
+
+
+def test_log_softmax_runs_in_fp32_from_16_bit_logits(rollout):
+    """logp = log_softmax(float32(z))[y] with z the bf16 logits: the normalisation is not rounded to bf16."""
+    net = policy("bf16")
+    with torch.no_grad():
+        logits = net.response_logits(rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index,
+                                     rollout.response_ids)
+        logp, _ = net.score(rollout)
+    assert logits.dtype == torch.bfloat16
+    expected = torch.log_softmax(logits.double(), -1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
+    assert torch.allclose(logp.double(), expected, atol=4 * 2.0 ** -24 * 8, rtol=0)  # fp32 rounding only
+
+
+def test_lm_head_fp32_gives_fp32_logits_of_the_rounded_body(rollout):
+    """lm_head_fp32: z = W h + b in fp32 from the body's (autocast) hidden state h."""
+    net = policy("bf16", lm_head_fp32=True)
+    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index, rollout.response_ids)
+    with torch.no_grad():
+        logits = net.response_logits(*args)
+        prompt, real = net._prompt(rollout.prompt_ids, rollout.prompt_mask)
+        tokens = torch.cat([prompt, rollout.response_ids[:, :-1]], dim=1)
+        mask = torch.cat([real, torch.ones_like(rollout.response_ids[:, :-1], dtype=torch.bool)], dim=1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hidden = net.model(tokens, mask)[:, prompt.shape[1] - 1:]
+        head = net.model.head
+        expected = hidden.double() @ head.weight.double().T + head.bias.double()
+    assert logits.dtype == torch.float32
+    assert torch.allclose(logits.double(), expected, atol=1e-4, rtol=1e-5)
+    assert not torch.equal(logits, policy("bf16").response_logits(*args).float())  # the head is not rounded
+
+
+def test_fp32_is_the_plain_forward(rollout):
+    """trainer_precision=fp32 runs no autocast: the same numbers as a policy built without the option."""
+    plain = TransformerPolicy(vocab_size=VOCAB, response_len=WIDTH, max_prompt_len=4, d_model=32, num_layers=LAYERS,
+                              num_heads=4, seed=3)
+    with torch.no_grad():
+        assert torch.equal(plain.score(rollout)[0], policy("fp32").score(rollout)[0])
+    assert policy("fp32").loss_scaler is None and policy("bf16").loss_scaler is None
+
+
+def _stack_of(net: TransformerPolicy) -> SimpleNamespace:
+    optimizer = torch.optim.AdamW(net.trainable_parameters(), lr=1e-3)
+    return SimpleNamespace(optimizer=optimizer, config=SimpleNamespace(grad_clip=1.0),
+                           clip_gradients=lambda clip: [torch.nn.utils.clip_grad_norm_(net.trainable_parameters(),
+                                                                                       clip)])
+
+
+def _scaled_update(net: TransformerPolicy, stack: SimpleNamespace, rollout, factor: float):
+    stack.optimizer.zero_grad(set_to_none=True)
+    logp, _ = net.score(rollout)
+    loss = -(logp * rollout.response_mask).mean() * factor
+    output = SimpleNamespace(loss=loss)
+    return scaled_step(stack, net.loss_scaler, loss[None], [output], [[]], [rollout], None)
+
+
+def test_loss_scaler_skips_an_overflowing_step_and_halves_the_scale(rollout):
+    """GradScaler semantics: S = 2¹⁶ at first; a loss whose scaled gradient overflows fp16 (the autocast backward
+    holds S · ∂loss in fp16, max 65504) leaves every weight as it was, halves S and does not stop the run; the next
+    finite step moves the weights and keeps S."""
+    net = policy("fp16")
+    stack = _stack_of(net)
+    before = [p.detach().clone() for p in net.trainable_parameters()]
+    (step,) = _scaled_update(net, stack, rollout, 1e6)
+    assert step.finite and not math.isfinite(float(step.grad_norm))
+    assert all(torch.equal(a, p) for a, p in zip(before, net.trainable_parameters(), strict=True))
+    assert net.loss_scaler.get_scale() == 2.0 ** 15
+    (step,) = _scaled_update(net, stack, rollout, 1.0)
+    assert step.finite and math.isfinite(float(step.grad_norm))
+    assert not all(torch.equal(a, p) for a, p in zip(before, net.trainable_parameters(), strict=True))
+    assert net.loss_scaler.get_scale() == 2.0 ** 15
+    state = net.state_dict()  # the scale travels with the checkpoint
+    resumed = policy("fp16")
+    resumed.load_state_dict(state)
+    assert resumed.loss_scaler._init_scale == 2.0 ** 15
+    assert set(policy("fp32").state_dict()) == {k for k in state if not k.startswith("loss_scaler.")}
+
+
+def test_scaled_gradient_is_the_unscaled_one(rollout):
+    """Multiplying the loss by S = 2ᵏ and the gradient by 1/S is exact unless fp16 under- or overflows: the scaled
+    step's clipped gradient equals the unscaled fp16 backward's within fp16's unit roundoff."""
+    net = policy("fp16")
+    stack = _stack_of(net)
+    stack.optimizer.step = lambda: None  # keep the gradients for the comparison
+    net.loss_scaler.step = lambda optimizer: None
+    _scaled_update(net, stack, rollout, 1.0)
+    scaled = torch.cat([p.grad.flatten() for p in net.trainable_parameters()])
+    plain = policy("fp16")
+    logp, _ = plain.score(rollout)
+    (-(logp * rollout.response_mask).mean()).backward()
+    unscaled = torch.cat([p.grad.flatten() for p in plain.trainable_parameters()])
+    unscaled = unscaled * min(1.0, 1.0 / (float(unscaled.norm()) + 1e-6))  # clip_grad_norm_ at 1
+    assert float((scaled - unscaled).norm() / unscaled.norm()) < UNIT_ROUNDOFF["fp16"]
+
+
+def test_batched_seeds_refuse_a_16_bit_trainer():
+    with pytest.raises(ValueError, match="trainer_precision=fp32"):
+        StackedTransformerPolicy([policy("bf16"), policy("bf16")])
