@@ -38,7 +38,7 @@ from offpolicylab import demo as demo_command
 from offpolicylab import replay as replay_command
 from offpolicylab.aliases import CONFIG_ALIASES, PARAM_ALIASES, canonical_config, merge_params
 from offpolicylab.config import DEFAULTS, TrainConfig, config_params, parse_assignments, read_mapping
-from offpolicylab.registry import Registry
+from offpolicylab.registry import Registry, import_modules
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -69,13 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="worlds, objectives (with parameters), schedules, policies")
     listing.add_argument("--verbose", "-v", action="store_true", help="each parameter on its own line with its "
                                                                       "documentation and valid values")
+    _add_import_flag(listing)
 
     demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
     demo_command.add_arguments(demo)
 
     run = sub.add_parser("run", help="train one run into a run directory")
     for name, param in config_params().items():
-        if name in _DICT_FLAGS:
+        if name == "imports":
+            _add_import_flag(run)
+        elif name in _DICT_FLAGS:
             flag = "--" + _DICT_FLAGS[name].replace("_", "-")
             run.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
         else:
@@ -115,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--report-to", dest="report_to", default=None, metavar="STR",
                        help="experiment trackers for every cell (overrides the grid's report_to): tensorboard, "
                             "wandb, mlflow, trackio or none, comma-separated")
+    _add_import_flag(sweep)
 
     convert = sub.add_parser("convert-gguf", help="write a GGUF model file as a plain model directory (weights "
                                                   "dequantized, tokenizer and chat template included)")
@@ -137,7 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_import_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                        help="import MODULE first (a file MODULE.py in the current directory or a module on "
+                             "PYTHONPATH) so that the objectives or worlds it registers can be named; repeatable "
+                             "(config key import; docs/plugins.md)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _refuse_in_worker()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plot"]:  # everything after `plot` belongs to the plots module
         return _plot(argv[1:])
@@ -162,6 +174,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _refuse_in_worker() -> None:
+    """A sweep's worker process (spawned: it imports the parent's main script as ``__mp_main__``) that reaches
+    :func:`main` comes from a wrapper script calling it without a ``__main__`` guard: say so instead of starting a
+    second sweep."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None and "__mp_main__" in sys.modules:
+        print("offpolicylab: error: a worker process ran your script's call of offpolicylab.cli.main(); call it "
+              'under `if __name__ == "__main__":`, or name your module with --import MODULE instead of a wrapper '
+              "script", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -174,6 +199,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from offpolicylab.worlds import WORLDS
 
     verbose = getattr(args, "verbose", False)
+    if args.imports:
+        import_modules(args.imports)
     _print_registry("worlds", WORLDS, verbose=verbose)
     _print_registry("objectives", OBJECTIVES, lambda name: f" (advantage {OBJECTIVES.get(name).builder.advantage})",
                     verbose=verbose)
@@ -269,6 +296,8 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
                                      if getattr(args, ALIAS_DEST + alias, None) is not None] or None
         if value is None:
             continue
+        if name == "imports":  # --import flags add to the file's modules
+            value = ",".join([*_module_names(data.get(name)), *value])
         if name in _DICT_FLAGS:
             given = parse_assignments(value, "--" + _DICT_FLAGS[name].replace("_", "-"))
             if name == "objective_params":  # verl / TRL names → ours, over the file's
@@ -284,6 +313,14 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
     if data.get("world_params"):
         data["world_params"] = absolute_paths(data["world_params"])
     return TrainConfig.from_dict(data)
+
+
+def _module_names(value: Any) -> list[str]:
+    """A config's ``imports`` (a comma-separated string, a list or None) as a list of module names."""
+    if value is None:
+        return []
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    return [str(part).strip() for part in parts if str(part).strip()]
 
 
 PATH_PARAMS = ("model", "data")
@@ -307,7 +344,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.ray_address:
         os.environ["RAY_ADDRESS"] = args.ray_address
+    if args.imports:  # before the grid is read: its cells may name the modules' parts
+        import_modules(args.imports)
     grid = load_grid(args.grid)
+    if args.imports:
+        base = grid.get("base", {})
+        modules = [*_module_names(base.get("imports", base.get("import"))), *args.imports]
+        grid = {**grid, "base": {**{k: v for k, v in base.items() if k != "import"}, "imports": ",".join(modules)}}
     if args.report_to is not None:  # a view of the cells' metrics, not part of their config (resume.py)
         grid = {**grid, "base": {**grid.get("base", {}), "report_to": args.report_to}}
     try:
@@ -317,6 +360,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"offpolicylab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     print_table(rows, SWEEP_TABLE)
+    for row in rows:  # the reason of each failure, which the table has no room for
+        if row["status"] == "failed":
+            print(f"{row['cell']}: failed: {row.get('error') or 'no reason recorded'}")
     failed = sum(row["status"] == "failed" for row in rows)
     print(f"{len(rows)} cells, {failed} failed -> {Path(args.out) / 'sweep_results.csv'}")
     return EXIT_FAILED if failed else 0

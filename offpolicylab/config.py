@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.aliases import canonical_config, canonical_params
-from offpolicylab.registry import Param
+from offpolicylab.registry import Param, import_modules
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
 
@@ -51,6 +51,10 @@ def _f(param: Param) -> Any:
 class TrainConfig:
     """Everything that determines a run (with ``seed``, the run is reproducible bit for bit on one machine)."""
 
+    imports: str = _f(Param(None, str, optional=True,
+                            doc="modules to import before the run is built, comma-separated (they register your "
+                                "own objectives or worlds: docs/plugins.md); stored in config.json, so sweep "
+                                "workers and --resume import them too (config key import or imports)"))
     world: str = _f(Param("token_mdp", str, doc="world name, see `offpolicylab list`"))
     world_params: dict[str, Any] = _f(Param({}, dict, doc="world options (--world-param k=v)"))
     objective: str = _f(Param("grpo", str, doc="objective name, see `offpolicylab list`"))
@@ -167,7 +171,11 @@ class TrainConfig:
         """Every field goes through its :class:`Param` when it is set (at construction and after): strings are
         parsed, ranges checked, ``ValueError`` names the field and what is valid."""
         param = _PARAMS.get(name)
+        if name == "imports" and isinstance(value, (list, tuple)):  # a YAML / JSON list of module names
+            value = ",".join(map(str, value))
         value = value if param is None else param.validate(name, value)
+        if name == "imports" and value is not None:  # registers the modules' parts before the fields use them
+            value = ",".join(import_modules(value, "import")) or None
         if name == "objective_params":  # verl's / TRL's parameter names → ours (offpolicylab.aliases)
             value = canonical_params(value)
         if name == "report_to":  # a comma-separated list of tracker names, checked and normalized
@@ -199,7 +207,13 @@ LEGACY_RECOMPUTE = "recompute_behavior_logp"  # the bool that behavior_logp repl
 
 def upgrade_config(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with the keys of earlier versions renamed: ``recompute_behavior_logp`` (true / false) becomes
-    ``behavior_logp`` (``trainer`` / ``auto``), so earlier runs' config.json still load and compare equal."""
+    ``behavior_logp`` (``trainer`` / ``auto``), so earlier runs' config.json still load and compare equal; the
+    key ``import`` (a config file's spelling of the ``--import`` flag) becomes ``imports``."""
+    if "import" in data:
+        data = dict(data)
+        if "imports" in data:
+            raise ValueError("config keys import and imports name the same setting; valid: one of them")
+        data["imports"] = data.pop("import")
     if LEGACY_RECOMPUTE not in data:
         return data
     data = dict(data)

@@ -19,10 +19,15 @@ says so; for a string parameter with choices, ``"none"`` is an ordinary choice l
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
-from collections.abc import Callable, Iterator, Mapping
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -188,12 +193,20 @@ class Registry(Generic[T]):
     ``register(name, builder, params, doc, **meta)`` adds one (a duplicate name raises); called with the name alone
     it is a class decorator whose parameters come from the class's ``all_params()`` or ``params``.  ``build(name, *args,
     **params)`` validates ``params`` and calls ``builder(*args, **validated)``.
+
+    ``plugins`` names an entry-point group (``offpolicylab.objectives``): an installed package that declares an
+    entry point ``name = module[:attr]`` in it provides the part ``name``.  The entry point is loaded (its module
+    imported, which registers the part) the first time ``name`` is asked for, and every entry point of the group
+    when the names are listed (:func:`load_plugins`).
     """
 
-    def __init__(self, kind: str, on_missing: Callable[[str], None] | None = None) -> None:
+    def __init__(self, kind: str, on_missing: Callable[[str], None] | None = None,
+                 plugins: str | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
         self._on_missing = on_missing  # may register a part that lives in an optional module
+        self.plugins = plugins
+        self._plugins_loaded: set[str] = set()  # entry-point names already loaded (or tried)
 
     def register(self, name: str, builder: Callable[..., T] | None = None, params: Mapping[str, Param] | None = None,
                  doc: str = "", **meta: Any) -> Any:
@@ -216,11 +229,53 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> Entry[T]:
         """The entry ``name``; an unknown name raises ``ValueError`` naming the valid ones."""
-        if name not in self._entries and self._on_missing is not None and isinstance(name, str):
-            self._on_missing(name)
+        self._find(name)
         if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(self._entries)}")
+            self.load_plugins(quiet=True)  # the valid names include every installed plugin's
+            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(self._entries)}{self._hint()}")
         return self._entries[name]
+
+    def _find(self, name: object, optional_module: bool = True) -> None:
+        """Register ``name`` from an optional module or an installed plugin when it is not registered yet."""
+        if name in self._entries or not isinstance(name, str):
+            return
+        if optional_module and self._on_missing is not None:
+            self._on_missing(name)
+        if name not in self._entries and self.plugins is not None:
+            for point in plugin_entry_points(self.plugins):
+                if point.name == name:
+                    self._load(point, quiet=False)
+
+    def load_plugins(self, quiet: bool = False) -> None:
+        """Load every entry point of the ``plugins`` group not loaded yet.  A plugin that fails to import raises
+        ``ValueError`` naming it, or with ``quiet`` is passed over with a warning."""
+        for point in plugin_entry_points(self.plugins) if self.plugins is not None else ():
+            self._load(point, quiet=quiet)
+
+    def _load(self, point: metadata.EntryPoint, quiet: bool) -> None:
+        if point.name in self._plugins_loaded:
+            return
+        self._plugins_loaded.add(point.name)
+        try:
+            point.load()
+        except Exception as exc:  # noqa: BLE001 - any error of a third party's module is named, not raised raw
+            message = (f"{self.kind} plugin {point.name!r} ({point.value}, entry point of "
+                       f"{_distribution(point)}) failed to load: {type(exc).__name__}: {exc}")
+            if not quiet:
+                raise ValueError(f"{message}; valid: a plugin whose module imports") from None
+            warnings.warn(message, stacklevel=3)
+            return
+        if point.name not in self._entries:
+            message = (f"{self.kind} plugin {point.name!r} ({point.value}, entry point of {_distribution(point)}) "
+                       f"registered no {self.kind} named {point.name!r}")
+            if not quiet:
+                raise ValueError(f"{message}; valid: an entry point named as the part its module registers")
+            warnings.warn(message, stacklevel=3)
+
+    def _hint(self) -> str:
+        if self.plugins is None:
+            return ""
+        return f" (or a module given with --import, or a package's entry point in group {self.plugins})"
 
     def unregister(self, name: str) -> None:
         """Remove ``name`` (a part registered by the caller, e.g. re-defined in a notebook or a test); an unknown name
@@ -229,6 +284,8 @@ class Registry(Generic[T]):
         del self._entries[name]
 
     def names(self) -> list[str]:
+        """Every name, installed plugins' included (a plugin that fails to load is left out with a warning)."""
+        self.load_plugins(quiet=True)
         return list(self._entries)
 
     def params(self, name: str) -> dict[str, Param]:
@@ -243,7 +300,52 @@ class Registry(Generic[T]):
         return entry.builder(*args, **self.resolve(name, params))
 
     def __contains__(self, name: object) -> bool:
+        self._find(name, optional_module=False)
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self.names())
+
+
+def plugin_entry_points(group: str) -> tuple[metadata.EntryPoint, ...]:
+    """The entry points of ``group`` that the installed distributions (and dist-info folders on ``sys.path``)
+    declare, in a stable order."""
+    return tuple(sorted(metadata.entry_points(group=group), key=lambda point: (point.name, point.value)))
+
+
+def _distribution(point: metadata.EntryPoint) -> str:
+    dist = getattr(point, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "an installed package"
+
+
+def import_modules(names: str | Sequence[str], what: str = "--import") -> tuple[str, ...]:
+    """Import each module of ``names`` (comma-separated, or a sequence), whose top level registers parts
+    (``@register``); returns the names.  A module that cannot be imported raises ``ValueError`` in one line.  The
+    current directory is searched first, as ``python -m`` does (:func:`search_current_directory`)."""
+    modules = tuple(part.strip() for part in (names.split(",") if isinstance(names, str) else names)
+                    if str(part).strip())
+    if modules:
+        search_current_directory()
+    for module in modules:
+        if not isinstance(module, str) or not all(part.isidentifier() for part in module.split(".")):
+            raise ValueError(f"{what} {module!r} is not a module name; valid: a dotted module name on the path, "
+                             "e.g. my_objectives (a file my_objectives.py in the current directory or on "
+                             "PYTHONPATH)")
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - the user's module: its error is named in one line
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+            raise ValueError(f"{what} {module}: the module cannot be imported ({detail}); valid: a module on the "
+                             "path (the current directory or PYTHONPATH) that imports") from None
+    return modules
+
+
+def search_current_directory() -> None:
+    """Put the current directory on ``sys.path`` (first) and on ``PYTHONPATH``, so that this process and the
+    worker processes it starts (a sweep's process pool, a local Ray) import a module that lies in it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    paths = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if cwd not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, cwd])

@@ -267,7 +267,7 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
 
 
 # ------------------------------------------------------------------------------------------------- registry
-OBJECTIVES: Registry[Objective] = Registry("objective")
+OBJECTIVES: Registry[Objective] = Registry("objective", plugins="offpolicylab.objectives")
 
 
 def register(name: str) -> Callable[[type[Objective]], type[Objective]]:

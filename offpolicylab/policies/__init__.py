@@ -22,7 +22,7 @@ from offpolicylab.policies.transformer import TransformerPolicy, check_compiled
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 from offpolicylab.registry import MAX_SEED, Param, Registry
 
-POLICIES: Registry[Policy] = Registry("policy")
+POLICIES: Registry[Policy] = Registry("policy", plugins="offpolicylab.policies")
 """Policy kinds.  An entry's metadata declares optional abilities: ``stack`` (a class whose constructor takes the
 members' policies and answers row block s of a batch with member s: batched seeds), ``stack_in_sweeps`` (stacking
 saves time, so a sweep trains such cells together), ``planned_params`` (the options the policy's memory plan fills

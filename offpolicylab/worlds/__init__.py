@@ -24,7 +24,7 @@ from offpolicylab.worlds.synthetic_lm import (
 )
 from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
 
-WORLDS: Registry[World] = Registry("world")
+WORLDS: Registry[World] = Registry("world", plugins="offpolicylab.worlds")
 MAX_ARMS = 100_000  # a bandit's arms: its exact returns enumerate every arm (at most MAX_ENUMERATION)
 
 
