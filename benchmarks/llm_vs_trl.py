@@ -32,8 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from offpolicylab.objectives import TokenBatch, get_objective  # noqa: E402
+from offpolicylab.objectives.advantages import group_advantages  # noqa: E402
 from offpolicylab.policies.hf import HFPolicy, LoraSpec  # noqa: E402
-from offpolicylab.trainer import group_advantages  # noqa: E402
 from tests.tiny_llm import build_model, build_tokenizer  # noqa: E402
 
 ARITHMETIC = [f"What is {a} plus {b}?" for a, b in zip(range(3, 40, 3), range(11, 99, 7), strict=False)]

@@ -15,8 +15,8 @@ import time
 import torch
 
 from offpolicylab.objectives import TokenBatch, get_objective
+from offpolicylab.objectives.advantages import group_advantages
 from offpolicylab.policies.hf import HFPolicy
-from offpolicylab.trainer import group_advantages
 from offpolicylab.worlds.gsm8k import make_gsm8k_world
 
 

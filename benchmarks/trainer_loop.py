@@ -46,13 +46,15 @@ import torch
 
 from offpolicylab import trainer
 from offpolicylab.batched import build_runs
+from offpolicylab.build import build
 from offpolicylab.config import TrainConfig, parse_assignments
-from offpolicylab.profiling import breakdown
+from offpolicylab.lifecycle import open_run
+from offpolicylab.profiling import Stopwatch, breakdown
 from offpolicylab.runs import RunDir
 from offpolicylab.stack import Stack
 
 
-class TwoClockStopwatch(trainer.Stopwatch):
+class TwoClockStopwatch(Stopwatch):
     """The trainer's stopwatch, also adding up this thread's CPU time per section (``cpu_seconds``): on a shared,
     busy machine CPU time is the steadier measure (it leaves out waiting for a core and for the disk)."""
 
@@ -80,9 +82,9 @@ class _TwoClockSection:
 def one_run(config: TrainConfig, root: Path, index: int) -> dict[str, float]:
     """Time one fresh run of ``config``; returns updates/s, shares and ms/update per section, by wall clock and (keys
     prefixed ``cpu_``) by this thread's CPU time."""
-    built = trainer.build(config)
+    built = build(config)
     run = RunDir(root / f"run{index}", fsync=config.fsync)
-    trainer.open_run(run, built, resume=False)
+    open_run(run, built, resume=False)
     watch = TwoClockStopwatch()
     start, start_cpu = time.perf_counter(), time.thread_time()
     trainer.run_updates(Stack.one(built, run), 0, watch, progress=False)
@@ -99,7 +101,7 @@ def seeds_run(config: TrainConfig, root: Path, index: int, seeds: int) -> dict[s
     members, rng_states = build_runs([dataclasses.replace(config, seed=seed) for seed in range(seeds)])
     runs = [RunDir(root / f"seeds{index}-{seed}", fsync=config.fsync) for seed in range(seeds)]
     for run, member in zip(runs, members, strict=True):
-        trainer.open_run(run, member, resume=False)
+        open_run(run, member, resume=False)
     stack = Stack.of(members, runs, [member.optimizer.state_dict() for member in members], rng_states)
     watch = TwoClockStopwatch()
     start, start_cpu = time.perf_counter(), time.thread_time()

@@ -58,10 +58,12 @@ if str(ROOT) not in sys.path:  # run as `python experiments/synthetic_lm_lag_tai
     sys.path.insert(0, str(ROOT))
 
 from offpolicylab.behavior import sample_rollout  # noqa: E402
+from offpolicylab.build import build  # noqa: E402
 from offpolicylab.config import TrainConfig, parse_assignments  # noqa: E402
 from offpolicylab.contracts import Rollout  # noqa: E402
 from offpolicylab.profiling import Stopwatch  # noqa: E402
-from offpolicylab.trainer import Stack, build, collect, train_update  # noqa: E402
+from offpolicylab.stack import Stack  # noqa: E402
+from offpolicylab.trainer import collect, train_update  # noqa: E402
 
 GROUPS = ("head", "embed", "body")
 

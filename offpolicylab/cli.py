@@ -239,10 +239,11 @@ def _print_registry(title: str, registry: Registry[Any], note: Any = lambda name
 
 def cmd_run(args: argparse.Namespace) -> int:
     from offpolicylab.batched import parse_seeds, seed_dir, train_seeds
+    from offpolicylab.lifecycle import TrainingFailed
     from offpolicylab.policies.hf_loading import allow_remote_code
     from offpolicylab.runs import RunDir
     from offpolicylab.sweep import output_folder
-    from offpolicylab.trainer import TrainingFailed, train
+    from offpolicylab.trainer import train
 
     output_folder(args.out)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None

@@ -52,6 +52,11 @@ def describe_run(config: TrainConfig, memory_plan: str | None = None) -> str:
     return text
 
 
+def log(text: str) -> None:
+    """Print ``text`` on stderr, flushed (the run's start line, profile summary and notes)."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def progress_line(row: dict[str, Any], total: int, seconds: float) -> str:
     """``update 2 (3/30 done)  reward 0.125  clip 0.05  …  1.2 s/update``: an update's live diagnostics."""
     update, row = int(row["update"]), live_values(row)

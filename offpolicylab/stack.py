@@ -37,7 +37,7 @@ __all__ = ["Run", "Stack", "make_optimizer", "member_state", "stack_policies", "
 @dataclass
 class Run:
     """Everything one run is made of, built (and validated) from a :class:`TrainConfig` before any file is written
-    (:func:`offpolicylab.trainer.build`)."""
+    (:func:`offpolicylab.build.build`)."""
 
     config: TrainConfig
     world: World
@@ -47,7 +47,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
     detector: CollapseDetector
-    advantage: str = "std"  # the advantage estimator used (trainer.ESTIMATORS), config.advantage resolved
+    advantage: str = "std"  # the advantage estimator used (objectives.advantages.ESTIMATORS), config.advantage resolved
     initial: Policy | None = None  # π_0, frozen: mixture / offline data, the KL penalty's reference, KL(π‖π_0)
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start

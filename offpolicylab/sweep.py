@@ -48,12 +48,13 @@ from typing import Any
 from offpolicylab.batched import MEMBER_FIELDS, train_together
 from offpolicylab.config import TrainConfig, upgrade_config
 from offpolicylab.grid import Cell, expand_grid
+from offpolicylab.lifecycle import resolve_config
 from offpolicylab.locations import output_folder, process_alive
 from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
 from offpolicylab.resume import config_changes
 from offpolicylab.runs import RunDir, RunError, RunLocked, take_lock, write_grid, write_sweep_results
-from offpolicylab.trainer import resolve_config, train
+from offpolicylab.trainer import train
 
 #: sweep_results.csv's columns after the cell's axes: the summary.json keys of the same names (docs/metrics.md)
 RESULT_KEYS = ("status", "updates_done", "peak_reward", "final_reward", "peak_reward_mean", "final_reward_mean",

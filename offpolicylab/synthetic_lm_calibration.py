@@ -41,11 +41,13 @@ from typing import Any
 
 import torch
 
+from offpolicylab.build import build
 from offpolicylab.config import TrainConfig, parse_assignments
 from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, side_by_side, token_profile
 from offpolicylab.profile_files import load_profile
 from offpolicylab.profiling import Stopwatch
-from offpolicylab.trainer import Run, Stack, build, collect, train_update
+from offpolicylab.stack import Run, Stack
+from offpolicylab.trainer import collect, train_update
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, SyntheticLM
 

@@ -32,8 +32,8 @@ import common
 from offpolicylab import plots
 from offpolicylab.config import TrainConfig
 from offpolicylab.grid import expand_grid, load_grid
+from offpolicylab.lifecycle import resolve_config
 from offpolicylab.runs import RunDir
-from offpolicylab.trainer import resolve_config
 
 EXPERIMENTS = common.ROOT.parent / "experiments"
 J = "eval_reward_sampled"

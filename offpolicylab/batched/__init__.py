@@ -2,7 +2,7 @@
 sweep's cells that differ only in seed and objective (docs/design.md, "Batched seeds").
 
 A layer above the trainer: it checks that the runs can train together, builds each with
-:func:`offpolicylab.trainer.build`, stacks them (:meth:`offpolicylab.stack.Stack.of`) and hands the stack to the
+:func:`offpolicylab.build.build`, stacks them (:meth:`offpolicylab.stack.Stack.of`) and hands the stack to the
 trainer's one update loop (:func:`offpolicylab.trainer.run_updates`).  Every run writes the run directory its
 separate run writes.
 """
@@ -16,26 +16,22 @@ from typing import Any
 
 import torch
 
+from offpolicylab.build import build, check_memory
 from offpolicylab.config import MAX_SEED, TrainConfig
-from offpolicylab.policies import policy_ability
-from offpolicylab.profiling import Stopwatch
-from offpolicylab.progress import describe_run
-from offpolicylab.runs import RunDir, RunError
-from offpolicylab.stack import Stack, stack_policies, stackable
-from offpolicylab.trainer import (
-    Run,
-    build,
-    check_memory,
+from offpolicylab.lifecycle import (
     checked_resume,
     guarded,
-    log,
     open_run,
     open_trackers,
     resolve_config,
-    run_updates,
-    train,
     write_summary,
 )
+from offpolicylab.policies import policy_ability
+from offpolicylab.profiling import Stopwatch
+from offpolicylab.progress import describe_run, log
+from offpolicylab.runs import RunDir, RunError
+from offpolicylab.stack import Run, Stack, stack_policies, stackable
+from offpolicylab.trainer import run_updates, train
 
 MEMBER_FIELDS = ("seed", "objective", "objective_params")
 """The fields in which the runs trained together by :func:`train_together` may differ."""
@@ -114,7 +110,7 @@ def check_together(configs: list[TrainConfig]) -> None:
 
 
 def build_runs(configs: list[TrainConfig]) -> tuple[list[Run], list[torch.Tensor]]:
-    """:func:`~offpolicylab.trainer.build` of each config, and the global RNG state after each build (what each
+    """:func:`~offpolicylab.build.build` of each config, and the global RNG state after each build (what each
     separate run's checkpoint records: the toy policies draw nothing from the global RNG once built)."""
     runs, states = [], []
     for config in configs:
@@ -125,7 +121,7 @@ def build_runs(configs: list[TrainConfig]) -> tuple[list[Run], list[torch.Tensor
 
 def check_directories(directories: list[RunDir], runs: list[Run], resume: bool) -> None:
     """Refuse, before anything is written, a directory that is a file or in use, that a fresh run would overwrite,
-    or (``resume``) whose stored run does not resume (:func:`~offpolicylab.trainer.checked_resume`, and its
+    or (``resume``) whose stored run does not resume (:func:`~offpolicylab.lifecycle.checked_resume`, and its
     metrics.csv against its checkpoint: :meth:`~offpolicylab.runs.RunDir.check_metrics`) or whose checkpoint is at
     another update than the others'."""
     for directory in directories:

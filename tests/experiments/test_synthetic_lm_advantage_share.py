@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from offpolicylab.config import TrainConfig
-from offpolicylab.trainer import group_advantages, train
+from offpolicylab.objectives.advantages import group_advantages
+from offpolicylab.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("advantage_share",

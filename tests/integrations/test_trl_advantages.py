@@ -10,7 +10,7 @@ import torch
 
 trl_utils = pytest.importorskip("trl.trainer.utils")  # optional extra (installed here and in CI)
 
-from offpolicylab.trainer import group_advantages  # noqa: E402
+from offpolicylab.objectives.advantages import group_advantages  # noqa: E402
 from tests.integrations.loss_fixtures import grouped_rewards  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import torch
 
 core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
 
-from offpolicylab.trainer import group_advantages  # noqa: E402
+from offpolicylab.objectives.advantages import group_advantages  # noqa: E402
 from tests.integrations.loss_fixtures import grouped_rewards  # noqa: E402
 
 

@@ -64,8 +64,8 @@ def test_response_limit_is_the_constant_when_agg_norm_is_none() -> None:
 
 
 def test_training_run_uses_the_world_length(tmp_path) -> None:
-    from offpolicylab import trainer
+    from offpolicylab.build import build
     from tests.small_runs import mdp_config
 
-    run = trainer.build(mdp_config(objective_params={"agg": "dr_grpo"}))
+    run = build(mdp_config(objective_params={"agg": "dr_grpo"}))
     assert run.objective.response_limit == 3 and run.objective.norm_constant == 3

@@ -86,7 +86,7 @@ def test_trust_remote_code_is_false_everywhere_unless_the_user_opts_in(monkeypat
 
 
 def test_no_config_file_can_turn_remote_code_on(tmp_path: Path, data_dir: Path, tokenizer: Any) -> None:
-    from offpolicylab.trainer import build
+    from offpolicylab.build import build
 
     tokenizer.save_pretrained(tmp_path / "tok")
     world = {"model": str(tmp_path / "tok"), "data": str(data_dir), "n_eval": 1}

@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from offpolicylab import trainer
+from offpolicylab.build import build
 from offpolicylab.config import TrainConfig
+from offpolicylab.profiling import Stopwatch
+from offpolicylab.rollouts import overlong_penalty, varied_rows
+from offpolicylab.stack import Run, Stack
+from offpolicylab.step import current_reward, shaping_columns
 from tests.small_runs import column, mdp_config, read_rows, train_killed_at
 
 
@@ -20,9 +25,9 @@ def test_overlong_penalty_by_hand() -> None:
     """L_max = 10, L_cache = 4: 0 up to 6 tokens, then (6 − |y|)/4, −1 past 10; the factor scales it."""
     lengths = torch.tensor([3, 6, 7, 8, 10, 11])
     want = [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
-    assert trainer.overlong_penalty(lengths, 10, 4).tolist() == want
-    assert trainer.overlong_penalty(lengths, 10, 4, 0.5).tolist() == [0.5 * w for w in want]
-    assert trainer.overlong_penalty(lengths, 10, 0).tolist() == [0, 0, 0, 0, 0, -1.0]
+    assert overlong_penalty(lengths, 10, 4).tolist() == want
+    assert overlong_penalty(lengths, 10, 4, 0.5).tolist() == [0.5 * w for w in want]
+    assert overlong_penalty(lengths, 10, 0).tolist() == [0, 0, 0, 0, 0, -1.0]
 
 
 def test_overlong_penalty_equals_trl_reward() -> None:
@@ -30,7 +35,7 @@ def test_overlong_penalty_equals_trl_reward() -> None:
     lengths = list(range(0, 24))
     punish = rewards.get_soft_overlong_punishment(max_completion_len=20, soft_punish_cache=7)
     expected = punish([[1] * n for n in lengths])
-    assert trainer.overlong_penalty(torch.tensor(lengths), 20, 7).tolist() == pytest.approx(expected, abs=1e-15)
+    assert overlong_penalty(torch.tensor(lengths), 20, 7).tolist() == pytest.approx(expected, abs=1e-15)
 
 
 def test_overlong_run_shifts_rewards_not_training(tmp_path: Path) -> None:
@@ -73,9 +78,9 @@ class ScriptedRewards:
         return getattr(self.world, name)
 
 
-def scripted_run(rounds: list[list[list[float]]], **changes) -> trainer.Run:
+def scripted_run(rounds: list[list[list[float]]], **changes) -> Run:
     """A dynamic-sampling run (2 prompts × 2 responses per round) whose world rewards are ``rounds``."""
-    run = trainer.build(TrainConfig(**{**mdp_config().to_dict(), "dynamic_sampling": True, "group_size": 2,
+    run = build(TrainConfig(**{**mdp_config().to_dict(), "dynamic_sampling": True, "group_size": 2,
                                        **changes}))
     run.world = ScriptedRewards(run.world, rounds)
     return run
@@ -85,23 +90,23 @@ def test_dynamic_sampling_keeps_varied_groups_by_hand() -> None:
     """N = 2 prompts: round 1 has one varied group ([0, 1]), round 2 another ([1, 0]) → the batch is those two,
     group ids 0, 1; 2 rounds, 2 of 4 groups kept; reward_current sees all 8 sampled rewards."""
     run = scripted_run([[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[5, 6], [7, 8]]])
-    (fresh,) = trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
+    (fresh,) = trainer.collect(Stack.one(run), 0, Stopwatch())
     batch = run.buffer[run.schedule.key(0)]
     assert batch.rewards.tolist() == [0, 1, 1, 0] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert run.dynamic_counts == [2, 4, 2]
-    assert trainer.current_reward(fresh, 0) == pytest.approx(4 / 8)
-    assert trainer.shaping_columns(run, None) == {"dynamic_rounds": 2.0, "dynamic_kept_frac": 0.5}
+    assert current_reward(fresh, 0) == pytest.approx(4 / 8)
+    assert shaping_columns(run, None) == {"dynamic_rounds": 2.0, "dynamic_kept_frac": 0.5}
 
 
 def test_dynamic_sampling_truncates_and_fills() -> None:
     """Three varied groups over two rounds → the first two; with one round allowed and one varied group, the batch
     is filled with the first equal-reward group."""
     run = scripted_run([[[0, 1], [1, 1]], [[2, 3], [4, 5]]])
-    trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
+    trainer.collect(Stack.one(run), 0, Stopwatch())
     assert run.buffer[run.schedule.key(0)].rewards.tolist() == [0, 1, 2, 3]
     assert run.dynamic_counts == [2, 4, 3]
     run = scripted_run([[[1, 1], [0, 1]]], dynamic_sampling_max_batches=1)
-    trainer.collect(trainer.Stack.one(run), 0, trainer.Stopwatch())
+    trainer.collect(Stack.one(run), 0, Stopwatch())
     batch = run.buffer[run.schedule.key(0)]
     assert batch.rewards.tolist() == [0, 1, 1, 1] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert run.dynamic_counts == [1, 2, 1]
@@ -112,13 +117,13 @@ def test_dynamic_sampling_run_trains_on_varied_groups(tmp_path: Path) -> None:
     enough; a run writes the columns, and its seeds train one after another."""
     from offpolicylab.batched import train_seeds
 
-    run = trainer.build(mdp_config(dynamic_sampling=True, group_size=2))
+    run = build(mdp_config(dynamic_sampling=True, group_size=2))
     for update in range(6):
-        trainer.collect(trainer.Stack.one(run), update, trainer.Stopwatch())
+        trainer.collect(Stack.one(run), update, Stopwatch())
         batch = run.buffer.pop(run.schedule.key(update))
         assert batch.group_ids.tolist() == [0, 0, 1, 1]
         if run.dynamic_counts[2] >= 2:
-            assert trainer.varied_rows(batch.rewards, batch.group_ids).all()
+            assert varied_rows(batch.rewards, batch.group_ids).all()
     train_seeds(mdp_config(dynamic_sampling=True), [0, 1], tmp_path)
     for seed in (0, 1):
         rows = read_rows(tmp_path / f"seed={seed}")

@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from offpolicylab import trainer
+from offpolicylab.build import build
 from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig, chosen_defaults
+from offpolicylab.lifecycle import checkpoint_state, open_run, restore_state
+from offpolicylab.profiling import Stopwatch
 from offpolicylab.progress import describe_run, eval_line, progress_line
 from offpolicylab.runs import RunDir
-from offpolicylab.trainer import Stopwatch
 from offpolicylab.worlds import WORLDS
 from tests.small_runs import mdp_config
 
@@ -74,9 +75,9 @@ def test_checkpoint_carries_the_cuda_rng_state(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states])
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
-    parts = trainer.build(mdp_config())
+    parts = build(mdp_config())
     run = RunDir(tmp_path / "run")
-    trainer.open_run(run, parts, resume=False)
-    run.save_checkpoint(trainer.checkpoint_state(parts, 1))
-    trainer.restore_state(parts, run.load_checkpoint())
+    open_run(run, parts, resume=False)
+    run.save_checkpoint(checkpoint_state(parts, 1))
+    restore_state(parts, run.load_checkpoint())
     assert len(restored) == 1 and all(torch.equal(a, b) for a, b in zip(restored[0], states, strict=True))

@@ -10,8 +10,12 @@ import pytest
 import torch
 
 from offpolicylab import trainer
+from offpolicylab.build import build, is_enumerable, tracks_kl_init
 from offpolicylab.config import TrainConfig
 from offpolicylab.diagnostics import stats
+from offpolicylab.evaluation import kl_to_initial
+from offpolicylab.resume import watches_tail
+from offpolicylab.stack import Run
 from offpolicylab.staleness import parse_schedule
 from tests.small_runs import mdp_config, read_rows
 
@@ -51,8 +55,8 @@ def test_standard_error_of_host_rewards_with_gpu_group_ids() -> None:
 
 
 # ------------------------------------------------------------------------------------------ sampled KL to π_0
-def _moved_policy() -> trainer.Run:
-    parts = trainer.build(mdp_config())
+def _moved_policy() -> Run:
+    parts = build(mdp_config())
     with torch.no_grad():
         for p in parts.policy.trainable_parameters():
             p.add_(0.7 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
@@ -71,7 +75,7 @@ def test_sampled_kl_matches_numpy_on_the_same_samples() -> None:
     current = sampled.behavior_logp.double().numpy()
     valid = sampled.response_mask.numpy() > 0
     delta = (initial - current)[valid]  # log π_0/π
-    got = trainer.kl_to_initial(parts.initial, sampled)
+    got = kl_to_initial(parts.initial, sampled)
     assert got["eval_kl_init_k1"] == pytest.approx(np.mean(-delta), rel=1e-5)
     assert got["eval_kl_init_k3"] == pytest.approx(np.mean(np.expm1(delta) - delta), rel=1e-5)
 
@@ -82,7 +86,7 @@ def test_sampled_kl_is_unbiased_for_the_exact_kl() -> None:
     parts = _moved_policy()
     exact = parts.world.exact_kl(parts.policy, parts.initial)
     sampled = parts.policy.sample(parts.world.eval_prompts(), 20_000, 1.0, torch.Generator().manual_seed(1))
-    got = trainer.kl_to_initial(parts.initial, sampled)
+    got = kl_to_initial(parts.initial, sampled)
     length = parts.world.max_response_len
     assert exact > 0.3
     assert length * got["eval_kl_init_k1"] == pytest.approx(exact, rel=0.05)
@@ -108,10 +112,10 @@ def test_trainer_writes_the_evaluation_columns(tmp_path: Path) -> None:
 
 
 def test_kl_to_initial_is_off_for_the_llm_policy_unless_asked() -> None:
-    assert trainer.tracks_kl_init(TrainConfig(policy="tabular"))
-    assert not trainer.tracks_kl_init(TrainConfig(policy="hf"))
-    assert trainer.tracks_kl_init(TrainConfig(policy="hf", eval_kl_init="on"))
-    assert not trainer.tracks_kl_init(TrainConfig(policy="tabular", eval_kl_init="off"))
+    assert tracks_kl_init(TrainConfig(policy="tabular"))
+    assert not tracks_kl_init(TrainConfig(policy="hf"))
+    assert tracks_kl_init(TrainConfig(policy="hf", eval_kl_init="on"))
+    assert not tracks_kl_init(TrainConfig(policy="tabular", eval_kl_init="off"))
     with pytest.raises(ValueError, match="eval_kl_init='sometimes' is invalid; valid: one of auto, on, off"):
         TrainConfig(eval_kl_init="sometimes")
 
@@ -123,10 +127,10 @@ def test_without_kl_tracking_no_frozen_copy_is_kept(tmp_path: Path, monkeypatch:
     tiny = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
             "num_heads": 2, "num_layers": 1, "distill_steps": 2, "distill_batch": 8}
     config = TrainConfig(world="synthetic_lm", world_params=tiny, objective="grpo", updates=2)
-    assert not trainer.is_enumerable(trainer.build(config).world)
-    assert trainer.build(TrainConfig(**{**config.to_dict(), "eval_kl_init": "off"})).initial is None
-    assert trainer.build(config).initial is not None
-    assert trainer.build(mdp_config(eval_kl_init="off")).initial is not None
+    assert not is_enumerable(build(config).world)
+    assert build(TrainConfig(**{**config.to_dict(), "eval_kl_init": "off"})).initial is None
+    assert build(config).initial is not None
+    assert build(mdp_config(eval_kl_init="off")).initial is not None
 
 
 # ------------------------------------------------------------------------------------------ the current policy's reward
@@ -168,7 +172,7 @@ def test_tail_updates_are_those_whose_batches_would_be_consumed_after_the_end(sp
     """Worked by hand from each schedule's version(u): an update watches the tail when a run without end would
     generate there and every batch it would generate is consumed at an update ≥ ``total``."""
     schedule = parse_schedule(spec)
-    assert [u for u in range(total) if trainer.watches_tail(schedule, u, total)] == tail
+    assert [u for u in range(total) if watches_tail(schedule, u, total)] == tail
 
 
 def test_the_drained_tail_is_watched_without_changing_the_training(tmp_path: Path) -> None:

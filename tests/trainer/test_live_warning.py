@@ -10,6 +10,7 @@ import pytest
 
 from offpolicylab import trainer
 from offpolicylab.diagnostics import warning
+from offpolicylab.lifecycle import replay_warning
 from offpolicylab.runs import RunDir
 from tests.small_runs import mdp_config, read_rows
 
@@ -34,6 +35,6 @@ def test_replaying_the_recorded_rows_restores_the_warning() -> None:
     rows = [(u, {"kl_k3": 1e-3 if u < 100 else 1e-1, "ess": 0.9, "grad_norm": 1.0}) for u in range(200)]
     whole = [u for u, _ in warning.alarms(warning.KlSlope(rise=1.0, patience=3), rows)]
     run = SimpleNamespace(warning=warning.KlSlope(rise=1.0, patience=3))
-    trainer.replay_warning(run, [{"update": str(u), **{k: str(v) for k, v in row.items()}} for u, row in rows[:60]])
+    replay_warning(run, [{"update": str(u), **{k: str(v) for k, v in row.items()}} for u, row in rows[:60]])
     resumed = [u for u, _ in warning.alarms(run.warning, rows[60:])]
     assert resumed == whole == [106 + 2]

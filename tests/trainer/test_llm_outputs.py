@@ -15,7 +15,8 @@ peft = pytest.importorskip("peft")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from offpolicylab import cli, trainer  # noqa: E402
+from offpolicylab import cli  # noqa: E402
+from offpolicylab.build import build  # noqa: E402
 from offpolicylab.config import TrainConfig  # noqa: E402
 from offpolicylab.runs import RunDir, load_samples  # noqa: E402
 from tests.tiny_llm import build_tokenizer, save_model_and_data  # noqa: E402
@@ -48,7 +49,7 @@ def test_adapter_folder_loads_with_peft_and_gives_the_policy_log_probs(llm_run: 
         ["adapter_config.json", "adapter_model.safetensors"]
     assert not (out / "checkpoint" / "adapter.staging").exists() and not (out / "checkpoint" / "adapter.old").exists()
     # the policy at the end of the run: the config rebuilt, its checkpoint's adapter loaded
-    run = trainer.build(TrainConfig.from_dict(RunDir(out).read_config()))
+    run = build(TrainConfig.from_dict(RunDir(out).read_config()))
     run.policy.load_state_dict(RunDir(out).load_checkpoint()["policy"])
     assert any(torch.count_nonzero(t) > 0 for k, t in run.policy.state_dict().items() if "lora_B" in k)  # it trained
     prompts = run.world.sample_prompts(1, torch.Generator().manual_seed(0))

@@ -22,11 +22,11 @@ import torch
 import transformers
 
 from offpolicylab import cli
+from offpolicylab.build import with_stored_plan
 from offpolicylab.config import TrainConfig
 from offpolicylab.policies import hf
 from offpolicylab.policies.hf import device_generator
 from offpolicylab.runs import RunDir
-from offpolicylab.trainer import with_stored_plan
 from tests.tiny_llm import build_tokenizer, save_model_and_data
 
 pytestmark = pytest.mark.llm

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from offpolicylab import batched, cli, trainer
+from offpolicylab.build import build
 from offpolicylab.objectives import get_objective
 from offpolicylab.proximal import proximal_logp
 from offpolicylab.runs import RunDir
@@ -90,7 +91,7 @@ def test_the_rule_is_not_vacuous() -> None:
 
 
 def test_objectives_that_do_not_read_prox_get_none_and_the_cache_is_emptied() -> None:
-    run = trainer.build(mdp_config(objective="grpo"))
+    run = build(mdp_config(objective="grpo"))
     assert trainer.proximal_of(run, torch.zeros(2, 3), 0) is None  # grpo never reads prox_logp
     objective, policy, buffer = get_objective("decoupled_ppo", prox_period=4), VersionPolicy(), {}
     schedule = parse_schedule("stale_k:2")

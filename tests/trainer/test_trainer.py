@@ -11,6 +11,11 @@ import pytest
 import torch
 
 from offpolicylab import samples, trainer
+from offpolicylab.build import build
+from offpolicylab.contracts import Rollout
+from offpolicylab.evaluation import exact_diagnostics
+from offpolicylab.objectives import TokenBatch
+from offpolicylab.objectives.advantages import group_advantages
 from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
 from tests.small_runs import bandit_config, column, mdp_config, nan_objective, read_rows
 
@@ -40,7 +45,7 @@ def test_group_advantages_match_numpy(estimator: str) -> None:
     rng = np.random.default_rng(0)
     groups = np.repeat(np.arange(5), [4, 4, 2, 2, 8])
     rewards = rng.random(len(groups)).astype(np.float32)
-    got = trainer.group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups), estimator)
+    got = group_advantages(torch.from_numpy(rewards), torch.from_numpy(groups), estimator)
     np.testing.assert_allclose(got.numpy(), numpy_advantages(rewards, groups, estimator), rtol=1e-5, atol=1e-6)
 
 
@@ -48,10 +53,10 @@ def test_default_std_is_bessel_corrected() -> None:
     """GRPO's std as verl and TRL compute it: for a group of two rewards 0 and 1 the unbiased std is √½, so
     A = ±½/(√½ + ε) = ±√½ (the population std ½ would give ±1); for G = 8 the population std's advantages are
     √(8/7) times larger."""
-    got = trainer.group_advantages(torch.tensor([0.0, 1.0]), torch.tensor([0, 0]))
+    got = group_advantages(torch.tensor([0.0, 1.0]), torch.tensor([0, 0]))
     torch.testing.assert_close(got, torch.tensor([-0.5, 0.5]) / (0.5**0.5 + 1e-6))
     rewards, groups = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0]), torch.zeros(8, dtype=torch.long)
-    ratio = trainer.group_advantages(rewards, groups, "std_population") / trainer.group_advantages(rewards, groups)
+    ratio = group_advantages(rewards, groups, "std_population") / group_advantages(rewards, groups)
     torch.testing.assert_close(ratio, torch.full((8,), (8 / 7) ** 0.5), rtol=1e-5, atol=0)
 
 
@@ -64,7 +69,7 @@ def test_constant_group_has_zero_advantage_even_normalised(value: float, size: i
     A second group with a spread keeps its usual advantages."""
     rewards = torch.cat([torch.full((size,), value), torch.tensor([0.0, 1.0, 0.1, 1.0])])
     groups = torch.cat([torch.zeros(size, dtype=torch.long), torch.ones(4, dtype=torch.long)])
-    got = trainer.group_advantages(rewards, groups, estimator)
+    got = group_advantages(rewards, groups, estimator)
     assert torch.equal(got[:size], torch.zeros(size))
     np.testing.assert_allclose(got[size:].numpy(), numpy_advantages(rewards.numpy(), groups.numpy(), estimator)[size:],
                                rtol=1e-5, atol=1e-6)
@@ -72,7 +77,7 @@ def test_constant_group_has_zero_advantage_even_normalised(value: float, size: i
 
 def test_group_of_one_has_zero_advantage() -> None:
     """A lone response carries no relative information: A = 0 (the unbiased std of one value is undefined)."""
-    got = trainer.group_advantages(torch.tensor([0.7, 0.0, 1.0]), torch.tensor([0, 1, 1]))
+    got = group_advantages(torch.tensor([0.7, 0.0, 1.0]), torch.tensor([0, 1, 1]))
     torch.testing.assert_close(got, torch.tensor([0.0, -(0.5**0.5), 0.5**0.5]) / (1 + 1e-6 * 2**0.5))
 
 
@@ -191,7 +196,7 @@ def test_run_directory_contents(tmp_path: Path) -> None:
 
 def test_samples_are_subsampled_to_the_cap() -> None:
     batch_size, width = 700, 8  # 5600 valid tokens > 4096
-    batch = trainer.TokenBatch(logp=torch.randn(batch_size, width), behavior_logp=torch.randn(batch_size, width),
+    batch = TokenBatch(logp=torch.randn(batch_size, width), behavior_logp=torch.randn(batch_size, width),
                                advantages=torch.randn(batch_size), mask=torch.ones(batch_size, width),
                                staleness=torch.zeros(batch_size))
     arrays = samples.histogram_samples(batch, None, seed=0, update=3)
@@ -274,8 +279,8 @@ def test_non_finite_loss_stops_the_run_as_collapsed(tmp_path: Path) -> None:
 def test_buffer_packing_round_trips_ragged_rollouts() -> None:
     gen = torch.Generator().manual_seed(0)
 
-    def rollout(rows: int, pw: int, rw: int, noisy: bool) -> trainer.Rollout:
-        return trainer.Rollout(
+    def rollout(rows: int, pw: int, rw: int, noisy: bool) -> Rollout:
+        return Rollout(
             prompt_ids=torch.randint(0, 5, (rows, pw), generator=gen), prompt_mask=torch.ones(rows, pw),
             response_ids=torch.randint(0, 5, (rows, rw), generator=gen), response_mask=torch.ones(rows, rw),
             behavior_logp=torch.randn(rows, rw, generator=gen), group_ids=torch.arange(rows),
@@ -285,7 +290,7 @@ def test_buffer_packing_round_trips_ragged_rollouts() -> None:
 
     for noisy in (False, True):
         buffer = {4: rollout(6, 2, 5, noisy), 9: rollout(3, 4, 2, noisy)}
-        back = trainer.Rollout.unpack(trainer.Rollout.pack(buffer))
+        back = Rollout.unpack(Rollout.pack(buffer))
         assert list(back) == [4, 9]
         for key, original in buffer.items():
             for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "behavior_logp",
@@ -293,15 +298,15 @@ def test_buffer_packing_round_trips_ragged_rollouts() -> None:
                 a, b = getattr(original, name), getattr(back[key], name)
                 assert (a is None and b is None) or torch.equal(a, b), name
             assert back[key].temperature == 0.7
-    assert trainer.Rollout.unpack(trainer.Rollout.pack({})) == {}
+    assert Rollout.unpack(Rollout.pack({})) == {}
 
 
 def test_exact_diagnostics_match_the_world_enumeration(tmp_path: Path) -> None:
-    parts = trainer.build(mdp_config(lr=0.5))
+    parts = build(mdp_config(lr=0.5))
     with torch.no_grad():
         for p in parts.policy.trainable_parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    got = trainer.exact_diagnostics(parts)
+    got = exact_diagnostics(parts)
     assert got["exact_return"] == pytest.approx(parts.world.exact_return(parts.policy), rel=1e-9)
     assert got["exact_kl_init"] == pytest.approx(parts.world.exact_kl(parts.policy, parts.initial), rel=1e-9)
     assert got["exact_kl_init"] > 0

@@ -289,8 +289,11 @@ def test_calibration_updates_are_a_training_runs_updates(cache, tmp_path, change
     log-probs, and decoupled PPO, which needs π_prox), and KL_0 equals the KL between π_0 and that checkpoint's
     policy, computed here from the two policies' logits on the first batch."""
     from offpolicylab import trainer
+    from offpolicylab.build import build
     from offpolicylab.config import TrainConfig
+    from offpolicylab.profiling import Stopwatch
     from offpolicylab.runs import RunDir
+    from offpolicylab.stack import Stack
     from offpolicylab.synthetic_lm_calibration import measured_updates
 
     params = {**TINY, "cache_dir": str(cache)}
@@ -302,8 +305,8 @@ def test_calibration_updates_are_a_training_runs_updates(cache, tmp_path, change
     for name, value in RunDir(tmp_path / "three").load_checkpoint()["policy"].items():
         assert torch.equal(run.policy.state_dict()[name], value), name
     trainer.train(replace(config, updates=1), tmp_path / "one")
-    fresh = trainer.build(config)
-    trainer.collect(trainer.Stack.one(fresh), 0, trainer.Stopwatch())
+    fresh = build(config)
+    trainer.collect(Stack.one(fresh), 0, Stopwatch())
     batch = fresh.buffer[fresh.schedule.key(0)]
     logits = [fresh.policy.response_logits(batch.prompt_ids, batch.prompt_mask, batch.prompt_index,
                                            batch.response_ids).double().log_softmax(-1).detach()]

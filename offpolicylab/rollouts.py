@@ -1,0 +1,180 @@
+"""Phase 1 of the update loop (:func:`offpolicylab.trainer.collect`): sampling rollouts.
+
+A rollout is ``prompts_per_update`` prompts × ``group_size`` responses of a policy, with behaviour log-probs
+(:func:`offpolicylab.behavior.sample_rollout`), the world's rewards (:func:`rewards_of`, the one reward call),
+generating versions and, with DAPO's options (Yu et al. 2025, arXiv:2503.14476), the soft overlong punishment
+(:func:`overlong_penalty`) and dynamic sampling (:func:`dynamic_batch`).  A stack's members sample as one
+computation, each with its own generator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from offpolicylab.behavior import sample_rollout
+from offpolicylab.config import TrainConfig
+from offpolicylab.contracts import (
+    Policy,
+    Prompts,
+    Rollout,
+    World,
+)
+from offpolicylab.profiling import Stopwatch
+from offpolicylab.stack import Run, Stack
+
+__all__ = ["INITIAL_VERSION", "batch_sources", "dynamic_batch", "first_groups", "generate", "group_count", "overlong_penalty", "overlong_settings", "rewards_joined", "rewards_of", "sample", "sample_batches", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
+
+
+INITIAL_VERSION = 0
+
+
+def generate(stack: Stack, version: int, watch: Stopwatch) -> list[Rollout]:
+    """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions
+    (with ``dynamic_sampling``, which a stack of one uses: :func:`dynamic_batch`)."""
+    if stack.config.dynamic_sampling:
+        return [dynamic_batch(stack, version, watch)]
+    return sample_batches(stack, version, watch)
+
+
+def sample_batches(stack: Stack, version: int, watch: Stopwatch, shaped: bool = True) -> list[Rollout]:
+    """One sampled batch per member with the world's rewards (plus the overlong punishment unless
+    ``shaped=False``): the stack's policy samples every member's prompts at once, each member's rows with its own
+    generator, so each member draws what its separate run draws, in the same order.  A world whose rewards are
+    row-wise (:func:`rewards_joined`) scores every member's rows in one call."""
+    runs, pieces = stack.runs, [[] for _ in stack.runs]
+    generators = stack.generators([run.generator for run in runs])
+    joined = rewards_joined(stack)
+    for is_initial, count, tag in batch_sources(runs[0], version):
+        prompts = Prompts.concat([run.world.sample_prompts(count, run.generator) for run in runs])
+        policy = stack.initial if is_initial else stack.policy
+        with watch("policy_forward"):
+            rollout = stamped(sample(policy, prompts, stack.config, generators), tag)
+        if joined:
+            with watch("other"):
+                rollout = rollout.with_(rewards=rewards_of(runs[0].world, rollout, runs[0].generator))
+        for own, block in zip(pieces, rollout.split(len(stack)), strict=True):
+            own.append(block)
+    with watch("other"):
+        return [with_rewards(run, Rollout.concat(own), shaped=shaped, scored=joined)
+                for run, own in zip(runs, pieces, strict=True)]
+
+
+def rewards_joined(stack: Stack) -> bool:
+    """The stack's rows are scored in one reward call: several members whose world declares ``rowwise_reward`` (a
+    row's reward reads that row alone and draws nothing, so each row's reward is the one its member's own call
+    gives, bit for bit; the members' worlds are one configuration)."""
+    return len(stack) > 1 and getattr(stack.runs[0].world, "rowwise_reward", False)
+
+
+def dynamic_batch(stack: Stack, version: int, watch: Stopwatch) -> Rollout:
+    """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11: keep a group only if
+    0 < |{o_i correct}| < G) for a stack of one: sample batches, keep the groups whose world rewards are not all
+    equal, until ``prompts_per_update`` groups are kept or ``dynamic_sampling_max_batches`` rounds were sampled; the
+    first ``prompts_per_update`` kept groups form the batch, filled when short with equal-reward groups in the order
+    they were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on
+    accuracy); the batch returned carries the punishment."""
+    (run,) = stack.runs
+    cfg, kept, equal = run.config, [], []
+    while len(run.sampled) - run.dynamic_counts[0] < cfg.dynamic_sampling_max_batches:
+        (rollout,) = sample_batches(stack, version, watch, shaped=False)
+        run.sampled.append(with_overlong_penalty(run, rollout))
+        varied = varied_rows(rollout.rewards, rollout.group_ids)
+        kept.append(rollout.select(varied.nonzero().squeeze(1)))
+        equal.append(rollout.select((~varied).nonzero().squeeze(1)))
+        groups = int(rollout.group_ids.max()) + 1
+        run.dynamic_counts = [run.dynamic_counts[0], run.dynamic_counts[1] + groups,
+                              run.dynamic_counts[2] + group_count(kept[-1])]
+        if sum(group_count(part) for part in kept) >= cfg.prompts_per_update:
+            break
+    rounds = len(run.sampled) - run.dynamic_counts[0]
+    run.dynamic_counts[0] += rounds
+    parts = [part for part in kept + equal if len(part)]
+    return with_overlong_penalty(run, first_groups(Rollout.concat(parts), cfg.prompts_per_update))
+
+
+def varied_rows(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """[B] bool: the row's group has rewards that are not all equal (max > min)."""
+    groups = int(group_ids.max()) + 1
+    high = rewards.new_full((groups,), -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
+    low = rewards.new_full((groups,), math.inf).scatter_reduce(0, group_ids, rewards, "amin")
+    return (high > low)[group_ids]
+
+
+def group_count(rollout: Rollout) -> int:
+    return int(rollout.group_ids.unique().numel()) if len(rollout) else 0
+
+
+def first_groups(rollout: Rollout, count: int) -> Rollout:
+    """The rows of ``rollout``'s first ``count`` groups (in row order), group ids renumbered 0 … count − 1."""
+    _, order = torch.unique_consecutive(rollout.group_ids, return_inverse=True)
+    rows = (order < count).nonzero().squeeze(1)
+    return rollout.select(rows).with_(group_ids=order[rows])
+
+
+def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
+    """(answered by π_0, prompts, version tag) of each part of a batch: the current policy answers every prompt
+    but a share ``schedule.other_share``, which the frozen initial policy π_0 answers (version 0)."""
+    cfg = run.config
+    other = round(run.schedule.other_share * cfg.prompts_per_update)
+    parts = [(False, cfg.prompts_per_update - other, version), (True, other, INITIAL_VERSION)]
+    return [part for part in parts if part[1] > 0]
+
+
+def sample(policy: Policy, prompts: Any, config: TrainConfig, generator: Any) -> Rollout:
+    """``policy.sample`` of ``prompts`` (``generator``: one, or one per row block of a stacked policy), with
+    ``behavior_logp`` from ``config.behavior_logp``: the trainer's numbers or the sampler's
+    (:func:`offpolicylab.behavior.sample_rollout`)."""
+    return sample_rollout(policy, prompts, config.group_size, config.temperature, generator, config.behavior_logp)
+
+
+def stamped(rollout: Rollout, version: int) -> Rollout:
+    """``rollout`` with every row's generating version set to ``version``."""
+    return rollout.with_(version=torch.full((len(rollout),), version, dtype=torch.long,
+                                            device=rollout.response_ids.device))
+
+
+def with_rewards(run: Run, rollout: Rollout, shaped: bool = True, scored: bool = False) -> Rollout:
+    """``rollout`` scored by the world (the run's generator serves worlds whose rewards are random; ``scored``: its
+    rewards are already the world's), plus the overlong punishment (:func:`with_overlong_penalty`) unless
+    ``shaped=False``."""
+    if not scored:
+        rollout = rollout.with_(rewards=rewards_of(run.world, rollout, run.generator))
+    return with_overlong_penalty(run, rollout) if shaped else rollout
+
+
+def with_overlong_penalty(run: Run, rollout: Rollout) -> Rollout:
+    """``rollout`` with :func:`overlong_penalty` of its response lengths added to its rewards (unchanged when
+    ``overlong_buffer`` is 0)."""
+    if not run.config.overlong_buffer:
+        return rollout
+    penalty = overlong_penalty(rollout.response_mask.sum(-1), *overlong_settings(run))
+    return rollout.with_(rewards=rollout.rewards + penalty.to(rollout.rewards.dtype))
+
+
+def overlong_settings(run: Run) -> tuple[int, int, float]:
+    """(L_max, L_cache, penalty factor) of the run's overlong punishment."""
+    cfg = run.config
+    max_len = cfg.overlong_max_len if cfg.overlong_max_len is not None else run.world.max_response_len
+    return max_len, cfg.overlong_buffer, cfg.overlong_penalty
+
+
+def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 1.0) -> Tensor:
+    """R_length(y) = 0 for |y| ≤ L_max − L_cache;  ((L_max − L_cache) − |y|)/L_cache · c for L_max − L_cache < |y|
+    ≤ L_max;  −c for |y| > L_max — DAPO's soft overlong punishment (Yu et al. 2025, "DAPO: An Open-Source LLM
+    Reinforcement Learning System at Scale", arXiv:2503.14476, eq. 13; c = 1 there, verl's penalty_factor),
+    ``lengths`` = |y| the response tokens (EOS included)."""
+    lengths = lengths.to(torch.float64)
+    expected = max_len - cache
+    ramp = torch.clamp((expected - lengths) / cache, max=0.0) if cache else torch.zeros_like(lengths)
+    return torch.where(lengths > max_len, torch.full_like(ramp, -1.0), ramp) * factor
+
+
+def rewards_of(world: World, rollout: Rollout, generator: torch.Generator) -> Tensor:
+    """The world's rewards [B] of ``rollout``'s responses as float32 (``generator`` serves worlds whose rewards are
+    random): the one reward call of training batches and evaluation."""
+    rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=generator)
+    return rewards.to(torch.float32)
