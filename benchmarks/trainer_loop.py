@@ -8,7 +8,7 @@ The configuration is the one a user gets: ``TrainConfig()`` defaults (``offpolic
 Adam; evaluation every ``eval_every`` updates with the exact return; samples every ``sample_every``; checkpoint every
 ``checkpoint_every``), with only ``--policy`` and the ``--set`` overrides changed.  For each repeat it builds a fresh
 run, times ``trainer.run_updates`` (the loop only: no process start, no build) and splits the wall clock with the
-trainer's :class:`~offpolicylab.trainer.Stopwatch`:
+trainer's :class:`~offpolicylab.profiling.Stopwatch`:
 
     policy      = policy_forward (sample + score) + policy_backward (backward, clipping, optimizer step)
     objective   = objective.update + objective(batch) (the loss under study, with its standard metrics)
