@@ -38,7 +38,7 @@ from offpolicylab import demo as demo_command
 from offpolicylab import replay as replay_command
 from offpolicylab.aliases import CONFIG_ALIASES, PARAM_ALIASES, canonical_config, merge_params
 from offpolicylab.config import DEFAULTS, TrainConfig, config_params, parse_assignments, read_mapping
-from offpolicylab.registry import Registry, import_modules
+from offpolicylab.registry import Registry, given_twice, import_modules
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -54,6 +54,20 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("offpolicylab").strip()
         _fail(f"{command}: {message}" if command else message)
+
+
+class _Once(argparse.Action):
+    """Store a flag's value; a second value for the same setting (the flag again, or its alias: ``--max-steps 3
+    --updates 2``) is refused naming both, as a config file refuses it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given: dict[str, str] = namespace.__dict__.setdefault("_given_flags", {})
+        spelled = f"{option_string} {values}"
+        if self.dest in given:
+            parser.error(given_twice(given[self.dest], spelled, self.dest.removeprefix(ALIAS_DEST)))
+        given[self.dest] = spelled
+        setattr(namespace, self.dest, values)
 
 
 def _fail(message: str) -> NoReturn:
@@ -83,10 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
             run.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
         else:
             aliases = [f"--{alias.replace('_', '-')}" for alias, ours in CONFIG_ALIASES.items() if ours == name]
-            run.add_argument("--" + name.replace("_", "-"), *aliases, dest=name, default=None,
+            run.add_argument("--" + name.replace("_", "-"), *aliases, dest=name, default=None, action=_Once,
                              metavar=param.kind.__name__.upper(), help=f"{param.doc} ({_default_help(name, param)})")
     for alias, ours in PARAM_ALIASES.items():
         run.add_argument("--" + alias.replace("_", "-"), dest=ALIAS_DEST + alias, default=None, metavar="VALUE",
+                         action=_Once,
                          help=f"same as --param {ours}=VALUE (verl / TRL name; offpolicylab.aliases)")
     run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
     run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.aliases import canonical_config, canonical_params
-from offpolicylab.registry import Param, import_modules
+from offpolicylab.registry import Param, given_twice, import_modules
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
 
@@ -249,13 +249,16 @@ def config_params() -> dict[str, Param]:
 
 def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
     """``["k=v", ...]`` → ``{k: "v"}`` (the values stay strings: the part's :class:`Param` parses them); a
-    malformed item raises ``ValueError``."""
+    malformed item, or a name given twice, raises ``ValueError``."""
     out: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ValueError(f"{what} {item!r} is malformed; valid: name=value")
-        out[key.strip()] = value
+        if key in out:
+            raise ValueError(given_twice(f"{what} {key}={out[key]}", f"{what} {key}={value}", key))
+        out[key] = value
     return out
 
 

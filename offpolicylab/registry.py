@@ -76,6 +76,8 @@ class Param:
                     f"{')' if self.high_open else ']'}")
         elif self.kind is str:
             text = "a string"
+        elif hasattr(self.kind, "description"):
+            text = self.kind.description
         else:
             text = f"a {self.kind.__name__}"
         return text + (" or none" if self.optional else "")
@@ -87,13 +89,14 @@ class Param:
             return None
         try:
             value = coerce(self.kind, value)
-        except (TypeError, ValueError):
-            raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}") from None
+        except (TypeError, ValueError) as exc:
+            why = f" ({exc})" if hasattr(self.kind, "description") and isinstance(exc, ValueError) else ""
+            raise ValueError(f"parameter {name}={value!r} is invalid{why}; valid: {self.valid_text()}") from None
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}")
         if self.kind is list and self.length is not None and len(value) != self.length:
             raise ValueError(f"parameter {name}={value!r} is invalid; valid: {self.valid_text()}")
-        if self.kind in (int, float) and not self._in_range(value):
+        if not all(self._in_range(number) for number in numbers(self.kind, value)):
             raise ValueError(f"parameter {name}={value!r} is out of range; valid: {self.valid_text()}")
         return value
 
@@ -103,6 +106,24 @@ class Param:
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and (value >= self.high if self.high_open else value > self.high)
         return not (too_low or too_high)
+
+
+def given_twice(first: str, second: str, name: str) -> str:
+    """The one message for a setting given twice — in a correction spec, by two flags, as an alias and its name in
+    a file: refused, naming both spellings (``first`` / ``second``, e.g. ``"--max-steps 3"``)."""
+    return f"{first} and {second} name the same setting {name}; valid: one of them"
+
+
+def numbers(kind: type, value: Any) -> list[float]:
+    """Every number a parameter's value holds, for the range check: the value of an int / float kind, the items of
+    a list, and what a custom kind's ``numbers`` reads from its value (e.g. the bounds in verl's "0.5_2.0"); NaN
+    is in no range, so a NaN anywhere in a value is refused."""
+    if kind in (int, float):
+        return [value]
+    if kind is list:
+        return list(value)
+    reader = getattr(kind, "numbers", None)
+    return list(reader(value)) if reader is not None else []
 
 
 def doc_summary(docstring: str) -> str:

@@ -211,9 +211,26 @@ class CorrectionPool:
     grad_sq: float = 0.0
 
 
+def has_sampler_logp(path: Path) -> bool:
+    """Whether the sample file ``path`` carries the sampler's log-probs (read from the archive's index, not its
+    arrays); a file that cannot be read counts as carrying them (its reader says what is wrong)."""
+    try:
+        with np.load(path) as archive:
+            return "batch_sampler_log_ratio" in archive.files
+    except (OSError, ValueError):
+        return True
+
+
 def replay_corrections(files: list[Path], chosen: list[Correction]) -> list[dict[str, Any]]:
     """One row per correction over the micro-batches of ``files`` that carry sampler log-probs; none carrying them
     raises :class:`ReplayError`."""
+    without = [path for path in files if not has_sampler_logp(path)]
+    if without and len(without) < len(files):
+        names = ", ".join(path.name for path in without[:3]) + (", ..." if len(without) > 3 else "")
+        raise ReplayError(f"--corrections: {len(without)} of {len(files)} sample files have no sampler log-probs "
+                          f"(batch_sampler_log_ratio: {names}), so the corrections would cover only part of the "
+                          "tokens; valid: samples that all carry them (choose those updates with --updates "
+                          "FIRST:LAST)")
     pools = {c.label(): CorrectionPool() for c in chosen}
     scorers = {c.label(): get_objective("reinforce", correction={"engine": c.engine, **c.params}) for c in chosen}
     plain = get_objective("reinforce")

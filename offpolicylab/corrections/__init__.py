@@ -31,6 +31,7 @@ from torch import Tensor
 
 from offpolicylab.corrections import areal, openrlhf, skyrl, slime, trl, verl
 from offpolicylab.corrections.base import Engine, Result, check_shapes
+from offpolicylab.registry import given_twice
 
 #: The engines, by the name ``apply`` takes.
 ENGINES: dict[str, Engine] = {module.ENGINE.name: module.ENGINE for module in (verl, trl, openrlhf, slime, skyrl,
@@ -42,7 +43,8 @@ def engine(name: str) -> Engine:
     try:
         return ENGINES[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown correction engine {name!r}; valid: {', '.join(ENGINES)}") from None
+        raise ValueError(f"unknown correction engine {name!r}; valid: {', '.join(ENGINES)} (a correction is "
+                         "engine:key=value:...)") from None
 
 
 def apply(engine_name: str, logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Tensor | None = None,
@@ -70,10 +72,12 @@ class Correction:
         """From a mapping with an ``engine`` key (YAML / JSON config) or a spec string (:func:`parse_spec`);
         parameters are validated now."""
         if isinstance(config, str):
-            config = correction(config)
+            try:
+                config = correction(config)
+            except ValueError as exc:
+                raise ValueError(f"correction {config!r} is invalid ({exc}); valid: {SPEC_FORM}") from None
         if not isinstance(config, Mapping) or "engine" not in config:
-            raise ValueError(f"a correction is a mapping with an 'engine' key (one of {', '.join(ENGINES)}) and the "
-                             f"engine's parameters; got {config!r}")
+            raise ValueError(f"correction {config!r} is invalid; valid: {SPEC_FORM}")
         params = {key: value for key, value in config.items() if key != "engine"}
         engine(config["engine"]).resolve(params)
         return cls(config["engine"], params)
@@ -97,20 +101,28 @@ def correction(value: Mapping[str, Any] | str) -> dict[str, Any]:
         name, *pairs = [part.strip() for part in value.strip().split(":")]
         parsed: dict[str, Any] = {"engine": name}
         for pair in pairs:
-            key, sep, item = pair.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"correction spec {value!r}: {pair!r} is not key=value")
-            parsed[key.strip()] = item.strip()
+            key, sep, item = (part.strip() for part in pair.partition("="))
+            if not sep or not key:
+                raise ValueError(f"{pair!r} is not key=value")
+            if key in parsed:
+                raise ValueError(given_twice(f"{key}={parsed[key]}", f"{key}={item}", key))
+            parsed[key] = item
         return parsed
     if not isinstance(value, Mapping) or "engine" not in value:
         raise TypeError(value)
     return dict(value)
 
 
+#: What a correction setting looks like, for error messages (:class:`~offpolicylab.registry.Param` reads it).
+SPEC_FORM = (f"engine:key=value:... (engine one of {', '.join(ENGINES)}; docs/corrections.md) or a mapping "
+             "with an 'engine' key")
+correction.description = SPEC_FORM  # type: ignore[attr-defined]
+
+
 def parse_spec(text: str) -> Correction:
     """``"engine:key=value:key=value"`` → :class:`Correction` (values may hold commas and underscores, as verl's
     ``rollout_rs=token_k1,seq_mean_k3``; they are parsed by the engine's parameter kinds)."""
-    return Correction.from_config(correction(text))
+    return Correction.from_config(text)
 
 
 def parse_specs(text: str) -> list[Correction]:

@@ -25,22 +25,39 @@ RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "s
 
 
 class Threshold:
-    """Param kind for verl's ``str | float`` thresholds (a number, "2.0", "0.5_2.0", "0.5_2.0,3.0")."""
+    """Param kind for verl's ``str | float`` thresholds (a number, "2.0", "0.5_2.0", "0.5_2.0,3.0"); the numbers
+    it holds are range-checked by :meth:`~offpolicylab.registry.Param.validate` like any other parameter's."""
+
+    description = 'a number, "lower_upper" or comma-separated ones (each in (0, inf])'
 
     def __new__(cls, value: Any) -> Any:  # noqa: D102 - a coercion, not a class instance
         if not isinstance(value, (int, float, str)) or isinstance(value, bool):
             raise TypeError(value)
         return value
 
+    @staticmethod
+    def numbers(value: str | float) -> list[float]:
+        """The bounds a threshold spells ("0.5_2.0,3" → [0.5, 2.0, 3.0]); text that is no number is left to
+        verl's own parser, whose message names it."""
+        if not isinstance(value, str):
+            return [float(value)]
+        found = []
+        for part in value.replace("_", ",").split(","):
+            try:
+                found.append(float(part))
+            except ValueError:
+                continue
+        return found
+
 
 PARAMS: dict[str, Param] = {
     "rollout_is": Param("sequence", str, choices=("token", "sequence"), optional=True,
                         doc="IS level: token (per-token ratio) or sequence (product of the token ratios); none: off"),
-    "rollout_is_threshold": Param(2.0, Threshold, optional=True,
+    "rollout_is_threshold": Param(2.0, Threshold, low=0.0, low_open=True, optional=True,
                                   doc='a number: TIS truncation at it; "lower_upper": IcePop, weight 0 outside'),
     "rollout_is_batch_normalize": Param(False, bool, doc="divide the weights by their batch mean"),
     "rollout_rs": Param(None, str, optional=True, doc="comma-chained rejection options: " + ", ".join(RS_OPTIONS)),
-    "rollout_rs_threshold": Param(None, Threshold, optional=True,
+    "rollout_rs_threshold": Param(None, Threshold, low=0.0, low_open=True, optional=True,
                                   doc='one per option (or one shared); *_k1 take "lower_upper" ratio bounds'),
     "bypass_mode": Param(False, bool, doc="verl's bypass mode (rollout log-probs used as the old log-probs)"),
     "loss_type": Param("ppo_clip", str, choices=("ppo_clip", "reinforce"), doc="policy loss in bypass mode"),

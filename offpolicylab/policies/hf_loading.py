@@ -225,8 +225,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, dtype: str = "fl
     from transformers import AutoModelForCausalLM
 
     source, out = Path(gguf_path), Path(out_dir)
+    if not source.exists():
+        raise ValueError(f"convert-gguf: {str(source)!r} does not exist; valid: a .gguf file")
     if source.suffix.lower() != ".gguf" or not source.is_file():
-        raise ValueError(f"convert-gguf: {str(source)!r} is not a .gguf file")
+        raise ValueError(f"convert-gguf: {str(source)!r} is not a .gguf file; valid: a .gguf file")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"convert-gguf: {str(out)!r} exists and is not an empty directory; valid: a new directory")
     check_writable(out, "convert-gguf: OUT")

@@ -14,6 +14,13 @@ from tests.cli.test_cli import TINY, run_cli
 from tests.small_runs import mdp_config
 
 RUN = ["run", *TINY, "--objective", "grpo", "--updates", "2"]
+
+
+def without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value (a flag given twice is refused, so a case sets it once)."""
+    at = argv.index(flag)
+    return argv[:at] + argv[at + 2:]
+
 FILES = {
     "list.json": json.dumps([{"world": "token_mdp"}]),
     "world_list.json": json.dumps({"world": ["token_mdp"], "objective": "grpo"}),
@@ -40,9 +47,9 @@ CASES = [
      "updates=True is invalid; valid: an int in [1, inf]"),
     (["run", "--config", "{tmp}/float_as_bool.json", "--out", "{tmp}/out"], "lr=True is invalid; valid: a float in (0, inf) or none"),
     (["demo", "--updates", "0", "--out", "{tmp}/out"], "updates=0 is out of range; valid: an int in [1, inf]"),
-    ([*RUN, "--group-size", "1", "--out", "{tmp}/out"], "group_size=1 is out of range; valid: an int in [2, inf]"),
+    ([*without(RUN, "--group-size"), "--group-size", "1", "--out", "{tmp}/out"], "group_size=1 is out of range; valid: an int in [2, inf]"),
     ([*RUN, "--seed", str(10**30), "--out", "{tmp}/out"], "valid: an int in [0, 4294967295]"),
-    ([*RUN, "--prompts-per-update", "100000000", "--out", "{tmp}/out"], "GiB but this machine has"),
+    ([*without(RUN, "--prompts-per-update"), "--prompts-per-update", "100000000", "--out", "{tmp}/out"], "GiB but this machine has"),
     ([*RUN, "--resume", "--config", "{tmp}/other.json", "--out", "{tmp}/out"], "cannot be combined with --config"),
     ([*RUN, "--behavior-logp", "engine", "--out", "{tmp}/out"],
      "behavior_logp='engine' is invalid; valid: one of auto, trainer, sampler"),

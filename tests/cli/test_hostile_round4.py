@@ -1,0 +1,158 @@
+"""Hostile input, round four (docs/bad_input.md): each root cause once — every number a parameter holds is range-
+and NaN-checked where parameters are parsed; a setting given twice is refused naming both, whether in a correction
+spec, by flags or in a file; a malformed correction says the ``engine:key=value`` form; replay says when samples lack
+the sampler's log-probs; a missing file is said to be missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from offpolicylab import cli
+from offpolicylab.objectives import TokenBatch, get_objective
+from tests.cli.test_hostile_inputs import refused
+
+RUN = ["run", "--world", "three_arm_pitfall", "--objective", "grpo", "--updates", "2"]
+FORM = "valid: engine:key=value:... (engine one of verl, trl, openrlhf, slime, skyrl, areal"
+
+
+# ------------------------------------------------------------------ every number checked where parameters are parsed
+@pytest.mark.parametrize("spec", [
+    "verl:rollout_is_threshold=nan",
+    "verl:rollout_is_threshold=-1",
+    "verl:rollout_is_threshold=0.5_nan",
+    "verl:rollout_rs=token_k1:rollout_rs_threshold=nan",
+    "verl:rollout_rs=token_k1,seq_max_k2:rollout_rs_threshold=0.5_2.0,nan",
+    "openrlhf:vllm_is_truncated_threshold=nan,5",
+])
+def test_a_nan_or_negative_threshold_is_refused_before_the_run(spec: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    err = refused([*RUN, "--param", f"correction={spec}", "--out", str(out)], capsys)
+    assert "is out of range; valid:" in err and "threshold" in err, err
+    assert not out.exists()
+
+
+def test_the_range_of_a_threshold_holds_every_number_it_spells() -> None:
+    from offpolicylab.corrections import parse_spec
+
+    assert parse_spec("verl:rollout_is_threshold=0.5_2.0").params == {"rollout_is_threshold": "0.5_2.0"}
+    assert parse_spec("verl:rollout_is_threshold=inf").params == {"rollout_is_threshold": "inf"}  # no truncation
+    with pytest.raises(ValueError, match=r"rollout_is_threshold='0_2' is out of range; valid: a number, "
+                                         r"\"lower_upper\" or comma-separated ones \(each in \(0, inf\]\)"):
+        parse_spec("verl:rollout_is_threshold=0_2")
+    with pytest.raises(ValueError, match=r"tok_bounds=\(nan, 2.0\) is out of range"):  # a list's items too
+        get_objective("ac_mispo", tok_bounds="nan,2")
+
+
+# ----------------------------------------------------------------------------- a setting given twice: one rule
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--max-steps", "3", "--updates", "2"], "run: --max-steps 3 and --updates 2 name the same setting updates; "
+                                            "valid: one of them"),
+    (["--updates", "2", "--updates", "3"], "run: --updates 2 and --updates 3 name the same setting updates"),
+    (["--clip-ratio-low", "0.1", "--clip-ratio-low", "0.2"],
+     "--clip-ratio-low 0.1 and --clip-ratio-low 0.2 name the same setting clip_ratio_low"),
+    (["--param", "eps_low=0.1", "--param", "eps_low=0.2"],
+     "--param eps_low=0.1 and --param eps_low=0.2 name the same setting eps_low; valid: one of them"),
+    (["--param", "correction=verl:rollout_is=token:rollout_is=sequence"],
+     "rollout_is=token and rollout_is=sequence name the same setting rollout_is"),
+])
+def test_a_setting_given_twice_on_the_command_line_is_refused_naming_both(argv: list[str], message: str,
+                                                                         tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    base = [flag for i, flag in enumerate(RUN) if "--updates" not in RUN[max(i - 1, 0):i + 1]]
+    out = tmp_path / "out"
+    err = refused([*base, *argv, "--out", str(out)], capsys)
+    assert message in err, err
+    assert not out.exists()
+
+
+def test_a_setting_given_twice_in_a_file_or_replay_spec_is_refused_naming_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "twice.json").write_text('{"world": "three_arm_pitfall", "objective": "grpo", "updates": 2, '
+                                         '"max_steps": 3}')
+    err = refused(["run", "--config", str(tmp_path / "twice.json"), "--out", str(tmp_path / "a")], capsys)
+    assert "config fields updates=2 and max_steps=3 name the same setting updates; valid: one of them" in err, err
+    (tmp_path / "c.yaml").write_text("world: three_arm_pitfall\nobjective: grpo\n"
+                                     "objective_params:\n  correction: verl:rollout_is=token:rollout_is=sequence\n")
+    err = refused(["run", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "b")], capsys)
+    assert "rollout_is=token and rollout_is=sequence name the same setting rollout_is" in err, err
+    recording = recorded_with_sampler(tmp_path / "rec", [True])
+    err = refused(["replay", str(recording), "--objectives", "grpo", "--corrections",
+                   "verl:rollout_is=token:rollout_is=sequence", "--out", str(tmp_path / "c")], capsys)
+    assert "rollout_is=token and rollout_is=sequence name the same setting rollout_is" in err, err
+    assert not (tmp_path / "c").exists()
+
+
+# -------------------------------------------------------------------- a malformed correction says the valid form
+@pytest.mark.parametrize(("value", "why"), [
+    ("verl:rollout_is", "'rollout_is' is not key=value"),
+    ("verl:=token", "'=token' is not key=value"),
+])
+def test_a_malformed_correction_states_the_engine_key_value_form(value: str, why: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    err = refused([*RUN, "--param", f"correction={value}", "--out", str(tmp_path / "out")], capsys)
+    assert why in err and FORM in err, err
+    err = refused(["replay", str(recorded_with_sampler(tmp_path / "rec", [True])), "--objectives", "grpo",
+                   "--corrections", value, "--out", str(tmp_path / "o")], capsys)
+    assert why in err and FORM in err, err
+
+
+@pytest.mark.parametrize("text", ["correction: 5", "correction: {rollout_is: token}"])
+def test_a_correction_in_a_file_that_is_no_correction_states_the_form(text: str, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "c.yaml").write_text(f"world: three_arm_pitfall\nobjective: grpo\nobjective_params:\n  {text}\n")
+    err = refused(["run", "--config", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "out")], capsys)
+    assert "parameter correction=" in err and FORM in err, err
+
+
+# ----------------------------------------------------------------- replay: samples without the sampler's log-probs
+def mismatched(seed: int, sampler: bool) -> TokenBatch:
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    delta = 0.2 * torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    mask = torch.ones(3, 5, dtype=torch.float64)
+    return TokenBatch(logp=delta, behavior_logp=torch.zeros_like(delta), mask=mask,
+                      advantages=torch.randn(3, generator=gen, dtype=torch.float64),
+                      sampler_logp=-0.3 * torch.randn(3, 5, generator=gen, dtype=torch.float64) if sampler else None)
+
+
+def recorded_with_sampler(path: Path, sampler: list[bool]) -> Path:
+    """A recording of one step per entry of ``sampler``; True: its batch carries the sampler's log-probs."""
+    from offpolicylab.integrations.record import Recorder
+
+    recorder = Recorder(path, {"engine": "test", "objective": "grpo", "objective_params": {}}, 1)
+    scorer = get_objective("grpo")
+    for seed, with_sampler in enumerate(sampler):
+        batch = mismatched(seed, with_sampler)
+        recorder.add(batch, scorer(batch), staleness=1)
+        recorder.end_step(reward_mean=0.5)
+    recorder.close()
+    return path
+
+
+def test_replay_corrections_refuses_samples_half_without_the_sampler_logprobs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recording = recorded_with_sampler(tmp_path / "rec", [True, False])
+    out = tmp_path / "out"
+    err = refused(["replay", str(recording), "--objectives", "grpo", "--corrections", "trl", "--out", str(out)],
+                  capsys)
+    assert "1 of 2 sample files have no sampler log-probs (batch_sampler_log_ratio: update_000001.npz)" in err, err
+    assert "--updates FIRST:LAST" in err
+    assert not out.exists()
+    assert cli.main(["replay", str(recording), "--objectives", "grpo", "--corrections", "trl", "--updates", "0:0",
+                     "--out", str(out)]) == 0
+
+
+# ------------------------------------------------------------------------------------ a missing file is missing
+def test_convert_gguf_on_a_missing_file_says_it_does_not_exist(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers")
+    err = refused(["convert-gguf", str(tmp_path / "nope.gguf"), str(tmp_path / "OUT")], capsys)
+    assert "nope.gguf' does not exist; valid: a .gguf file" in err, err
+    (tmp_path / "model.bin").write_text("x")
+    err = refused(["convert-gguf", str(tmp_path / "model.bin"), str(tmp_path / "OUT")], capsys)
+    assert "is not a .gguf file" in err, err
+    assert not (tmp_path / "OUT").exists()
