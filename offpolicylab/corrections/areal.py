@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.corrections.base import Engine, Result, finish, zero_padding
+from offpolicylab.formulas import k3
 from offpolicylab.registry import Param
 
 PARAMS: dict[str, Param] = {
@@ -50,7 +51,7 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
             current_logp: Tensor | None = None, level: str = "token", action: str = "mask", metric: str = "ratio",
             agg: str = "mean", upper: float = 5.0, lower: float | None = None) -> Result:
     """log r_t = log π_prox − log π_behave (float32, non-finite → 0), r_t = exp(log r_t); metric: ratio r_t, or
-    k1 = log r_t, k2 = ½(log r_t)², k3 = exp(−log r_t) − 1 + log r_t (AReaL's KLEstimator signs — k1 and k3 are
+    k1 = log r_t, k2 = ½(log r_t)², k3 = exp(−log r_t) − 1 + log r_t (:func:`~offpolicylab.formulas.k3` of −log r_t; AReaL's KLEstimator signs — k1 and k3 are
     not verl's); token level: mask keeps l ≤ metric ≤ u, clamp w_t = clip(r_t, l, u); sequence level aggregates
     the metric with sum / mean / max (for ratio in log space: exp(Σ log r), exp(mean log r)), and for ratio the
     weight itself becomes the geometric mean exp(mean_t log r_t) on every token (GSPO-style, Zheng et al. 2025,
@@ -72,7 +73,7 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     elif metric == "kl_k2":
         value = raw**2 / 2.0
     else:
-        value = torch.exp(-raw) - 1 - (-raw)
+        value = k3(-raw, cap=None)  # AReaL clamps nothing
     weights = torch.exp(log_ratio)
     keep = valid
     low = lower if lower is not None else 0.0

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.corrections.base import Engine, Result, finish, zero_padding
+from offpolicylab.formulas import k3
 from offpolicylab.registry import Param
 
 #: verl's ``SAFETY_BOUND``: log-ratios are clamped to [−20, 20] before exponentiating.
@@ -176,11 +177,11 @@ def is_weights(log_ratio: Tensor, mask: Tensor, rollout_is: str, threshold: str 
 
 def rejection_keep(log_ratio: Tensor, mask: Tensor, options: str, spec: str | float | None) -> Tensor:
     """verl's ``compute_rollout_rejection_mask``, with log r clipped to ±20: k1 = −log r (its sign: log π_rollout −
-    log π_train), k2 = ½(log r)², k3 = exp(log r) − 1 − log r; token_* judge each token, seq_sum_* / seq_mean_* /
+    log π_train), k2 = ½(log r)², k3 = exp(log r) − 1 − log r (:func:`~offpolicylab.formulas.k3`); token_* judge each token, seq_sum_* / seq_mean_* /
     seq_max_* the masked sum / mean (Σ/(n + 1e-8)) / max of a sequence; k1 options keep log l ≤ stat ≤ log u, the
     others stat ≤ u; every option must pass."""
     safe = torch.clamp(log_ratio, min=-SAFETY_BOUND, max=SAFETY_BOUND)
-    stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": torch.exp(safe) - 1.0 - safe}
+    stats = {"k1": -safe, "k2": 0.5 * safe**2, "k3": k3(safe)}
     valid = mask.bool()
     combined = torch.ones_like(mask, dtype=log_ratio.dtype)
     for name, lower, upper in parse_rs(options, spec):

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-#: Log-ratios are clamped at this before exp: e^80 ≈ 5.5e34 < float32 max, so exp never overflows.
-EXP_CLAMP = 80.0
+from offpolicylab.formulas import EXP_CLAMP, clipped, k3, kish_ess
+
+# Log-ratios are clamped at EXP_CLAMP (80) before exp, so exp never overflows.
 
 
 def _masked(values: Tensor, mask: Tensor) -> Tensor:
@@ -62,18 +63,18 @@ RATIO_TAIL_QUANTILE = 0.999
 
 def trust_region_mask(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
     """M2PO's trust-region tokens H = {(A > 0, r > 1) or (A < 0, r < 1)} (the tokens PPO would clip), as 0/1."""
-    tr = ((advantages > 0) & (log_ratio > 0)) | ((advantages < 0) & (log_ratio < 0))
-    return (tr & (mask > 0)).to(mask.dtype)
+    return (clipped(log_ratio, advantages, 0.0, 0.0) & (mask > 0)).to(mask.dtype)
 
 
 def effective_sample_size(log_ratio: Tensor, mask: Tensor, blocks: int = 1) -> Tensor:
-    """ESS = (Σ w)² / (n · Σ w²), w = r over the n valid tokens; 1 for uniform ratios, → 1/n when one dominates.
+    """ESS = (Σ w)² / (n · Σ w²), w = r over the n valid tokens (:func:`~offpolicylab.formulas.kish_ess`); 1 for
+    uniform ratios, → 1/n when one dominates.
 
     Computed with weights rescaled by max(w) (ESS is scale-free), so log-ratios of ±50 stay finite: the weights are
     e^((Δ − max Δ)·m)·m, max Δ over the valid tokens, exactly 0 on padding.  (The padding never reaches ``exp`` as
     a huge negative number: CPU ``exp`` takes a slow path for arguments far below its range; benchmarks/README.md.)
     ``blocks`` > 1: the ESS of each of ``blocks`` equal consecutive row blocks (several runs' batches joined
-    row-wise), shape [blocks], each reduced exactly as its block alone.  Source: Kong (1992); P3O "Trust the Batch"
+    row-wise), shape [blocks], each reduced exactly as its block alone.  Source: Kish (1965), Kong (1992); P3O "Trust the Batch"
     (FeynRL).
     """
     if log_ratio.numel() == 0:
@@ -85,8 +86,7 @@ def effective_sample_size(log_ratio: Tensor, mask: Tensor, blocks: int = 1) -> T
     top = ((mask - 1.0) * floor + delta).amax(-1, keepdim=True)  # Δ on valid tokens, −finfo.max on padding
     top = torch.where(top > -floor, top, delta.new_zeros(()))  # no valid token: weights 0
     weights = ((delta - top) * mask).exp() * mask
-    ess = weights.sum(-1) ** 2 / (tokens.clamp_min(1.0) * (weights * weights).sum(-1)).clamp_min(
-        torch.finfo(delta.dtype).tiny)
+    ess = kish_ess(weights, tokens.clamp_min(1.0))
     return _shaped(torch.where(tokens > 0, ess, delta.new_ones(())), blocks)
 
 
@@ -163,11 +163,11 @@ def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _kl_terms(delta: Tensor, count: Tensor, work: Tensor) -> tuple[Tensor, Tensor]:
-    """(Σ(−Δ), Σ(e^min(Δ, 80) − 1 − Δ)) / count per row of a [blocks, N] ``delta`` that is 0 on padding; ``work``: a
-    scratch buffer like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ: the same number, and +0 (not −0) when ΣΔ = 0."""
+    """(Σ(−Δ), Σ k3(Δ)) / count per row of a [blocks, N] ``delta`` that is 0 on padding
+    (:func:`~offpolicylab.formulas.k3`); ``work``: a scratch buffer like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ:
+    the same number, and +0 (not −0) when ΣΔ = 0."""
     k1 = (0.0 - delta.sum(-1)) / count
-    torch.expm1(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
-    return k1, work.sub_(delta).sum(-1) / count
+    return k1, k3(delta, out=work).sum(-1) / count
 
 
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from offpolicylab.corrections import ENGINES, Correction
 from offpolicylab.corrections import correction as correction_kind
+from offpolicylab.formulas import kish_ess
 from offpolicylab.objectives.aggregation import AGG_CHOICES, aggregate, canonical_agg
 from offpolicylab.objectives.batch import LossOutput, TokenBatch
 from offpolicylab.objectives.regularization import KL_ESTIMATORS, kl_penalty
@@ -221,7 +222,8 @@ def correction_metrics(batch: TokenBatch, factor: Tensor) -> dict[str, Tensor]:
     ρ_t = π_b(y_t)/π_sampler(y_t) the raw token ratio (TIS: Yao et al. 2025, "Your efficient RL framework secretly
     brings you off-policy RL training"; MIS: Liu, Li et al. 2025, "When speed kills stability"):
 
-    * ``corr_ess`` = (Σ f)² / (n Σ f²), Kish's effective sample size of the factors (verl's health floor 0.3);
+    * ``corr_ess`` = (Σ f)² / (n Σ f²), Kish's effective sample size of the factors
+      (:func:`~offpolicylab.formulas.kish_ess`; verl's health floor 0.3);
     * ``corr_weight_mean``, ``corr_weight_max`` of f;
     * ``corr_drop_frac``: share of tokens with f = 0 (rejected or masked), ``corr_seq_drop_frac``: share of
       responses with every token so;
@@ -243,10 +245,9 @@ def correction_metrics(batch: TokenBatch, factor: Tensor) -> dict[str, Tensor]:
     for value in candidates:
         plain = plain | ((f - value).abs() <= 1e-5 * value.abs())
     kept = valid & (f != 0)
-    square = (f * f).sum()
     rows = valid.any(dim=1)
     dropped_rows = rows & ~(kept.any(dim=1))
-    return {"corr_ess": torch.where(square > 0, f.sum() ** 2 / (count * square), torch.zeros_like(square)),
+    return {"corr_ess": kish_ess(f.reshape(-1), count),
             "corr_weight_mean": f.sum() / count, "corr_weight_max": f.max(),
             "corr_drop_frac": (valid & ~kept).sum() / count,
             "corr_seq_drop_frac": dropped_rows.sum() / rows.sum().clamp_min(1),

@@ -10,19 +10,9 @@ import torch
 from torch import Tensor
 
 from offpolicylab.diagnostics import stats
-from offpolicylab.diagnostics.stats import EXP_CLAMP
+from offpolicylab.formulas import EXP_CLAMP, k3
 from offpolicylab.objectives.base import Objective, register
 from offpolicylab.objectives.batch import TokenBatch
-
-
-def kl_k3_behavior(log_ratio: Tensor) -> Tensor:
-    """KL_k3(π_θ‖π_b) per token = Δ + exp(−Δ) − 1 with Δ = logp − behavior_logp (≥ 0, grad through logp).
-
-    This is FeynRL's ``compute_kl_distance(logprobs, ref_logprobs=old_logprobs)``.  On tokens sampled from π_b it is
-    a penalty rather than an unbiased KL estimate; its gradient (1 − e^−Δ)·∇logp pulls Δ back to 0.
-    exp(−Δ) is evaluated at max(Δ, −80) so that float32 cannot overflow; below Δ = −80 only the linear term
-    carries gradient (tested range: |Δ| ≤ 50 is exact)."""
-    return log_ratio + torch.exp(-log_ratio.clamp(min=-EXP_CLAMP)) - 1.0
 
 
 @register("p3o")
@@ -31,7 +21,11 @@ class P3O(Objective):
 
         ESS = (Σ w)² / (n·Σ w²)      (a batch constant, no gradient),
         ρ_t = clamp(w_t, 0, ESS)     (detached weight),
-        ℓ_t = −sg(ρ_t)·A_t·logp_t + (1 − ESS)·KL_k3(π_θ‖π_b)_t,   KL_k3 = Δ + e^−Δ − 1.
+        ℓ_t = −sg(ρ_t)·A_t·logp_t + (1 − ESS)·KL_k3(π_θ‖π_b)_t,   KL_k3 = k3(−Δ) = e^−Δ − 1 + Δ ≥ 0
+
+    (:func:`offpolicylab.formulas.k3` of −Δ; FeynRL's ``compute_kl_distance(logprobs, ref_logprobs=old_logprobs)``).
+    On tokens sampled from π_b it is a penalty rather than an unbiased KL estimate; its gradient (1 − e^−Δ)·∇logp
+    pulls Δ back to 0.  e^−Δ is capped at e^80 (k3's one clamp): below Δ = −80 only the linear term carries gradient.
 
     Normalisation: FeynRL sums ℓ over the valid tokens and (``normalize_loss=True``) divides by the token count,
     i.e. L = (1/n)·Σ_t ℓ_t — our default ``agg="token-mean"``; the other ``agg`` modes apply to ℓ unchanged.  ESS
@@ -51,10 +45,10 @@ class P3O(Objective):
         ess_rows, kl_weight_rows = batch.per_row(ess), batch.per_row(kl_weight)  # each row its run's
         rho = torch.minimum(batch.ratio(), ess_rows)  # = clamp(min(w, e^80), 0, ESS): w ≥ 0 and ESS ≤ 1 < e^80
         coefficient = -rho * batch.advantages
-        exp_term = torch.exp(-delta.clamp(min=-EXP_CLAMP))  # e^−Δ of kl_k3_behavior
-        kl = delta + exp_term - 1.0
+        kl = k3(-delta)
         value = coefficient * batch.logp.detach() + kl_weight_rows * kl
-        slope = exp_term * stats.indicator(torch.ge, delta, -EXP_CLAMP)  # d e^−Δ/dΔ = −e^−Δ where the clamp passes
+        # d e^−Δ/dΔ = −e^−Δ where the cap passes, e^−Δ as autograd's expm1 derivative writes it: expm1(·) + 1
+        slope = (torch.expm1(torch.clamp(-delta, max=EXP_CLAMP)) + 1.0) * stats.indicator(torch.ge, delta, -EXP_CLAMP)
         metrics = {
             "ess": ess,
             "p3o_kl_weight": kl_weight,
@@ -69,8 +63,8 @@ def _p3o_gradient(value: Tensor, logp: Tensor, coefficient: Tensor, kl_weight: T
 
         ∂ℓ/∂logp = coefficient + kl_weight·(1 − slope),   coefficient = −ρ·A,  slope = e^−Δ·1[Δ ≥ −80]
 
-    computed from the upstream gradient g as autograd computes it for the written-out formula (g·coefficient, and
-    g·kl_weight through the k3 term's two paths, added), so the gradient is bit for bit autograd's — without a graph
+    computed from the upstream gradient g as autograd computes it for the written-out formula with
+    :func:`~offpolicylab.formulas.k3` (g·coefficient, and g·kl_weight through the k3 term's two paths, added), so the gradient is bit for bit autograd's — without a graph
     of the clamp, exp and sums forward (see :func:`~offpolicylab.objectives.policy_gradient.straight_through`)."""
     return _P3OGradient.apply(value, logp, coefficient, kl_weight, slope)
 

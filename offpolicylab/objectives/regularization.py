@@ -12,22 +12,22 @@ sampled from π_θ (J. Schulman, "Approximating KL divergence", 2020, joschu.net
     k3 = e^δ − 1 − δ ≥ 0    unbiased, low variance                          (verl: ``k3`` / ``low_var_kl``)
 
 The reference π_ref is the frozen initial policy π_0 (the trainer scores each batch with it when β > 0;
-``TokenBatch.ref_logp``).  Numerics: δ is clamped to [−20, 20] before the exponential of k3, as verl does (the value
-changes only where π_ref/π_θ is beyond e^±20); verl also clamps k3 itself to [−10, 10], which we do not (the paper's
-estimator has no such cap).
+``TokenBatch.ref_logp``).  k3 is :func:`offpolicylab.formulas.k3` with its one clamp (the exponent capped at 80, no
+value float32 can hold changed); verl clamps δ to [−20, 20] and k3 to [−10, 10], which changes the penalty and
+removes its gradient on the tokens furthest from π_ref, so we do not.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor
+
+from offpolicylab.formulas import k3
 
 #: Estimator names, verl's spellings included: k1 = kl, k2 = mse, k3 = low_var_kl.
 KL_ESTIMATORS = ("k1", "k2", "k3", "kl", "mse", "low_var_kl")
 _CANONICAL = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
-DELTA_CLAMP = 20.0
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
@@ -40,8 +40,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
     if kind == "k2":
         return 0.5 * delta.square()
     if kind == "k3":
-        delta = delta.clamp(-DELTA_CLAMP, DELTA_CLAMP)
-        return torch.expm1(delta) - delta
+        return k3(delta)
     raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {', '.join(KL_ESTIMATORS)}")
 
 

@@ -1,0 +1,60 @@
+"""The formulas several layers share, each written once: Schulman's k3 KL estimator, Kish's effective sample size and
+the PPO clip's bounds.  Pure tensor functions, no state; every module that computes one of them imports it from here.
+
+Notation: δ = log r = log p(x) − log q(x) for a token x sampled from q, r = p(x)/q(x); A = advantage.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+#: The one clamp of the k3 estimator: its exponent is capped at 80 (e^80 ≈ 5.5e34 < float32's largest, 3.4e38), so
+#: e^δ never overflows, and nothing else is clamped.
+EXP_CLAMP = 80.0
+
+
+def k3(log_ratio: Tensor, cap: float | None = EXP_CLAMP, out: Tensor | None = None) -> Tensor:
+    """k3 = (r − 1) − log r = e^δ − 1 − δ ≥ 0 per token, δ = ``log_ratio`` = log p(x) − log q(x), x ~ q: the
+    unbiased, low-variance estimator of KL(q ‖ p) (J. Schulman 2020, "Approximating KL divergence",
+    joschu.net/blog/kl-approx.html).  Computed as expm1(min(δ, cap)) − δ: expm1 keeps k3 ≈ δ²/2 near δ = 0, which
+    e^δ − 1 loses to float32 rounding of e^δ (at δ = 1e-4 it is 5e-9, the rounding error of e^δ 6e-8).
+
+    The clamp: ``cap`` = :data:`EXP_CLAMP` bounds only the exponent, which changes no value float32 can hold (it
+    would overflow past δ ≈ 88.7).  The engines clamp more: verl's ``kl_penalty`` ``low_var_kl`` clamps δ to
+    [−20, 20] and k3 to [−10, 10], OpenRLHF δ to [−10, 10]; TRL and AReaL clamp nothing.  A clamp on δ changes the
+    estimator and removes its gradient exactly on the tokens that moved furthest (δ = −30: 19 instead of 29, slope
+    0 instead of 1), so ours does not.  An engine's own clamp of the log-ratio is the caller's (verl's rollout
+    correction clamps δ to ±20 before all its estimators and passes the clamped δ); ``cap=None`` is no clamp at all
+    (AReaL's code: an infinite δ gives nan, as there).  ``out``: a buffer for the result (no allocation), which may
+    not need gradient."""
+    exponent = log_ratio if cap is None else torch.clamp(log_ratio, max=cap, out=out)
+    return torch.sub(torch.expm1(exponent, out=out), log_ratio, out=out)
+
+
+def kish_ess(weights: Tensor, count: Tensor | float) -> Tensor:
+    """(Σ w)² / (n·Σ w²) over the last dimension: Kish's effective sample size n_eff = (Σ w)² / Σ w² (L. Kish 1965,
+    "Survey Sampling") as a share of the n = ``count`` samples, 1 for equal weights and 1/n when one weight
+    dominates.  ``weights`` ≥ 0, 0 on padding; 0 when every weight is 0 (no effective sample)."""
+    square = (weights * weights).sum(-1)
+    return weights.sum(-1) ** 2 / (count * square).clamp_min(torch.finfo(weights.dtype).tiny)
+
+
+def clip_bounds(eps_low: float, eps_high: float) -> tuple[float | None, float | None]:
+    """The PPO clip's ratio bounds 1 − ε_low and 1 + ε_high (Schulman et al. 2017, "Proximal Policy Optimization
+    Algorithms", arXiv:1707.06347; asymmetric ε: DAPO's clip-higher), None for an infinite ε (no bound there)."""
+    return (1.0 - eps_low if math.isfinite(eps_low) else None, 1.0 + eps_high if math.isfinite(eps_high) else None)
+
+
+def clip_ratio(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """clip(r, 1 − ε_low, 1 + ε_high) (:func:`clip_bounds`); ``ratio`` itself when both ε are infinite."""
+    low, high = clip_bounds(eps_low, eps_high)
+    return ratio if low is None and high is None else ratio.clamp(min=low, max=high)
+
+
+def clipped(value: Tensor, advantages: Tensor, low: Tensor | float, high: Tensor | float) -> Tensor:
+    """(A > 0 ∧ x > high) ∨ (A < 0 ∧ x < low), boolean: the tokens whose gradient the PPO clip removes, with x the
+    ratio and [low, high] = [1 − ε_low, 1 + ε_high], or x the log-ratio and its bounds in log space."""
+    return ((advantages > 0) & (value > high)) | ((advantages < 0) & (value < low))
