@@ -42,16 +42,17 @@ def kish_ess(weights: Tensor, count: Tensor | float) -> Tensor:
     return weights.sum(-1) ** 2 / (count * square).clamp_min(torch.finfo(weights.dtype).tiny)
 
 
-def clip_bounds(eps_low: float, eps_high: float) -> tuple[float | None, float | None]:
-    """The PPO clip's ratio bounds 1 − ε_low and 1 + ε_high (Schulman et al. 2017, "Proximal Policy Optimization
-    Algorithms", arXiv:1707.06347; asymmetric ε: DAPO's clip-higher), None for an infinite ε (no bound there)."""
-    return (1.0 - eps_low if math.isfinite(eps_low) else None, 1.0 + eps_high if math.isfinite(eps_high) else None)
+def clip_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:
+    """The PPO clip's ratio bounds (1 − ε_low, 1 + ε_high) (Schulman et al. 2017, "Proximal Policy Optimization
+    Algorithms", arXiv:1707.06347; an asymmetric ε: DAPO's clip-higher); an infinite ε is an infinite bound, no
+    bound on that side."""
+    return 1.0 - eps_low, 1.0 + eps_high
 
 
 def clip_ratio(ratio: Tensor, eps_low: float, eps_high: float) -> Tensor:
     """clip(r, 1 − ε_low, 1 + ε_high) (:func:`clip_bounds`); ``ratio`` itself when both ε are infinite."""
     low, high = clip_bounds(eps_low, eps_high)
-    return ratio if low is None and high is None else ratio.clamp(min=low, max=high)
+    return ratio if math.isinf(low) and math.isinf(high) else ratio.clamp(min=low, max=high)
 
 
 def clipped(value: Tensor, advantages: Tensor, low: Tensor | float, high: Tensor | float) -> Tensor:

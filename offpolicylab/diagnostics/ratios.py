@@ -14,6 +14,7 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 from offpolicylab.diagnostics.stats import EXP_CLAMP
+from offpolicylab.formulas import clip_bounds, clipped
 
 DEFAULT_ABS_DEVIATION_EDGES = torch.tensor(
     [0.0, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0], dtype=torch.float64
@@ -93,6 +94,4 @@ def clip_fraction(
         raise ValueError(f"eps_low and eps_high must be ≥ 0 (inf = no clip), got {eps_low}, {eps_high}")
     _check_same_shape(log_ratio=log_ratio, advantages=advantages, mask=mask)
     ratio = torch.exp(log_ratio.detach().clamp(max=EXP_CLAMP))
-    above = (advantages > 0) & (ratio > 1.0 + eps_high)
-    below = (advantages < 0) & (ratio < 1.0 - eps_low)
-    return stats.fraction(above | below, mask)
+    return stats.fraction(clipped(ratio, advantages, *clip_bounds(eps_low, eps_high)), mask)

@@ -6,12 +6,11 @@ Notation: r = exp(logp − behavior_logp), A = advantage, sg = stop-gradient.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from offpolicylab.diagnostics import stats
+from offpolicylab.formulas import clip_ratio
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
 
@@ -37,9 +36,7 @@ class CISPO(Objective):
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         ratio = batch.ratio()
-        low = 1.0 - self.eps_low if math.isfinite(self.eps_low) else None
-        high = 1.0 + self.eps_high if math.isfinite(self.eps_high) else None
-        weight = ratio if low is None and high is None else ratio.clamp(min=low, max=high)
+        weight = clip_ratio(ratio, self.eps_low, self.eps_high)
         loss = -weight * batch.advantages * batch.logp
         clipped = stats.indicator(torch.ne, weight, ratio)
         return loss, torch.ones_like(batch.mask), {"clip_frac": stats.fraction(clipped, batch.mask)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from offpolicylab import formulas
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
@@ -180,8 +181,7 @@ class M2PO(Objective):
         bound, active = m2po_cap_bound(delta_sq, trust_region, self.tau)
         delta = log_ratio.detach()
         advantages = batch.advantages
-        clipped = ((advantages > 0) & (delta > bound)) | ((advantages < 0) & (delta < -bound))
-        clipped = clipped & (batch.mask > 0) & active
+        clipped = formulas.clipped(delta, advantages, -bound, bound) & (batch.mask > 0) & active
         ratio = torch.exp(torch.where(clipped, torch.zeros_like(log_ratio), log_ratio))
         clipped_ratio = torch.exp(delta.clamp(min=-bound, max=bound))
         per_token = torch.where(clipped, -advantages * clipped_ratio, -advantages * ratio)

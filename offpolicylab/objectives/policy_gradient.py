@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.diagnostics import stats
+from offpolicylab.formulas import clip_ratio
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
 
@@ -62,6 +63,24 @@ def ratio_or_one(ratio: Tensor, dropped: Tensor, kept: Tensor) -> Tensor:
     return torch.nan_to_num(torch.addcmul(dropped, ratio, kept), nan=1.0, posinf=math.inf)
 
 
+def clipped_surrogate(
+    ratio: Tensor, negative: Tensor, eps_low: float, eps_high: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """PPO's clipped surrogate on detached floats (Schulman et al. 2017, arXiv:1707.06347), with −A = ``negative``:
+    (−A·r, clip(r, 1−ε_low, 1+ε_high), −A·clip(r, …), ℓ = max(−A·r, −A·clip(r, …))) —
+    :func:`~offpolicylab.formulas.clip_ratio` for the clip."""
+    unclipped = negative * ratio
+    clipped_ratio = clip_ratio(ratio, eps_low, eps_high)
+    surrogate = negative * clipped_ratio
+    return unclipped, clipped_ratio, surrogate, torch.maximum(unclipped, surrogate)
+
+
+def dual_clip_cap(advantages: Tensor, dual_clip: float) -> Tensor:
+    """−c·min(A, 0): the dual clip's cap on the A < 0 branch of PPO's loss (Ye et al. 2020, "Mastering Complex
+    Control in MOBA Games with Deep Reinforcement Learning", arXiv:1912.09729), detached; 0 where A ≥ 0."""
+    return advantages.detach().clamp(max=0.0) * -dual_clip
+
+
 def ppo_clip_loss(
     logp: Tensor, ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float, dual_clip: float | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -75,16 +94,12 @@ def ppo_clip_loss(
     boolean tensors, no ``torch.where``): on CPU these are the slow kernels."""
     ratio = ratio.detach()
     negative = -advantages.detach()
-    unclipped = negative * ratio
-    low = 1.0 - eps_low if math.isfinite(eps_low) else None
-    high = 1.0 + eps_high if math.isfinite(eps_high) else None
-    if low is None and high is None:
+    if math.isinf(eps_low) and math.isinf(eps_high):
+        unclipped = negative * ratio
         return straight_through(unclipped, logp, negative, ratio), torch.ones_like(unclipped)
-    clipped_ratio = ratio.clamp(min=low, max=high)
-    surrogate = negative * clipped_ratio
-    value = torch.maximum(unclipped, surrogate)
+    unclipped, clipped_ratio, surrogate, value = clipped_surrogate(ratio, negative, eps_low, eps_high)
     if dual_clip is not None:  # cap −A·c on A < 0; A ≥ 0 gets 0, above its ℓ = −A·min(r, 1+ε_high) ≤ 0
-        value = torch.minimum(value, advantages.detach().clamp(max=0.0) * -dual_clip)
+        value = torch.minimum(value, dual_clip_cap(advantages, dual_clip))
     kept = stats.indicator(torch.eq, value, unclipped)
     # autograd's max splits a tie −A·r = −A·clip(r) in halves, and the clip passes none of its half when r lies
     # outside [1−ε_low, 1+ε_high] (the products can tie within rounding): half the gradient there, as autograd

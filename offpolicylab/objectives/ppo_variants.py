@@ -7,7 +7,6 @@ Shared notation: r = exp(logp − behavior_logp), A = advantage, sg = stop-gradi
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -16,12 +15,12 @@ from torch import Tensor
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
-from offpolicylab.objectives.policy_gradient import ppo_clip_loss, straight_through
-
-
-def _bounds(eps_low: float, eps_high: float) -> tuple[float | None, float | None]:
-    """The ratio bounds 1 − ε_low and 1 + ε_high, None for an infinite ε (no bound on that side)."""
-    return (1.0 - eps_low if math.isfinite(eps_low) else None, 1.0 + eps_high if math.isfinite(eps_high) else None)
+from offpolicylab.objectives.policy_gradient import (
+    clipped_surrogate,
+    dual_clip_cap,
+    ppo_clip_loss,
+    straight_through,
+)
 
 
 @register("gppo")
@@ -55,14 +54,11 @@ class GPPO(Objective):
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         ratio = batch.ratio()
         negative = -batch.advantages.detach()
-        low, high = _bounds(self.eps_low, self.eps_high)
-        bounded = ratio if low is None and high is None else ratio.clamp(min=low, max=high)
-        unclipped = negative * ratio
-        value = torch.maximum(unclipped, negative * bounded)
+        unclipped, bounded, _, value = clipped_surrogate(ratio, negative, self.eps_low, self.eps_high)
         kept = stats.indicator(torch.eq, value, unclipped)  # the unclipped term set the value
         slope = torch.where(kept > 0, ratio, bounded)  # ∂(value / −A)/∂log π: r, or the bound that was hit
         if self.dual_clip is not None:  # −A·c caps the A < 0 branch; a capped token's value is a constant
-            cap = batch.advantages.detach().clamp(max=0.0) * -self.dual_clip
+            cap = dual_clip_cap(batch.advantages, self.dual_clip)
             capped = stats.indicator(torch.lt, cap, value)
             value = torch.minimum(value, cap)
             slope = torch.where(capped > 0, 0.0, slope)

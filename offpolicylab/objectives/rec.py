@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.diagnostics import stats
+from offpolicylab.formulas import clip_bounds
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
 
@@ -37,8 +38,9 @@ def rec_keep_mask(
     """
     positive = advantages >= 0
     negative = advantages <= 0
-    below_high = ratio <= 1.0 + eps_high
-    above_low = ratio >= 1.0 - eps_low
+    low, high = clip_bounds(eps_low, eps_high)
+    below_high = ratio <= high
+    above_low = ratio >= low
     if mask == "one_side":
         return (positive & below_high) | (negative & above_low)
     inside = above_low & below_high

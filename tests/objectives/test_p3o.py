@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from offpolicylab.objectives import TokenBatch, get_objective
 from offpolicylab.formulas import k3
+from offpolicylab.objectives import TokenBatch, get_objective
 from tests.objectives._golden import log_ratio_batch
 
 make_batch = partial(log_ratio_batch, behavior=-1.2)
