@@ -58,8 +58,10 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     arXiv:2507.18071); clamp clips the weights of out-of-bounds sequences.  Truncation after TIS (Yao et al. 2025),
     masking after MIS (Liu, Li et al. 2025, "When speed kills stability").
 
-    Masking edits AReaL's ``loss_mask`` (a dropped token leaves the denominator), and the weight is zeroed there.
-    Source: ``areal/utils/functional/functional.py`` (``apply_rejection_sampling``).
+    Masking edits AReaL's ``loss_mask`` and zeroes the weight there, but ``ppo_actor_loss_fn`` counts the mask
+    *before* rejection (``loss_mask_count``, "without this, mask mode would inflate per-token gradients by
+    N_original / N_kept"): a dropped token stays in the denominator.  Source: ``areal/utils/functional/functional.py``
+    (``apply_rejection_sampling``, ``ppo_actor_loss_fn``).
     """
     logp, sampler_logp = zero_padding(logp, mask), zero_padding(sampler_logp, mask)
     valid = mask.bool()
@@ -105,5 +107,4 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     return finish(weights, keep, logp, mask)
 
 
-ENGINE = Engine("areal", PARAMS, correct, "areal/utils/functional/functional.py", check=_check,
-                edits_mask=True)
+ENGINE = Engine("areal", PARAMS, correct, "areal/utils/functional/functional.py", check=_check)

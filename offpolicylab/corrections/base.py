@@ -33,9 +33,10 @@ class Engine:
     fn: CorrectionFn
     source: str
     aliases: dict[str, str] = field(default_factory=dict)
-    #: The engine rejects by editing its loss mask, so a rejected token also leaves the loss's denominator
-    #: (verl, SkyRL, AReaL); otherwise it multiplies the loss by 0 and the denominator keeps the token.
-    edits_mask: bool = False
+    #: The engine's loss denominator counts only the tokens its rejection kept (verl: the rejection replaces the
+    #: ``response_mask`` that ``agg_loss`` divides by); otherwise (TRL, OpenRLHF, slime, SkyRL, AReaL) a rejected
+    #: token's loss is 0 and the denominator is taken before the rejection, so the token stays in it.
+    denominator_after_rejection: bool = False
     #: Cross-parameter check on the resolved values; raises ``ValueError`` as the engine does.
     check: Callable[[dict[str, Any]], None] | None = None
 

@@ -61,7 +61,10 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     brings you off-policy RL training"); sequence mask on exp(Σ m' log ρ / max(Σ m', 1)) ∈ [geo_low, geo_high]
     (geometric RS, Liu, Li et al. 2025, "When speed kills stability") or exp(Σ m' log ρ) ∈ [prod_low, prod_high].
 
-    Masks edit SkyRL's ``loss_mask`` (a dropped token leaves the denominator).  Source:
+    Masks edit SkyRL's ``loss_mask``, which zeroes the dropped token's loss in ``ppo_utils.reduce_loss``
+    (Σ loss · loss_mask); the denominator is not that mask: the trainer divides the advantages beforehand by the
+    mini-batch's original ``loss_mask`` (``ppo_utils.apply_loss_reduction_to_advantages_minibatch``: token_mean
+    ÷ Σ loss_mask, sequence_mean ÷ B·Σ_t loss_mask), so a dropped token stays in the denominator.  Source:
     ``skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py`` (``compute_off_policy_correction``).
     """
     logp, sampler_logp = zero_padding(logp, mask), zero_padding(sampler_logp, mask)
@@ -98,4 +101,4 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
 
 
 ENGINE = Engine("skyrl", PARAMS, correct, "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py",
-                check=_check, edits_mask=True)
+                check=_check)

@@ -213,9 +213,10 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
     w·1[l ≤ w ≤ u] instead (IcePop, Ling Team 2025, arXiv:2510.18855); RS: reject tokens / sequences whose k1 / k2
     / k3 statistic leaves its bounds (MIS and geometric RS, Liu, Li et al. 2025, "When speed kills stability").
 
-    Rejection edits verl's ``response_mask``, so a rejected token also leaves the loss denominator; the IS
-    weights are not zeroed there (``weights · keep`` is the factor applied).  Source:
-    ``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_rollout_correction_and_rejection_mask``).
+    Rejection edits verl's ``response_mask`` (``compute_rollout_correction_and_add_to_batch`` stores the
+    rejected mask as the batch's ``response_mask``), and ``core_algos.agg_loss`` divides by that mask, so a rejected
+    token also leaves the loss denominator; the IS weights are not zeroed there (``weights · keep`` is the factor
+    applied).  Source: ``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_rollout_correction_and_rejection_mask``).
     """
     logp, sampler_logp = zero_padding(logp, mask), zero_padding(sampler_logp, mask)
     log_ratio = logp - sampler_logp
@@ -229,4 +230,4 @@ def correct(logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, advantages: Ten
 
 
 ENGINE = Engine("verl", PARAMS, correct, "verl/trainer/ppo/rollout_corr_helper.py", check=_check,
-                edits_mask=True)
+                denominator_after_rejection=True)

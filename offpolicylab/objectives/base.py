@@ -205,14 +205,15 @@ def corrected(correction: Correction, batch: TokenBatch, per_token: Tensor,
               token_mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """ℓ_t · w_t · keep_t with (w, keep) = the engine's correction of log π_b − log π_sampler (``behavior_logp`` vs
     ``sampler_logp``; the current policy and the advantages for the corrections that read them), the token mask
-    ∧ keep, the mask the loss is aggregated over (∧ keep for the engines whose rejection edits their loss mask —
-    verl, SkyRL, AReaL —, the batch mask for those that zero the loss instead — TRL, OpenRLHF, slime) and the
+    ∧ keep, the mask the loss is aggregated over (∧ keep for verl, whose loss denominator counts only the tokens its
+    rejection kept; the batch mask for TRL, OpenRLHF, slime, SkyRL and AReaL, which zero a rejected token's loss and
+    keep it in the denominator: :attr:`~offpolicylab.corrections.base.Engine.denominator_after_rejection`) and the
     factor w · keep.  With ``behavior_logp`` = ``sampler_logp`` (``behavior_logp: sampler``) log r ≡ 0 and every
     engine's factor is 1: the correction does nothing."""
     assert batch.sampler_logp is not None
     weights, keep = correction(batch.behavior_logp, batch.sampler_logp, batch.mask, advantages=batch.advantages,
                                current_logp=batch.logp.detach())
-    loss_mask = batch.mask * keep if ENGINES[correction.engine].edits_mask else batch.mask
+    loss_mask = batch.mask * keep if ENGINES[correction.engine].denominator_after_rejection else batch.mask
     factor = weights * keep
     return per_token * factor, token_mask * keep, loss_mask, factor
 

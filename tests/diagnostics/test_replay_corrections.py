@@ -38,7 +38,7 @@ def recorded(path: Path, seeds: list[int]) -> Path:
     return path
 
 
-def by_hand(path: Path, edits_mask: bool) -> dict[str, float]:
+def by_hand(path: Path, after_rejection: bool) -> dict[str, float]:
     """Token-mask at [0.5, 2] on log r = batch_sampler_log_ratio: factor e^s·1[in]; REINFORCE token-mean gradient
     A·factor/n with n the valid tokens (TRL) or the kept ones (verl)."""
     factors, dropped, seq_all, g_sq, g0_sq = [], [], [], 0.0, 0.0
@@ -51,7 +51,7 @@ def by_hand(path: Path, edits_mask: bool) -> dict[str, float]:
         factor = np.where(inside, np.exp(s), 0.0)
         n, kept = mask.sum(), inside.sum()
         g0_sq += np.sum((adv * mask / n) ** 2)
-        g_sq += np.sum((adv * factor / (kept if edits_mask else n)) ** 2)
+        g_sq += np.sum((adv * factor / (kept if after_rejection else n)) ** 2)
         factors.append(factor[mask])
         dropped.append(~inside[mask])
         seq_all.append((~inside | ~mask).all(axis=1))
