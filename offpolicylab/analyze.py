@@ -221,7 +221,8 @@ def draw(analysis: Analysis, name: str, path: Path) -> Path:
         ax.plot(steps, [analysis.metrics[metric][s] for s in steps], color="#0072B2", lw=1.2, label="logged",
                 marker="." if len(steps) < 40 else None)
         ax.set_ylabel(metric)
-        ax.set_title(f"{metric}  ← {analysis.sources[metric]}", fontsize=9, loc="left")
+        source = analysis.sources[metric]
+        ax.set_title(metric if source == metric else f"{metric} (logged as {source})", fontsize=9, loc="left")
         if metric == REWARD:
             ax.plot(trace.steps, trace.smoothed, color="#009E73", lw=1.5, label="smoothed (detector)")
             ax.plot(trace.steps, trace.peak, color="#999999", lw=1.0, ls="--", label="running peak")
@@ -235,9 +236,9 @@ def draw(analysis: Analysis, name: str, path: Path) -> Path:
             ax.axvline(step, color="#CC79A7", lw=1.2, ls=":", label="collapse warning" if i == 0 else None)
         if metric == REWARD or len(ax.get_legend_handles_labels()[0]) > 1:  # the marker lines say what they are
             ax.legend(fontsize=8, loc="best")
-    axes[-1, 0].set_xlabel("step")
+    axes[-1, 0].set_xlabel("update (the log's training step)")
     status = analysis.summary["status"]
-    where = f" at step {trace.collapse_step}" if trace.collapse_step is not None else ""
+    where = f" at update {trace.collapse_step}" if trace.collapse_step is not None else ""
     fig.suptitle(f"{analysis.log.path.name} ({analysis.log.format}): {status}{where}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -108,11 +108,59 @@ def staleness_sort_key(label: str) -> tuple[int, float, str]:
     return (1, float(numbers[0]) if numbers else math.inf, label)
 
 
+#: Axes and config fields a legend label leaves out: a figure's columns (schedule), the seeds a line averages over,
+#: and the fields that change where numbers go, not the numbers.
+UNLABELLED = ("seed", "schedule", "objective", "objective_params", "report_to", "imports", "fsync",
+              "checkpoint_every", "sample_every", "metrics_every")
+
+
 def labelled(runs: list[RunRecord]) -> list[RunRecord]:
-    """Give each run without a legend label its sweep cell's objective label, else :func:`run_label`."""
+    """Give each run without a legend label one that tells apart every configuration shown: its sweep cell's
+    objective label (else :func:`run_label`), then its other sweep axes' labels, or for runs from outside a sweep
+    the config fields in which the runs differ (``lr=0.01``) — seeds and schedules aside (:data:`UNLABELLED`), which
+    the figures show as bands and columns.  Runs of one label are averaged as seeds, so no two configurations may
+    share one."""
+    differing = _differing_fields([run.config for run in runs if not run.labels])
     for run in runs:
-        run.label = run.label or run.labels.get("objective") or run_label(run.config)
+        if run.label:
+            continue
+        base = run.labels.get("objective") or run_label(run.config)
+        if run.labels:
+            extra = [f"{axis}={value}" for axis, value in run.labels.items() if axis not in UNLABELLED]
+        else:
+            flat = _flat(run.config)
+            extra = [f"{key}={_short(flat[key]) if key in flat else 'default'}" for key in sorted(differing)]
+        run.label = ", ".join([base, *extra])
     return runs
+
+
+def _flat(config: dict[str, Any]) -> dict[str, Any]:
+    """A config's fields, mapping-valued ones as ``field.key`` (``world_params.family``), without
+    :data:`UNLABELLED` and anything that is no config field (``environment``)."""
+    from offpolicylab.config import config_params
+
+    out: dict[str, Any] = {}
+    for key, param in config_params().items():
+        if key in UNLABELLED:
+            continue
+        value = config.get(key, param.default)  # a field a config lacks (an earlier version's) has its default
+        if isinstance(value, dict):
+            out.update({f"{key}.{sub}": item for sub, item in sorted(value.items())})
+        else:
+            out[key] = value
+    return out
+
+
+def _differing_fields(configs: list[dict[str, Any]]) -> set[str]:
+    """The :func:`_flat` fields whose values are not the same in every config (missing counts as a value)."""
+    flats = [_flat(config) for config in configs]
+    keys = {key for flat in flats for key in flat}
+    return {key for key in keys if len({repr(flat.get(key)) for flat in flats}) > 1}
+
+
+def run_order(run: RunRecord) -> tuple[Any, ...]:
+    """Rows and lines in a stable, numeric order: label, then schedule (:func:`staleness_sort_key`), then seed."""
+    return (run.label, staleness_sort_key(run.schedule), run.seed, str(run.path))
 
 
 def load_run(run_dir: str | Path) -> RunRecord:
@@ -209,6 +257,7 @@ def sample_frame(runs: Sequence[RunRecord], max_files: int | None = None) -> pd.
                     frame[key] = data[key].ravel()
             frame["update"] = sample_update(path)
             frame["label"], frame["objective"], frame["staleness"] = run.label, run.objective, run.schedule
+            frame["run"] = str(run.path)
             frames.append(frame)
     if not frames:
         raise FigureSkipped("no run has samples/*.npz with log_ratio and advantage arrays")
@@ -295,6 +344,9 @@ _AXIS_LABELS = {
 }
 
 
+COLLAPSE_LABEL = "collapse detected"
+
+
 def training_curves(runs: Sequence[RunRecord], metrics: Sequence[str] | None = None) -> Figure:
     """Reward (and exact return where known) against update, one column per staleness schedule, colour per
     objective; a collapse event is marked with an × at the update it was detected.  The reward is the run's one
@@ -311,20 +363,35 @@ def training_curves(runs: Sequence[RunRecord], metrics: Sequence[str] | None = N
                 before = series[series.index <= update]
                 if not before.empty:
                     ax.scatter([update], [before.iloc[-1]], marker="X", s=70, zorder=5, color="black",
-                               label="collapse detected")
+                               label=COLLAPSE_LABEL)
 
-    return _metric_panels(runs, metrics, "Training curves by staleness schedule (× = collapse)", row_height=2.8,
-                          decorate=mark_collapses)
+    collapsed = any(run.collapse_updates() for run in runs)
+    title = "Training curves by staleness schedule" + (" (× = collapse detected)" if collapsed else "")
+    return _metric_panels(runs, metrics, title, row_height=2.8, decorate=mark_collapses)
 
 
-def ratio_histograms(runs: Sequence[RunRecord], snapshots: int = 4, max_runs: int = 6) -> Figure:
+def shown_runs(runs: Sequence[RunRecord], max_runs: int | None, figure: str) -> tuple[list[RunRecord], list[str]]:
+    """(the runs a one-row-per-run figure draws, the notes naming those it leaves out): every run in
+    :func:`run_order` unless ``max_runs`` (then the first ``max_runs``, and a note saying which were left out and
+    how to include them)."""
+    ordered = sorted(runs, key=run_order)
+    if max_runs is None or len(ordered) <= max_runs:
+        return ordered, []
+    left = ordered[max_runs:]
+    names = ", ".join(run.path.name for run in left)
+    return ordered[:max_runs], [f"{figure}: showing {max_runs} of {len(ordered)} runs (--max-runs {max_runs}); "
+                                f"left out: {names} (omit --max-runs to show every run)"]
+
+
+def ratio_histograms(runs: Sequence[RunRecord], snapshots: int = 4, max_runs: int | None = None) -> Figure:
     """Histograms of log r = log π_θ − log π_b at a few updates across training, split by advantage sign
-    (one row per run, one column per snapshot); counts on a log scale."""
-    frame = sample_frame(runs, max_files=snapshots)
-    labels = list(dict.fromkeys(f"{lab} | {st}" for lab, st in zip(frame["label"], frame["staleness"], strict=True)))
-    labels = labels[:max_runs]
-    frame = frame.assign(row=frame["label"] + " | " + frame["staleness"])
-    frame = frame[frame["row"].isin(labels)]
+    (one row per run, in :func:`run_order`; one column per snapshot); counts on a log scale.  Every run that has
+    sample files is drawn, or the first ``max_runs`` with a note naming the others (``fig.offpolicylab_notes``)."""
+    chosen, notes = shown_runs([run for run in runs if run.sample_files], max_runs, "ratio_histograms")
+    frame = sample_frame(chosen, max_files=snapshots)
+    frame = frame.assign(row=frame["run"])
+    labels = list(dict.fromkeys(frame["row"]))
+    titles = {str(run.path): f"{run.label} | {run.schedule} | seed {run.seed}" for run in chosen}
     width = max(frame.groupby("row")["update"].nunique())
     frame = frame.assign(sign=np.where(frame["advantage"] > 0, "A > 0", np.where(frame["advantage"] < 0,
                                                                                   "A < 0", "A = 0")))
@@ -341,7 +408,7 @@ def ratio_histograms(runs: Sequence[RunRecord], snapshots: int = 4, max_runs: in
             for sign, group in sub[sub["update"] == update].groupby("sign"):
                 ax.hist(np.clip(group["log_ratio"], -span, span), bins=bins, color=SIGN_COLORS[sign], alpha=0.55,
                         label=sign, log=True)
-            ax.set_title(f"{row}\nupdate {update}", fontsize="small")
+            ax.set_title(f"{titles[row]}\nupdate {update}", fontsize="small")
             ax.axvline(0.0, color="grey", lw=0.8)
             if i == len(labels) - 1:
                 ax.set_xlabel("log r (nats)")
@@ -352,6 +419,7 @@ def ratio_histograms(runs: Sequence[RunRecord], snapshots: int = 4, max_runs: in
     fig.suptitle("Importance-ratio histograms by advantage sign over training", y=1.01)
     _legend(fig, axes)
     fig.tight_layout()
+    fig.offpolicylab_notes = notes
     return fig
 
 
@@ -547,15 +615,20 @@ def raw_log_ratio_tables(runs: Sequence[RunRecord]) -> tuple[pd.DataFrame, pd.Da
     return pd.DataFrame(counts), pd.DataFrame(health)
 
 
-def raw_log_ratios(runs: Sequence[RunRecord], max_runs: int = 6) -> Figure:
+def raw_log_ratios(runs: Sequence[RunRecord], max_runs: int | None = None) -> Figure:
     """The raw log-ratio distribution of each run's recorded batches before any truncation or mask (trainer vs
     sampler beside current vs behaviour, all recorded updates, lags, terciles and signs pooled), with the engines'
     default ratio bounds marked and verl's health numbers (IS mean in [0.5, 2], ESS ≥ 0.3, χ²_token ≤ 1) written
-    per panel; the tables behind it (:func:`raw_log_ratio_tables`) are written beside it as CSV files."""
+    per panel; the tables behind it (:func:`raw_log_ratio_tables`) are written beside it as CSV files.  One panel
+    per run in :func:`run_order`, every run, or the first ``max_runs`` with a note naming the others (the CSV
+    tables always hold every run)."""
     from offpolicylab import recorded
 
-    counts, health = raw_log_ratio_tables(runs)
-    names = list(dict.fromkeys(counts["run"]))[:max_runs]
+    counts, health = raw_log_ratio_tables(sorted(runs, key=run_order))
+    by_name = {run.path.name: run for run in runs}
+    chosen, notes = shown_runs([by_name[name] for name in dict.fromkeys(counts["run"])], max_runs,
+                               "raw_log_ratios")
+    names = [run.path.name for run in chosen]
     _setup()
     fig, axes = plt.subplots(len(names), 1, figsize=(8.0, 3.6 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
@@ -568,6 +641,7 @@ def raw_log_ratios(runs: Sequence[RunRecord], max_runs: int = 6) -> Figure:
                  "default ratio bounds; verl's health ranges: IS mean in [0.5, 2], ESS ≥ 0.3, χ² ≤ 1)", y=1.0)
     fig.tight_layout()
     fig.offpolicylab_tables = {RAW_COUNTS_CSV: counts, RAW_HEALTH_CSV: health}
+    fig.offpolicylab_notes = notes
     return fig
 
 
@@ -591,11 +665,16 @@ FIGURES: dict[str, Callable[[Sequence[RunRecord]], Figure]] = {
 }
 
 
+#: The figures with one row per run, which ``max_runs`` (``--max-runs``) may limit.
+PER_RUN_FIGURES = ("ratio_histograms", "raw_log_ratios")
+
+
 def plot_runs(paths: Iterable[str | Path], out_dir: str | Path | OutputWriter, figures: Sequence[str] | None = None,
-              dpi: int = 110, log: Callable[[str], None] = print) -> dict[str, Path]:
+              dpi: int = 110, log: Callable[[str], None] = print, max_runs: int | None = None) -> dict[str, Path]:
     """Write every applicable figure for the runs under ``paths`` into ``out_dir`` as PNG; returns name -> path.
-    A figure whose data the runs lack is skipped with a one-line message through ``log``.  ``raw_log_ratios`` also
-    writes the tables behind it (:data:`TABLE_FILES`)."""
+    A figure whose data the runs lack is skipped with a one-line message through ``log``; every figure draws every
+    run, except that ``max_runs`` limits the :data:`PER_RUN_FIGURES` to that many rows, and a line through
+    ``log`` names the runs left out.  ``raw_log_ratios`` also writes the tables behind it (:data:`TABLE_FILES`)."""
     names = list(FIGURES) if figures is None else list(figures)
     unknown = [n for n in names if n not in FIGURES]
     if unknown:
@@ -610,10 +689,12 @@ def plot_runs(paths: Iterable[str | Path], out_dir: str | Path | OutputWriter, f
     with target.staging() as out:  # written whole, swapped in at the end: no torn or stale figure stays
         for name in names:
             try:
-                fig = FIGURES[name](runs)
+                fig = FIGURES[name](runs, max_runs=max_runs) if name in PER_RUN_FIGURES else FIGURES[name](runs)
             except FigureSkipped as reason:
                 log(f"skipped {name}: {reason}")
                 continue
+            for note in getattr(fig, "offpolicylab_notes", []):
+                log(note)
             fig.savefig(out / f"{name}.png", dpi=dpi, bbox_inches="tight")
             plt.close(fig)
             written[name] = target.final(out / f"{name}.png")
@@ -637,6 +718,9 @@ def add_plot_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("dirs", nargs="+", help="run directories, or folders containing run directories")
     parser.add_argument("--out", required=True, help="folder to write the PNG figures into")
     parser.add_argument("--figures", nargs="+", default=None, choices=list(FIGURES), help="only these figures")
+    parser.add_argument("--max-runs", type=int, default=None, metavar="N",
+                        help="draw at most N runs in the one-row-per-run figures (ratio_histograms, raw_log_ratios; "
+                             "default: every run); a line names the runs left out")
     parser.add_argument("--dpi", type=int, default=110,
                         help=f"PNG resolution in dots per inch ({DPI_RANGE[0]} to {DPI_RANGE[1]}; default 110)")
     return parser
@@ -653,8 +737,11 @@ def run_plot_command(args: argparse.Namespace) -> int:
         if not DPI_RANGE[0] <= args.dpi <= DPI_RANGE[1]:
             raise ValueError(f"--dpi {args.dpi} is out of range; valid: an integer in [{DPI_RANGE[0]}, "
                              f"{DPI_RANGE[1]}]")
+        if args.max_runs is not None and args.max_runs < 1:
+            raise ValueError(f"--max-runs {args.max_runs} is out of range; valid: an integer >= 1 (omit it for "
+                             "every run)")
         target = writer(args.out)
-        written = plot_runs(args.dirs, target, args.figures, dpi=args.dpi)
+        written = plot_runs(args.dirs, target, args.figures, dpi=args.dpi, max_runs=args.max_runs)
     except ValueError as error:
         print(f"offpolicylab plot: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

@@ -204,7 +204,8 @@ def raw_health(log_ratio: np.ndarray) -> dict[str, float]:
 
 
 def health_flags(row: dict[str, float]) -> str:
-    """"ok" or what of :func:`raw_health`'s numbers lies outside verl's documented health ranges."""
+    """"ok" or what of :func:`raw_health`'s numbers lies outside verl's documented health ranges; a negative
+    χ²_token = E[ρ²] − 1 (possible on a sample whose IS mean is below 1, while χ² itself is ≥ 0) is named too."""
     problems = []
     if not VERL_IS_MEAN[0] <= row["is_mean"] <= VERL_IS_MEAN[1]:
         problems.append(f"IS mean {row['is_mean']:.3g}")
@@ -212,6 +213,8 @@ def health_flags(row: dict[str, float]) -> str:
         problems.append(f"ESS {row['ess']:.3g}")
     if not row["chi2"] <= VERL_MAX_CHI2:
         problems.append(f"chi2 {row['chi2']:.3g}")
+    elif row["chi2"] < 0:  # χ² ≥ 0 for any two distributions: a negative estimate reads nothing about health
+        problems.append(f"chi2 {row['chi2']:.3g} < 0, E[ρ²] < 1: an estimate below the bound, not a health reading")
     return "ok" if not problems else "; ".join(problems)
 
 

@@ -99,3 +99,14 @@ def test_runs_without_recorded_batches_skip_the_figure(tmp_path: Path) -> None:
     run = write_run(tmp_path, "bare", {"objective": "grpo", "seed": 0}, {"update": [0, 1], "reward_mean": [0.1, 0.2]})
     with pytest.raises(plots.FigureSkipped, match="sample_every"):
         plots.raw_log_ratios(plots.load_runs([run]))
+
+
+def test_a_negative_chi2_is_not_read_as_healthy() -> None:
+    from offpolicylab import recorded
+
+    # every token at log r = -0.1: ρ = e^-0.1 = 0.904837, χ²_token = ρ² − 1 = e^-0.2 − 1 = -0.181269
+    row = recorded.raw_health(np.full(8, -0.1))
+    assert row["chi2"] == pytest.approx(np.exp(-0.2) - 1.0)
+    flags = recorded.health_flags(row)
+    assert flags != "ok" and "chi2 -0.181 < 0" in flags
+    assert recorded.health_flags(recorded.raw_health(np.array([0.1, -0.1]))) == "ok"  # χ² = cosh(0.2) − 1 > 0
