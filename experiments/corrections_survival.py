@@ -34,7 +34,13 @@ import pandas as pd
 FALL = 0.05
 METRICS = ("corr_ess", "corr_drop_frac", "corr_seq_drop_frac", "corr_trunc_frac", "corr_weight_mean", "clip_frac",
            "sampler_log_ratio_abs_mean", "grad_norm", "entropy")
-ARMS = ("none_trainer", "none_sampler", "verl", "trl", "openrlhf", "slime", "skyrl", "areal")
+#: Each engine's arm is its correction as recommended when enabled (docs/corrections.md, "Default run vs recommended
+#: setting"): only TRL's default run applies it too; a default run of the others corrects nothing.
+ENGINES = ("verl", "trl", "openrlhf", "slime", "skyrl", "areal")
+ARMS = ("none_trainer", "none_sampler", *(f"{engine}_recommended" for engine in ENGINES), "skyrl_kept_denominator")
+#: The arms' labels in run directories written before the rename (plain engine names) → their labels now.  The old
+#: ``skyrl`` runs divided the loss by the kept tokens only (verl's denominator, not SkyRL's): ``skyrl_kept_denominator``.
+RENAMED = {engine: f"{engine}_recommended" for engine in ENGINES} | {"skyrl": "skyrl_kept_denominator"}
 SETTINGS = ("fp32-s0", "bf16-s0", "fp8_e4m3-s0", "fp8_e4m3-s16")
 
 
@@ -50,7 +56,8 @@ def cells(folders: list[str]) -> pd.DataFrame:
             metrics = pd.read_csv(run / "metrics.csv")
             evals = metrics[["update", "eval_reward_sampled"]].dropna()
             status = json.loads(summary.read_text()).get("status", "?")
-            row = {"setting": labels["setting"], "arm": labels["correction"], "seed": int(labels["seed"]),
+            arm = RENAMED.get(labels["correction"], labels["correction"])
+            row = {"setting": labels["setting"], "arm": arm, "seed": int(labels["seed"]),
                    "status": status, "updates": int(metrics["update"].max()) + 1,
                    "J0": float(evals["eval_reward_sampled"].iloc[0]),
                    "peak": float(evals["eval_reward_sampled"].max()),
@@ -117,8 +124,8 @@ def markdown(summary: pd.DataFrame) -> str:
 
 #: (setting, arm, arm it is predicted to train like) — prediction p1: the token TIS defaults everywhere, the
 #: sequence weights and SkyRL's mask at bf16 (where no response ratio reaches a bound).
-PAIRS = ([(s, a, "slime") for s in SETTINGS for a in ("openrlhf", "areal")]
-         + [("bf16-s0", "trl", "verl"), ("bf16-s0", "skyrl", "none_trainer")])
+PAIRS = ([(s, f"{a}_recommended", "slime_recommended") for s in SETTINGS for a in ("openrlhf", "areal")]
+         + [("bf16-s0", "trl_recommended", "verl_recommended"), ("bf16-s0", "skyrl_recommended", "none_trainer")])
 
 
 def identity(frame: pd.DataFrame) -> list[str]:

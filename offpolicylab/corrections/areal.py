@@ -2,7 +2,9 @@
 
 Source: ``areal/utils/functional/functional.py`` (``apply_rejection_sampling``, ``_check_bounds``),
 ``areal/utils/data.py`` (``KLEstimator._compute_approx_kl``), options and their checks in ``areal/api/cli_args.py``
-(``RejectionSamplingConfig``).  AReaL is not installed here: the values in ``tests/corrections/test_by_hand.py``
+(``RejectionSamplingConfig``).  A *default run* of AReaL applies no correction (``actor.rejection_sampling: None``); the
+parameter defaults here are ``RejectionSamplingConfig``'s, its *recommended* setting when enabled: token-level mask
+of ratios above 5.0.  AReaL is not installed here: the values in ``tests/corrections/test_by_hand.py``
 are worked out by hand from this source.
 """
 

@@ -6,6 +6,12 @@ Efficient RL Framework Secretly Brings You Off-Policy RL Training"), options in 
 ``--algo.advantage.is_correction_type tis|icepop|seq-mask-tis``; older releases: ``--enable_vllm_is_correction``,
 ``--vllm_is_truncated_threshold``, ``--vllm_is_correction_type``).  OpenRLHF is not installed here: the values in
 ``tests/corrections/test_by_hand.py`` are worked out by hand from this source.
+
+A *default run* of OpenRLHF applies no correction (the CLI flag is off; 0.11.2: ``--algo.advantage.
+is_correction_level off``); ``enable_vllm_is_correction`` defaults to True here so that ``{engine: openrlhf}`` is the
+setting *recommended* when enabled: token TIS in [0.5, 5.0].  (OpenRLHF 0.11.2 renamed the options to
+``is_correction_level`` token / seq, ``is_correction_mode`` mask / clip and ``is_correction_gating``, and its mode
+defaults to ``mask``: there, switching the level on alone gives IcePop, ``icepop`` here.)
 """
 
 from __future__ import annotations

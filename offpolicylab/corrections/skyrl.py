@@ -3,7 +3,9 @@
 Source: ``skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py`` (``compute_off_policy_correction``,
 ``compute_tis_ratio``, ``compute_sequence_mask``, ``compute_outlier_token_mask``, ``compute_token_mask``),
 defaults in ``skyrl/train/config/config.py`` (``OffPolicyCorrectionConfig``), guide
-``docs/content/docs/algorithms/off_policy_correction.mdx``.  SkyRL is not installed here: the values in
+``docs/content/docs/algorithms/off_policy_correction.mdx``.  A *default run* of SkyRL applies no correction (every
+``OffPolicyCorrectionConfig`` field that switches one on is None, as here); the guide *recommends* the geometric
+sequence mask in [0.99, 1.01] (``sequence_mask_metric: geometric``) when enabling one.  SkyRL is not installed here: the values in
 ``tests/corrections/test_by_hand.py`` are worked out by hand from this source.
 """
 

@@ -2,7 +2,8 @@
 
 Source: ``slime/backends/megatron_utils/loss.py`` (``vanilla_tis_function``, ``icepop_function``,
 ``policy_loss_function``), ``slime/utils/ppo_utils.py`` (``compute_opsm_mask``), options in
-``slime/utils/arguments.py``.  slime is not installed here: the values in ``tests/corrections/test_by_hand.py`` are
+``slime/utils/arguments.py``.  A *default run* of slime applies no correction (``--use-tis`` off, as ``use_tis``
+here); its *recommended* setting when enabled is token TIS with ``--tis-clip 2.0``.  slime is not installed here: the values in ``tests/corrections/test_by_hand.py`` are
 worked out by hand from this source.
 """
 

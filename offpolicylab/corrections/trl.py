@@ -3,6 +3,11 @@
 Source: ``trl/trainer/grpo_trainer.py`` (``GRPOTrainer._generate_and_score_completions``, the block after "Compute
 the importance sampling ratio when using vLLM"; ``GRPOTrainer.get_off_policy_mask``), options in
 ``trl/trainer/grpo_config.py``; checked against the installed TRL in ``tests/corrections/test_trl_conformance.py``.
+
+TRL is the one engine whose *default run* corrects: ``vllm_importance_sampling_correction=True`` with
+``sequence_mask`` at ``vllm_importance_sampling_clip_max=3.0`` whenever it generates with vLLM (without vLLM there
+are no sampler log-probs and nothing to correct); the parameter defaults here are those, its default run and its
+*recommended* setting at once.
 """
 
 from __future__ import annotations

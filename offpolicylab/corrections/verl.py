@@ -5,6 +5,10 @@ Source: ``verl/trainer/ppo/rollout_corr_helper.py`` (``compute_rollout_correctio
 ``_parse_rollout_rs_thresholds``), defaults in ``verl/trainer/config/algorithm.py`` (``RolloutCorrectionConfig``),
 documentation ``docs/algo/rollout_corr.md``; checked against verl's own functions in
 ``tests/integrations/test_verl_corrections.py`` (CI's verl environment).
+
+A *default run* of verl applies no correction: its trainer config ships ``algorithm.rollout_correction.rollout_is:
+null`` and ``rollout_rs: null``.  The parameter defaults here are ``RolloutCorrectionConfig``'s dataclass defaults —
+sequence TIS at 2.0 (the ``decoupled_seq_is`` preset), verl's *recommended* setting when the correction is enabled.
 """
 
 from __future__ import annotations

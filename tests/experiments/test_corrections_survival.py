@@ -30,7 +30,7 @@ def write(root: Path, seed: int, arm: str, evals: list[float], drop: float, diff
     metrics = pd.DataFrame({"update": updates, "reward_mean": reward, "clip_frac": 0.01 * updates,
                             "eval_reward_sampled": [evals[0], np.nan, evals[1], np.nan, evals[2]],
                             "eval_reward_se": [0.02, np.nan, 0.02, np.nan, 0.015],
-                            "time_update_s": updates * 0.1 + (0.05 if arm == "skyrl" else 0.0)})
+                            "time_update_s": updates * 0.1 + (0.05 if arm.startswith("skyrl") else 0.0)})
     if arm != "none_trainer":
         metrics["corr_drop_frac"] = drop
         metrics["corr_ess"] = 1 - drop
@@ -39,8 +39,8 @@ def write(root: Path, seed: int, arm: str, evals: list[float], drop: float, diff
 
 
 def test_table(tmp_path: Path) -> None:
-    finals = {"none_trainer": [0.30, 0.25, 0.35], "skyrl": [0.20, 0.18, 0.10]}
-    peaks = {"none_trainer": 0.31, "skyrl": 0.26}
+    finals = {"none_trainer": [0.30, 0.25, 0.35], "skyrl_recommended": [0.20, 0.18, 0.10]}
+    peaks = {"none_trainer": 0.31, "skyrl_recommended": 0.26}
     for seed in range(3):
         for arm in finals:
             write(tmp_path, seed, arm, [0.2, peaks[arm], finals[arm][seed]], 0.5 + 0.01 * seed)
@@ -52,24 +52,34 @@ def test_table(tmp_path: Path) -> None:
         assert frame[frame["arm"] == arm].sort_values("seed")["peak"].tolist() == pytest.approx(
             [max(peaks[arm], f) for f in values])
     table = survival.table(frame).set_index("arm")
-    sky = np.array(finals["skyrl"])
+    sky = np.array(finals["skyrl_recommended"])
     diff = sky - np.array(finals["none_trainer"])
-    assert table.loc["skyrl", "final"] == pytest.approx(sky.mean())
-    assert table.loc["skyrl", "final_se"] == pytest.approx(sky.std(ddof=1) / math.sqrt(3))
-    assert table.loc["skyrl", "delta_final"] == pytest.approx(diff.mean())
-    assert table.loc["skyrl", "delta_se"] == pytest.approx(diff.std(ddof=1) / math.sqrt(3))
-    assert table.loc["skyrl", "corr_drop_frac"] == pytest.approx(0.51)
-    assert table.loc["skyrl", "fell"] == sum(0.26 - f > 0.05 for f in sky)
+    assert table.loc["skyrl_recommended", "final"] == pytest.approx(sky.mean())
+    assert table.loc["skyrl_recommended", "final_se"] == pytest.approx(sky.std(ddof=1) / math.sqrt(3))
+    assert table.loc["skyrl_recommended", "delta_final"] == pytest.approx(diff.mean())
+    assert table.loc["skyrl_recommended", "delta_se"] == pytest.approx(diff.std(ddof=1) / math.sqrt(3))
+    assert table.loc["skyrl_recommended", "corr_drop_frac"] == pytest.approx(0.51)
+    assert table.loc["skyrl_recommended", "fell"] == sum(0.26 - f > 0.05 for f in sky)
     assert math.isnan(table.loc["none_trainer", "delta_final"])
-    assert "| fp8_e4m3-s0 | skyrl | 3 |" in survival.markdown(survival.table(frame))
+    assert "| fp8_e4m3-s0 | skyrl_recommended | 3 |" in survival.markdown(survival.table(frame))
+
+
+def test_runs_written_before_the_rename_get_the_new_labels(tmp_path: Path) -> None:
+    """Run directories named with the plain engine names (before the arms said "recommended") are read under the
+    new labels; the old ``skyrl`` runs, which divided by the kept tokens only, as ``skyrl_kept_denominator``."""
+    for arm in ("verl", "skyrl", "none_trainer"):
+        write(tmp_path, 0, arm, [0.2, 0.3, 0.3], 0.1)
+    arms = sorted(survival.cells([str(tmp_path)])["arm"])
+    assert arms == ["none_trainer", "skyrl_kept_denominator", "verl_recommended"]
 
 
 def test_identity_finds_the_first_differing_update(tmp_path: Path) -> None:
     """SkyRL vs none at bf16 (a pair the design predicts to train alike): equal metrics but for the timings and
     the correction's own columns at seeds 0 and 2; reward_mean differs from update 3 at seed 1."""
     for seed in range(3):
-        for arm in ("none_trainer", "skyrl"):
-            write(tmp_path, seed, arm, [0.2, 0.3, 0.3], 0.0, differ_at=3 if seed == 1 and arm == "skyrl" else None,
+        for arm in ("none_trainer", "skyrl_recommended"):
+            write(tmp_path, seed, arm, [0.2, 0.3, 0.3], 0.0,
+                  differ_at=3 if seed == 1 and arm == "skyrl_recommended" else None,
                   setting="bf16-s0")
     lines = survival.identity(survival.cells([str(tmp_path)]))
     assert len(lines) == 3
