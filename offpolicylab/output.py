@@ -50,9 +50,11 @@ class OutputWriter:
                              "a folder path") from None
         for place in (self.folder, *self.folder.parents):
             if (place / "config.json").is_file() and (place / "metrics.csv").is_file():
-                inside = "" if place == self.folder else f" lies inside the run directory {place} and"
-                raise ValueError(f"--out {out}{inside} is a run directory {command} did not create; valid: a "
-                                 f"folder outside any run directory ({command} writes {what})")
+                if place == self.folder:
+                    raise ValueError(f"--out {out} is a run directory {command} did not create; valid: a folder "
+                                     f"outside any run directory ({command} writes {what})")
+                raise ValueError(f"--out {out} lies inside the run directory {place}; valid: a folder outside any "
+                                 f"run directory, e.g. beside it ({command} writes {what})")
         if self.folder.is_dir():
             foreign = sorted(p.name for p in self.folder.iterdir() if not self._owned(p.name))
             if foreign:
