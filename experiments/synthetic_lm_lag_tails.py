@@ -6,7 +6,7 @@ batch, so a minibatch is 0–3 updates stale) in the synthetic-LM world.
 on the side its advantage pushes, i.e. |log r| > log 1.2 = 0.182 (or > −log 0.8 = 0.223).  The M2PO paper (Zheng,
 Zhao, Chen 2025, arXiv:2510.01161, Fig. 6d) reports 0.05–0.07 % of the tokens clipped at s = 0.
 
-Runs ε = 0.2 GRPO at ``stages:4`` exactly as the trainer does (the trainer's own functions, one update at a time)
+Runs ε = 0.2 GRPO at ``stages:4`` with the trainer itself, observed at every update by a hook (:class:`LagTails`),
 and measures, besides the run's own ``clip_frac``:
 
 - **in-run**: the log-ratio of every consumed minibatch's tokens against its behaviour policy, by staleness 0–3;
@@ -46,8 +46,10 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,9 +63,7 @@ from offpolicylab.behavior import sample_rollout  # noqa: E402
 from offpolicylab.build import build  # noqa: E402
 from offpolicylab.config import TrainConfig, parse_assignments  # noqa: E402
 from offpolicylab.contracts import Rollout  # noqa: E402
-from offpolicylab.profiling import Stopwatch  # noqa: E402
-from offpolicylab.stack import Stack  # noqa: E402
-from offpolicylab.trainer import collect, train_update  # noqa: E402
+from offpolicylab.trainer import UpdateHook, train  # noqa: E402
 
 GROUPS = ("head", "embed", "body")
 
@@ -117,122 +117,159 @@ def measure(args: argparse.Namespace) -> dict:
                          updates=args.updates, lr=args.lr, seed=args.seed, eval_every=args.updates, sample_every=0,
                          checkpoint_every=args.updates, prompts_per_update=args.prompts_per_update,
                          group_size=args.group_size)
-    run = build(config)
-    eos = end_tokens(run.policy)
-    responses: list[np.ndarray] = []  # per stale response (staleness 1–3): tokens, Σ|log r|, tokens outside, truncated
-    stack = Stack.one(run)
-    watch = Stopwatch()
-    probe_gen = torch.Generator().manual_seed(10_000 + args.seed)
-    lags = sorted({1, 2, 3, *args.long_lags})
-    in_run: dict[int, list] = {k: [] for k in range(4)}
-    probe_lr: dict[int, list] = {k: [] for k in lags}
-    probe_p: dict[int, list] = {k: [] for k in lags}
-    probes: list[tuple] = []  # (birth, rollout, logp_old, mask, parameters at birth)
-    per_birth: list[dict] = []
-    groups: dict[str, list] = {g: [] for g in GROUPS}
-    full3: list = []
-    named = [(n, p) for n, p in run.policy.model.named_parameters() if p.requires_grad]
-    keys = getattr(run.world, "prompt_keys", None)
-    trained_keys: list[set[int]] = []
-    by_key: dict[str, dict[int, list]] = {"shared": {1: [], 2: [], 3: []}, "other": {1: [], 2: [], 3: []}}
-    own: list = []
-    clip, steps, lengths, ids = [], [], [], []
-    params = run.policy.trainable_parameters()
-    start = shown = time.perf_counter()
-    for update in range(args.updates):
-        fresh = collect(stack, update, watch)
-        rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
-        measured = update >= args.measure_from
-        if measured and args.probe_size and update % args.probe_every == 0:
+    tails = LagTails(args)
+    with tempfile.TemporaryDirectory() as folder:  # the loop's own run, observed (its run directory is temporary)
+        train(config, Path(folder) / "run", hooks=[tails])
+    return tails.result(world_params)
+
+
+class LagTails(UpdateHook):
+    """Observes the training run (:class:`~offpolicylab.trainer.UpdateHook`): before each update's step the probes
+    and the parameters, after it the in-run log-ratios, the probes' lags, Adam's step sizes and the parameter groups."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.world: Any = None  # the run's world, its prompt keys and its policy's end tokens: read at the first batch
+        self.keys: Tensor | None = None
+        self.eos: Tensor | None = None
+        self.responses: list[np.ndarray] = []  # per stale response (staleness 1–3): tokens, Σ|log r|, outside, cut
+        self.probe_gen = torch.Generator().manual_seed(10_000 + args.seed)
+        self.lags = sorted({1, 2, 3, *args.long_lags})
+        self.in_run: dict[int, list] = {k: [] for k in range(4)}
+        self.probe_lr: dict[int, list] = {k: [] for k in self.lags}
+        self.probe_p: dict[int, list] = {k: [] for k in self.lags}
+        self.probes: list[tuple] = []  # (birth, rollout, logp_old, mask, parameters at birth)
+        self.per_birth: list[dict] = []
+        self.groups: dict[str, list] = {g: [] for g in GROUPS}
+        self.full3: list = []
+        self.trained_keys: list[set[int]] = []
+        self.by_key: dict[str, dict[int, list]] = {"shared": {1: [], 2: [], 3: []}, "other": {1: [], 2: [], 3: []}}
+        self.own: list = []
+        self.clip, self.steps, self.lengths, self.ids = [], [], [], []
+        self.start = self.shown = 0.0  # the loop's clock, from its first update
+
+    def on_batch(self, update: int, stack: Any, rollouts: list[Rollout]) -> None:
+        args, policy = self.args, stack.policy
+        (self.rollout,) = rollouts  # the batch the update consumes
+        if self.world is None:
+            self.world, self.eos = stack.runs[0].world, end_tokens(policy)
+            self.keys = getattr(self.world, "prompt_keys", None)
+            self.start = self.shown = time.perf_counter()
+        if update >= args.measure_from and args.probe_size and update % args.probe_every == 0:
             with torch.no_grad():
-                prompts = run.world.sample_prompts(args.probe_size, probe_gen)
-                probe = sample_rollout(run.policy, prompts, 1, 1.0, probe_gen, run.config.behavior_logp)
-                logp_old, _ = run.policy.score(probe)
-            probes.append((update, probe, logp_old, probe.response_mask.bool(),
-                           [p.detach().clone() for _, p in named]))
-            per_birth.append({"birth": update})
-            lengths.append(float(probe.response_mask.sum(-1).float().mean()))
-        before = [p.detach().clone() for p in params]
-        (step,) = train_update(stack, update, fresh, watch)  # the trainer's own train phase
+                prompts = self.world.sample_prompts(args.probe_size, self.probe_gen)
+                probe = sample_rollout(policy, prompts, 1, 1.0, self.probe_gen, stack.config.behavior_logp)
+                logp_old, _ = policy.score(probe)
+            self.probes.append((update, probe, logp_old, probe.response_mask.bool(),
+                                [p.detach().clone() for _, p in named_parameters(policy)]))
+            self.per_birth.append({"birth": update})
+            self.lengths.append(float(probe.response_mask.sum(-1).float().mean()))
+        self.before = [p.detach().clone() for p in policy.trainable_parameters()]
+
+    def on_update(self, update: int, stack: Any, steps: list[Any], rows: list[dict[str, Any]]) -> None:
+        args, policy, rollout, keys = self.args, stack.policy, self.rollout, self.keys
+        (step,) = steps
         logp, output = step.batch.logp, step.output
+        measured = update >= args.measure_from
         with torch.no_grad():
             if keys is not None:
-                trained_keys.append({int(k) for k in keys[rollout.prompt_index].tolist()})
+                self.trained_keys.append({int(k) for k in keys[rollout.prompt_index].tolist()})
             if measured and args.rescore:
-                after, _ = run.policy.score(rollout)
-                own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
-            delta = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, before, strict=True)])
+                after, _ = policy.score(rollout)
+                self.own.append((after - logp.detach())[rollout.response_mask.bool()].numpy())
+            params = policy.trainable_parameters()
+            delta = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(params, self.before, strict=True)])
             ratio = (delta / args.lr).numpy()
-            steps.append((update, float(np.median(ratio)), float(np.quantile(ratio, 0.99)), float(ratio.max()),
-                          float(np.quantile(ratio, 0.999))))
-            clip.append(float(output.metrics["clip_frac"]))
+            self.steps.append((update, float(np.median(ratio)), float(np.quantile(ratio, 0.99)), float(ratio.max()),
+                               float(np.quantile(ratio, 0.999))))
+            self.clip.append(float(output.metrics["clip_frac"]))
             if measured:
                 mask = rollout.response_mask.bool()
-                ids.append(torch.unique(rollout.response_ids[mask]).numel())
+                self.ids.append(torch.unique(rollout.response_ids[mask]).numel())
                 staleness = int((update - rollout.version[0]).item())
                 log_ratio = logp.detach() - rollout.behavior_logp
-                in_run[staleness].append(np.stack([log_ratio[mask].numpy(), rollout.behavior_logp[mask].exp().numpy()]))
+                self.in_run[staleness].append(np.stack([log_ratio[mask].numpy(),
+                                                        rollout.behavior_logp[mask].exp().numpy()]))
                 if staleness:
-                    responses.append(per_response(log_ratio, rollout, eos))
-            for birth, probe, logp_old, pmask, old_params in probes:  # after `update`: birth's policy + lag
-                lag = update + 1 - birth
-                if lag in probe_lr:
-                    new, _ = run.policy.score(probe)
-                    x = (new - logp_old)[pmask].numpy()
-                    probe_lr[lag].append(x)
-                    probe_p[lag].append(logp_old[pmask].exp().numpy())
-                    if lag <= 3 and keys is not None:
-                        recent = set().union(*trained_keys[birth:update + 1])
-                        hit = torch.tensor([int(k) in recent for k in keys[probe.prompt_index].tolist()])
-                        shared = (hit[:, None] & pmask)[pmask].numpy()
-                        by_key["shared"][lag].append(x[shared])
-                        by_key["other"][lag].append(x[~shared])
-                    if lag <= 3:
-                        row = next(r for r in per_birth if r["birth"] == birth)
-                        row[str(lag)] = {"outside": float(beyond_clip(x).mean()),
-                                         "p99": float(np.quantile(np.abs(x), 0.99)),
-                                         "p99.9": float(np.quantile(np.abs(x), 0.999)), "max": float(np.abs(x).max())}
-                    if lag == 3 and args.world == "synthetic_lm":  # the student's parameter groups (group_of)
-                        full3.append(x)
-                        current = [p.detach().clone() for _, p in named]
-                        for group in GROUPS:
-                            for (name, p), old, cur in zip(named, old_params, current, strict=True):
-                                p.copy_(cur if group_of(name) == group else old)
-                            only, _ = run.policy.score(probe)
-                            groups[group].append((only - logp_old)[pmask].numpy())
-                        for (_, p), cur in zip(named, current, strict=True):
-                            p.copy_(cur)
-            probes = [p for p in probes if update + 1 - p[0] < lags[-1]]
-        if update % 50 == 0 or time.perf_counter() - shown > 60:  # a real model's updates take minutes
-            shown = time.perf_counter()
-            print(f"update {update}  {shown - start:.0f} s", file=sys.stderr, flush=True)
-    late = max(10, args.measure_from)  # Adam's steps are read from this update on
-    window = steps[args.measure_from:]
-    result = {
-        "command": " ".join(sys.argv), "world_params": world_params, "lr": args.lr, "updates": args.updates,
-        "seed": args.seed, "measure_from": args.measure_from, "clip_frac_mean": float(np.mean(clip[args.measure_from:])),
-        "clip_frac_run": float(np.mean(clip)), "seconds": time.perf_counter() - start,
-        "probe_length_mean": lengths,
-        "adam_step_over_lr": {"first": steps[:4], "last": steps[-4:],
-                              "median_of_medians": float(np.median([s[1] for s in window])),
-                              "median_p99": float(np.median([s[2] for s in window])),
-                              "median_p999_after_10": float(np.median([s[4] for s in steps[late:]] or [np.nan])),
-                              "max_after_10": float(max([s[3] for s in steps[late:]] or [np.nan]))},
-        "distinct_token_ids_per_update": float(np.mean(ids)),
-        "in_run": {str(k): tail_stats(np.concatenate([a[0] for a in v]), np.concatenate([a[1] for a in v]))
-                   for k, v in in_run.items() if v},
-        "probe": {str(k): tail_stats(np.concatenate(probe_lr[k]), np.concatenate(probe_p[k]))
-                  for k in lags if probe_lr[k]},
-        "per_birth": per_birth,
-        "self": tail_stats(np.concatenate(own), np.zeros(sum(a.size for a in own))) if own else {},
-        "responses": concentration(np.concatenate(responses)) if responses else {},
-        "by_key": {name: {str(k): tail_stats(np.concatenate(v), np.zeros(sum(a.size for a in v)))["all"]
-                          for k, v in lags_.items() if v}
-                   for name, lags_ in by_key.items()} if keys is not None else {},
-        "groups_lag3": group_table(np.concatenate(full3), {g: np.concatenate(v) for g, v in groups.items()})
-        if full3 else {},
-    }
-    return result
+                    self.responses.append(per_response(log_ratio, rollout, self.eos))
+            for probe in self.probes:  # after `update`: birth's policy + lag
+                self.score_probe(update, policy, *probe)
+            self.probes = [p for p in self.probes if update + 1 - p[0] < self.lags[-1]]
+        if update % 50 == 0 or time.perf_counter() - self.shown > 60:  # a real model's updates take minutes
+            self.shown = time.perf_counter()
+            print(f"update {update}  {self.shown - self.start:.0f} s", file=sys.stderr, flush=True)
+
+    def score_probe(self, update: int, policy: Any, birth: int, probe: Rollout, logp_old: Tensor, pmask: Tensor,
+                    old_params: list[Tensor]) -> None:
+        """The probe born at ``birth`` scored by the policy after ``update`` when its lag is one measured."""
+        lag, keys = update + 1 - birth, self.keys
+        if lag not in self.probe_lr:
+            return
+        new, _ = policy.score(probe)
+        x = (new - logp_old)[pmask].numpy()
+        self.probe_lr[lag].append(x)
+        self.probe_p[lag].append(logp_old[pmask].exp().numpy())
+        if lag <= 3 and keys is not None:
+            recent = set().union(*self.trained_keys[birth:update + 1])
+            hit = torch.tensor([int(k) in recent for k in keys[probe.prompt_index].tolist()])
+            shared = (hit[:, None] & pmask)[pmask].numpy()
+            self.by_key["shared"][lag].append(x[shared])
+            self.by_key["other"][lag].append(x[~shared])
+        if lag <= 3:
+            row = next(r for r in self.per_birth if r["birth"] == birth)
+            row[str(lag)] = {"outside": float(beyond_clip(x).mean()), "p99": float(np.quantile(np.abs(x), 0.99)),
+                             "p99.9": float(np.quantile(np.abs(x), 0.999)), "max": float(np.abs(x).max())}
+        if lag == 3 and self.args.world == "synthetic_lm":  # the student's parameter groups (group_of)
+            self.full3.append(x)
+            named = named_parameters(policy)
+            current = [p.detach().clone() for _, p in named]
+            for group in GROUPS:
+                for (name, p), old, cur in zip(named, old_params, current, strict=True):
+                    p.copy_(cur if group_of(name) == group else old)
+                only, _ = policy.score(probe)
+                self.groups[group].append((only - logp_old)[pmask].numpy())
+            for (_, p), cur in zip(named, current, strict=True):
+                p.copy_(cur)
+
+    def result(self, world_params: dict) -> dict:
+        """The measurement's JSON record."""
+        args, steps = self.args, self.steps
+        clip, lengths, ids, in_run = self.clip, self.lengths, self.ids, self.in_run
+        probe_lr, probe_p, lags, per_birth, own = self.probe_lr, self.probe_p, self.lags, self.per_birth, self.own
+        responses, by_key, keys, full3, groups = self.responses, self.by_key, self.keys, self.full3, self.groups
+        start = self.start
+        late = max(10, args.measure_from)  # Adam's steps are read from this update on
+        window = steps[args.measure_from:]
+        result = {
+            "command": " ".join(sys.argv), "world_params": world_params, "lr": args.lr, "updates": args.updates,
+            "seed": args.seed, "measure_from": args.measure_from, "clip_frac_mean": float(np.mean(clip[args.measure_from:])),
+            "clip_frac_run": float(np.mean(clip)), "seconds": time.perf_counter() - start,
+            "probe_length_mean": lengths,
+            "adam_step_over_lr": {"first": steps[:4], "last": steps[-4:],
+                                  "median_of_medians": float(np.median([s[1] for s in window])),
+                                  "median_p99": float(np.median([s[2] for s in window])),
+                                  "median_p999_after_10": float(np.median([s[4] for s in steps[late:]] or [np.nan])),
+                                  "max_after_10": float(max([s[3] for s in steps[late:]] or [np.nan]))},
+            "distinct_token_ids_per_update": float(np.mean(ids)),
+            "in_run": {str(k): tail_stats(np.concatenate([a[0] for a in v]), np.concatenate([a[1] for a in v]))
+                       for k, v in in_run.items() if v},
+            "probe": {str(k): tail_stats(np.concatenate(probe_lr[k]), np.concatenate(probe_p[k]))
+                      for k in lags if probe_lr[k]},
+            "per_birth": per_birth,
+            "self": tail_stats(np.concatenate(own), np.zeros(sum(a.size for a in own))) if own else {},
+            "responses": concentration(np.concatenate(responses)) if responses else {},
+            "by_key": {name: {str(k): tail_stats(np.concatenate(v), np.zeros(sum(a.size for a in v)))["all"]
+                              for k, v in lags_.items() if v}
+                       for name, lags_ in by_key.items()} if keys is not None else {},
+            "groups_lag3": group_table(np.concatenate(full3), {g: np.concatenate(v) for g, v in groups.items()})
+            if full3 else {},
+        }
+        return result
+
+
+def named_parameters(policy: Any) -> list[tuple[str, Tensor]]:
+    """The trainable parameters of the policy's model, with their names (:func:`group_of` reads them)."""
+    return [(n, p) for n, p in policy.model.named_parameters() if p.requires_grad]
 
 
 def end_tokens(policy: object) -> Tensor | None:

@@ -36,18 +36,17 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from offpolicylab.build import build
 from offpolicylab.config import TrainConfig, parse_assignments
 from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, side_by_side, token_profile
 from offpolicylab.profile_files import load_profile
-from offpolicylab.profiling import Stopwatch
 from offpolicylab.stack import Run, Stack
-from offpolicylab.trainer import collect, train_update
+from offpolicylab.trainer import UpdateHook, train
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, SyntheticLM
 
@@ -182,30 +181,43 @@ def degenerate_scores(world: SyntheticLM) -> dict[str, float]:
     return {"theta": world.threshold, "one_token_loop": float(m[0]), "two_token_loop": float(m[1])}
 
 
-def update_kls(config: TrainConfig, updates: int) -> list[float]:
-    """KL_u (module docstring) for ``updates`` updates of ``config``, trained by the trainer's own phases
-    (:func:`~offpolicylab.trainer.collect`, :func:`~offpolicylab.trainer.train_update`: the loss, KL penalty,
-    proximal log-probs and clipping of a training run), the run's batch scored before and after each step."""
-    return measured_updates(config, updates)[1]
+def update_kls(config: TrainConfig) -> list[float]:
+    """KL_u (module docstring) of each of the ``config.updates`` updates of a training run of ``config`` (the loss,
+    KL penalty, proximal log-probs and clipping of that run), the consumed batch scored before and after each step."""
+    return measured_updates(config)[1]
 
 
-def measured_updates(config: TrainConfig, updates: int) -> tuple[Run, list[float]]:
-    """(the run after ``updates`` updates of ``config``, KL_u of each update): the policy's parameters are those a
-    training run of ``config`` has after ``updates`` updates."""
-    run = build(config)
-    stack, watch, kls = Stack.one(run), Stopwatch(), []
-    for update in range(updates):
-        fresh = collect(stack, update, watch)
-        rollout = run.buffer[run.schedule.key(update)]  # the batch train_update consumes
+class UpdateKL(UpdateHook):
+    """Observes a training run (:class:`~offpolicylab.trainer.UpdateHook`): KL_u of each update, the batch the update
+    consumes scored before and after its step, and the run itself."""
+
+    def __init__(self) -> None:
+        self.kls: list[float] = []
+        self.run: Run | None = None
+        self._before: tuple[Any, torch.Tensor] | None = None
+
+    def on_batch(self, update: int, stack: Stack, rollouts: list[Any]) -> None:
+        (rollout,) = rollouts
         with torch.no_grad():
-            before = torch.log_softmax(_logits(run.policy, rollout).double(), -1)
-        train_update(stack, update, fresh, watch)
+            self._before = rollout, torch.log_softmax(_logits(stack.policy, rollout).double(), -1)
+
+    def on_update(self, update: int, stack: Stack, steps: list[Any], rows: list[dict[str, Any]]) -> None:
+        rollout, before = self._before
         with torch.no_grad():
-            after = torch.log_softmax(_logits(run.policy, rollout).double(), -1)
+            after = torch.log_softmax(_logits(stack.policy, rollout).double(), -1)
         kl = (before.exp() * (before - after)).sum(-1)
         mask = rollout.response_mask
-        kls.append(float((kl * mask).sum() / mask.sum()))
-    return run, kls
+        self.kls.append(float((kl * mask).sum() / mask.sum()))
+        (self.run,) = stack.runs
+
+
+def measured_updates(config: TrainConfig) -> tuple[Run, list[float]]:
+    """(the run after the ``config.updates`` updates of a training run of ``config``, KL_u of each update): the loop's
+    own run (:func:`~offpolicylab.trainer.train`, observed by :class:`UpdateKL`; its run directory is temporary)."""
+    hook = UpdateKL()
+    with tempfile.TemporaryDirectory() as folder:
+        train(config, Path(folder) / "run", hooks=[hook])
+    return hook.run, hook.kls
 
 
 def _logits(policy: Any, rollout: Any) -> torch.Tensor:
@@ -237,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     for lr in [float(x) for x in args.lrs.split(",") if x]:
         config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": world_params, "objective": "grpo",
                                         "lr": lr, "updates": args.kl_updates})
-        kls = update_kls(config, args.kl_updates)
+        kls = update_kls(config)
         print(f"lr {lr:g}: per-update KL median {statistics.median(kls):.2e}, max {max(kls):.2e} "
               f"over {len(kls)} updates", flush=True)
 

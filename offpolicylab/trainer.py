@@ -33,6 +33,7 @@ abilities through the protocols of :mod:`offpolicylab.contracts`.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,28 @@ from offpolicylab.samples import sample_arrays
 from offpolicylab.stack import Run, Stack
 from offpolicylab.step import Step, detector_reward, update_rows
 
-__all__ = ["Step", "collect", "run_updates", "train", "train_update"]
+__all__ = ["Step", "UpdateHook", "collect", "run_updates", "train", "train_update"]
+
+
+class UpdateHook:
+    """An observer of the update loop, as Stable-Baselines3's callbacks (``BaseCallback.on_step``) and Lightning's
+    hooks (``on_train_batch_start`` / ``on_train_batch_end``): :func:`run_updates` calls every hook at two points of
+    each update.  A hook reads what it is handed and changes nothing the loop uses (the policy's weights, the
+    buffers, the generators), so a run trains with hooks exactly as without; what a hook computes (another forward,
+    its own random draws from its own generator) is its own.  Subclass and override either method."""
+
+    def on_batch(self, update: int, stack: Stack, rollouts: list[Rollout]) -> None:
+        """Before the train phase of ``update``: the rollout each member of ``stack`` consumes (a :class:`Rollout`,
+        prompts × G responses); the policy is still version ``update``."""
+
+    def on_update(self, update: int, stack: Stack, steps: list[Step], rows: list[dict[str, Any]]) -> None:
+        """After ``update`` is recorded: each member's :class:`Step` (its token batch ``step.batch``, the objective's
+        output, the gradient norm, the consumed and the fresh rollouts) and its metrics row; the policy has taken
+        the update's optimizer step."""
 
 
 def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, progress: bool | str = False,
-          stopwatch: Stopwatch | None = None, profile: bool = False) -> dict[str, Any]:
+          profile: bool = False, hooks: Sequence[UpdateHook] = ()) -> dict[str, Any]:
     """Train as ``config`` says, writing the run directory ``run_dir``; returns the summary.
 
     ``resume=True`` continues from ``run_dir``'s checkpoint (the metrics file then ends identical to an
@@ -78,7 +96,8 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
     ``"bar"`` (or True) a tqdm bar on stderr, ``"lines"`` lines on stderr at most every few seconds (for logs;
     :mod:`offpolicylab.progress`), False nothing; either prints the run's settings first.  ``profile=True`` profiles
     the updates (:mod:`offpolicylab.profiling`), writes ``profile.txt`` and ``profile.pstats`` into the run directory
-    and prints the section table and the top functions on stderr."""
+    and prints the section table and the top functions on stderr.  ``hooks`` observe every update
+    (:class:`UpdateHook`)."""
     directory = RunDir(run_dir, fsync=config.fsync)
     if resume:  # nothing to resume: refused before the lock creates anything
         config = with_stored_plan(config, directory.read_config())
@@ -87,17 +106,19 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         start = open_run(directory, run, resume)
         if progress:
             log(describe_run(run.config, run.memory_plan))
-        watch = stopwatch or Stopwatch()
+        watch = Stopwatch()
         stack = Stack.one(run, directory)
-        statuses = guarded(stack.directories, profile, lambda: run_updates(stack, start, watch, progress), watch,
-                           start)
+        statuses = guarded(stack.directories, profile, lambda: run_updates(stack, start, watch, progress, hooks),
+                           watch, start)
         return write_summary(directory, run, statuses[0])
 
 
-def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str) -> list[str]:
+def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str,
+                hooks: Sequence[UpdateHook] = ()) -> list[str]:
     """Updates ``start … updates − 1`` of every member of ``stack``; each member's final status (``completed``, or
     ``collapsed`` when its collapse detector fired or a step was not finite).  A member that stops (a non-finite
-    step, or a collapse with ``stop_on_collapse``) leaves the stack; the others go on."""
+    step, or a collapse with ``stop_on_collapse``) leaves the stack; the others go on.  ``hooks`` observe each
+    update (:class:`UpdateHook`)."""
     cfg = stack.config
     statuses: list[str | None] = [None] * len(stack)
     active = list(range(len(stack)))  # the original index of each member still in the stack
@@ -107,13 +128,18 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
     for update in range(start, cfg.updates):
         tick = time.perf_counter()
         fresh = collect(stack, update, watch)                                      # 1. collect
-        steps = train_update(stack, update, fresh, watch)                          # 2. train
+        rollouts = [take(run, update) for run in stack.runs]
+        for hook in hooks:
+            hook.on_batch(update, stack, rollouts)
+        steps = train_update(stack, update, rollouts, fresh, watch)                # 2. train
         rows = update_rows(stack.runs, update, steps)
         with watch("eval"):                                                        # 3. evaluate
             due = [step.finite and is_due(update, cfg.eval_every, cfg.updates) for step in steps]
             for row, numbers in zip(rows, evaluate_due(stack, update, due), strict=True):
                 row.update(numbers)
         stopped = record_stack(stack, update, rows, steps, (tick, clock), watch)   # 4. record
+        for hook in hooks:
+            hook.on_update(update, stack, steps, rows)
         view.update(rows, [labels[i] for i in active],
                     update_warnings(rows, [run.detector.collapsed_at for run in stack.runs],
                                     [run.alarm for run in stack.runs]))
@@ -191,13 +217,13 @@ def take(run: Run, update: int) -> Rollout:
     return rollout
 
 
-def train_update(stack: Stack, update: int, fresh: list[list[Rollout]], watch: Stopwatch) -> list[Step]:
-    """The train phase of ``update``: each member's consumed batch scored by the stack's policy in one forward
+def train_update(stack: Stack, update: int, rollouts: list[Rollout], fresh: list[list[Rollout]],
+                 watch: Stopwatch) -> list[Step]:
+    """The train phase of ``update``: each member's consumed rollout (``rollouts``, :func:`take`) scored by the stack's policy in one forward
     (:func:`make_batch`), each member's loss (:func:`compute_loss`: one call for the members of an
     :func:`objective_groups` group), one backward of Σ_s loss_s, each member's gradient clipped by its own global
     norm (:meth:`~offpolicylab.stack.Stack.clip_gradients`), and one optimizer step unless no member's loss and
     gradient are finite (a non-finite member stops; its slice is left behind)."""
-    rollouts = [take(run, update) for run in stack.runs]
     joined = Rollout.concat(rollouts)
     with watch("policy_forward"):
         logp, entropy = stack.policy.score(joined)

@@ -40,8 +40,7 @@ __all__ = ["MEMBER_FIELDS", "Stack", "parse_seeds", "seed_dir", "train_seeds", "
 
 
 def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | list[str | Path], *,
-                resume: bool = False, progress: bool | str = False, stopwatch: Stopwatch | None = None,
-                profile: bool = False) -> list[dict[str, Any]]:
+                resume: bool = False, progress: bool | str = False, profile: bool = False) -> list[dict[str, Any]]:
     """Train ``config`` once per seed of ``seeds``, writing for seed S the run directory that ``train`` of
     ``config`` with ``seed=S`` writes — ``run_dirs[i]`` for ``seeds[i]``, or ``run_dirs/seed=S`` when one folder is
     given — and return the summaries.  Policy kinds that stack train all seeds as one computation; others train
@@ -58,14 +57,13 @@ def train_seeds(config: TrainConfig, seeds: list[int], run_dirs: str | Path | li
         elif progress and len(seeds) > 1:
             log(f"offpolicylab: policy {config.policy} trains its seeds one after another (batched: "
                 f"{', '.join(stackable())})")
-        return [train(c, path, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
+        return [train(c, path, resume=resume, progress=progress, profile=profile)
                 for c, path in zip(configs, run_dirs, strict=True)]
-    return train_together(configs, run_dirs, resume=resume, progress=progress, stopwatch=stopwatch, profile=profile)
+    return train_together(configs, run_dirs, resume=resume, progress=progress, profile=profile)
 
 
 def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, resume: bool = False,
-                   progress: bool | str = False, stopwatch: Stopwatch | None = None,
-                   profile: bool = False) -> list[dict[str, Any]]:
+                   progress: bool | str = False, profile: bool = False) -> list[dict[str, Any]]:
     """Train the runs ``configs`` — one stackable policy kind, equal in every field but :data:`MEMBER_FIELDS` —
     as one computation, ``configs[i]`` writing ``run_dirs[i]`` as ``train(configs[i], run_dirs[i])`` does; returns
     the summaries.  Everything that can refuse the command is checked for every run before any file is written."""
@@ -88,7 +86,7 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
             log(describe_run(runs[0].config, runs[0].memory_plan) +
                 f"; seeds {','.join(str(c.seed) for c in configs)} batched")
         stack = Stack.of(runs, directories, [run.optimizer.state_dict() for run in runs], rng_states)
-        watch = stopwatch or Stopwatch()
+        watch = Stopwatch()
         statuses = guarded(directories, profile, lambda: run_updates(stack, starts[0], watch, progress), watch,
                            starts[0])
         return [write_summary(directory, run, status)

@@ -91,7 +91,7 @@ def test_dynamic_sampling_keeps_varied_groups_by_hand() -> None:
     group ids 0, 1; 2 rounds, 2 of 4 groups kept; reward_current sees all 8 sampled rewards."""
     run = scripted_run([[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[5, 6], [7, 8]]])
     (fresh,) = trainer.collect(Stack.one(run), 0, Stopwatch())
-    batch = run.buffer[run.schedule.key(0)]
+    batch = trainer.take(run, 0)
     assert batch.rewards.tolist() == [0, 1, 1, 0] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert run.dynamic_counts == [2, 4, 2]
     assert current_reward(fresh, 0) == pytest.approx(4 / 8)
@@ -103,11 +103,11 @@ def test_dynamic_sampling_truncates_and_fills() -> None:
     is filled with the first equal-reward group."""
     run = scripted_run([[[0, 1], [1, 1]], [[2, 3], [4, 5]]])
     trainer.collect(Stack.one(run), 0, Stopwatch())
-    assert run.buffer[run.schedule.key(0)].rewards.tolist() == [0, 1, 2, 3]
+    assert trainer.take(run, 0).rewards.tolist() == [0, 1, 2, 3]
     assert run.dynamic_counts == [2, 4, 3]
     run = scripted_run([[[1, 1], [0, 1]]], dynamic_sampling_max_batches=1)
     trainer.collect(Stack.one(run), 0, Stopwatch())
-    batch = run.buffer[run.schedule.key(0)]
+    batch = trainer.take(run, 0)
     assert batch.rewards.tolist() == [0, 1, 1, 1] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert run.dynamic_counts == [1, 2, 1]
 
@@ -120,7 +120,7 @@ def test_dynamic_sampling_run_trains_on_varied_groups(tmp_path: Path) -> None:
     run = build(mdp_config(dynamic_sampling=True, group_size=2))
     for update in range(6):
         trainer.collect(Stack.one(run), update, Stopwatch())
-        batch = run.buffer.pop(run.schedule.key(update))
+        batch = trainer.take(run, update)
         assert batch.group_ids.tolist() == [0, 0, 1, 1]
         if run.dynamic_counts[2] >= 2:
             assert varied_rows(batch.rewards, batch.group_ids).all()

@@ -275,39 +275,41 @@ def test_update_kl_is_the_exact_kl_between_consecutive_policies(cache):
     params = {**TINY, "cache_dir": str(cache)}
     config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
                                     "prompts_per_update": 2, "group_size": 4, "lr": 1e-3, "updates": 3})
-    kls = update_kls(config, 3)
+    kls = update_kls(config)
     assert len(kls) == 3 and all(k >= -1e-9 for k in kls) and max(kls) > 0  # KL >= 0 up to rounding
-    small = update_kls(TrainConfig.from_dict({**config.to_dict(), "lr": 1e-6}), 3)
+    small = update_kls(TrainConfig.from_dict({**config.to_dict(), "lr": 1e-6}))
     assert max(small) < min(k for k in kls if k > 0)  # a step 1000x smaller moves the policy far less
 
 
 @pytest.mark.parametrize("changes", [{}, {"objective_params": {"kl_coef": 0.5}},
                                      {"objective": "decoupled_ppo", "schedule": "stale_k:1"}])
 def test_calibration_updates_are_a_training_runs_updates(cache, tmp_path, changes):
-    """The calibration tool drives the trainer's own phases: after u updates its policy is bit for bit the policy a
-    training run of the same configuration checkpoints after u updates (also with a KL penalty, which needs π_0's
-    log-probs, and decoupled PPO, which needs π_prox), and KL_0 equals the KL between π_0 and that checkpoint's
-    policy, computed here from the two policies' logits on the first batch."""
+    """The calibration tool observes a training run (its hook leaves the training untouched): after u updates its
+    policy is bit for bit the policy a training run of the same configuration checkpoints after u updates (also with
+    a KL penalty, which needs π_0's log-probs, and decoupled PPO, which needs π_prox), and KL_0 equals the KL between
+    π_0 and that checkpoint's policy, computed here from the two policies' logits on the first consumed batch."""
     from offpolicylab import trainer
     from offpolicylab.build import build
     from offpolicylab.config import TrainConfig
-    from offpolicylab.profiling import Stopwatch
     from offpolicylab.runs import RunDir
-    from offpolicylab.stack import Stack
     from offpolicylab.synthetic_lm_calibration import measured_updates
+
+    class FirstBatch(trainer.UpdateHook):
+        def on_batch(self, update, stack, rollouts):
+            if update == 0:
+                (self.rollout,) = rollouts
 
     params = {**TINY, "cache_dir": str(cache)}
     config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": params, "objective": "grpo",
                                     "prompts_per_update": 2, "group_size": 4, "lr": 1e-3, "updates": 3,
                                     "eval_every": 1, **changes})
-    run, kls = measured_updates(config, 3)
+    run, kls = measured_updates(config)
     trainer.train(config, tmp_path / "three")
     for name, value in RunDir(tmp_path / "three").load_checkpoint()["policy"].items():
         assert torch.equal(run.policy.state_dict()[name], value), name
-    trainer.train(replace(config, updates=1), tmp_path / "one")
-    fresh = build(config)
-    trainer.collect(Stack.one(fresh), 0, Stopwatch())
-    batch = fresh.buffer[fresh.schedule.key(0)]
+    first = FirstBatch()
+    trainer.train(replace(config, updates=1), tmp_path / "one", hooks=[first])
+    fresh, batch = build(config), first.rollout  # π_0, and the batch update 0 consumed
     logits = [fresh.policy.response_logits(batch.prompt_ids, batch.prompt_mask, batch.prompt_index,
                                            batch.response_ids).double().log_softmax(-1).detach()]
     fresh.policy.load_state_dict(RunDir(tmp_path / "one").load_checkpoint()["policy"])
