@@ -16,12 +16,8 @@ from offpolicylab.contracts import World
 from offpolicylab.registry import MAX_SEED, Param, Registry
 from offpolicylab.worlds.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
 from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
-from offpolicylab.worlds.synthetic_lm import (
-    PRESET_NAMES,
-    RECIPE_PARAMS,
-    SyntheticLM,
-    build_synthetic_lm,
-)
+from offpolicylab.worlds.synthetic_lm import RECIPE_PARAMS, SyntheticLM
+from offpolicylab.worlds.synthetic_lm_presets import PRESET_NAMES, build_synthetic_lm
 from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
 
 WORLDS: Registry[World] = Registry("world", plugins="offpolicylab.worlds")

@@ -22,7 +22,7 @@ import torch
 from gymnasium import spaces
 
 from offpolicylab.worlds.bandits import PITFALL_BEHAVIOR, PITFALL_REWARDS, SoftmaxBandit
-from offpolicylab.worlds.synthetic_lm import build_synthetic_lm
+from offpolicylab.worlds.synthetic_lm_presets import build_synthetic_lm
 from offpolicylab.worlds.token_mdp import TokenMDP
 
 

@@ -45,7 +45,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -289,7 +289,34 @@ def spell_prompts(keys: Tensor, vocab_size: int, generator: torch.Generator, fir
 
 
 # ================================================================================================ the world
-class SyntheticLM(FixedPrompts):
+class KeyedLM(FixedPrompts):
+    """What the synthetic LM worlds share (recipe v5: :class:`SyntheticLM`; v6:
+    :class:`~offpolicylab.worlds.synthetic_lm_v6.ChainLM`): the prompts — the ``num_train_prompts`` training prompts
+    (key i mod K) then one evaluation prompt per key, each spelled by :func:`spell_prompts` —, the teacher and where
+    π₀'s cache file lives."""
+
+    recipe: Any
+
+    def _spell(self, generator: torch.Generator, first_text: int, teacher: Callable[[Any], Any],
+               cache_dir: str | Path | None) -> None:
+        """Sizes, prompts (drawn from ``generator``), ``teacher(recipe)`` and the cache path of ``self.recipe``."""
+        r = self.recipe
+        self.vocab_size, self.max_response_len = r.vocab_size, r.response_len
+        self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
+        keys = torch.cat([torch.arange(r.num_train_prompts) % r.num_keys, torch.arange(r.num_keys)])
+        self.prompt_tokens = spell_prompts(keys, r.vocab_size, generator, first_text)
+        self.prompt_keys = keys
+        self.num_prompts = r.num_train_prompts
+        self.teacher = teacher(r)
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.cache_path = self.cache_dir / f"{r.digest()[:32]}.pt"
+
+    def eval_prompts(self) -> Prompts:
+        """The K evaluation prompts (one per key, contexts unseen in training)."""
+        return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))
+
+
+class SyntheticLM(KeyedLM):
     """The ``synthetic_lm`` world (module docstring).  ``make_world("synthetic_lm", ...)`` builds it; the first
     build of a recipe distils π₀ (minutes for the default recipe), later builds load it from ``cache_dir``."""
 
@@ -297,27 +324,12 @@ class SyntheticLM(FixedPrompts):
 
     def __init__(self, recipe: Recipe | None = None, cache_dir: str | Path | None = None) -> None:
         self.recipe = recipe or Recipe()
-        r = self.recipe
-        self.vocab_size, self.max_response_len = r.vocab_size, r.response_len
-        self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
-        generator = torch.Generator().manual_seed(r.seed)
+        generator = torch.Generator().manual_seed(self.recipe.seed)
         # balanced: every digit answers ⌊K/10⌋ or ⌈K/10⌉ keys, so no constant answer beats chance
-        self.table = (torch.arange(r.num_keys) % NUM_DIGITS)[torch.randperm(r.num_keys, generator=generator)]
-        train_keys = torch.arange(r.num_train_prompts) % r.num_keys
-        eval_keys = torch.arange(r.num_keys)
-        keys = torch.cat([train_keys, eval_keys])
-        self.prompt_tokens = spell_prompts(keys, r.vocab_size, generator)
-        self.prompt_keys = keys
-        self.num_prompts = r.num_train_prompts
-        self.teacher = Teacher(r)
-        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-        self.cache_path = self.cache_dir / f"{r.digest()[:32]}.pt"
+        num_keys = self.recipe.num_keys
+        self.table = (torch.arange(num_keys) % NUM_DIGITS)[torch.randperm(num_keys, generator=generator)]
+        self._spell(generator, FIRST_TEXT, Teacher, cache_dir)
         self.pretrained_state, self.threshold = load_or_build(self)
-
-    # ------------------------------------------------------------------------------------------ prompts
-    def eval_prompts(self) -> Prompts:
-        """The K evaluation prompts (one per key, contexts unseen in training)."""
-        return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))
 
     # ------------------------------------------------------------------------------------------ reward
     def reward(self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,
@@ -539,23 +551,3 @@ def check_build_memory(recipe: Recipe) -> None:
                          f"vocab_size = {recipe.distill_batch} × {recipe.response_len} × {recipe.vocab_size} teacher "
                          f"distributions, {CORPUS_CHUNK} steps at a time) but this machine has {total / 2**30:,.1f} "
                          "GiB; valid: a smaller distill_batch, response_len or vocab_size")
-
-
-PRESET_NAMES = (*PRESETS, "seed_scale_v6")
-"""Every preset the world accepts: :data:`PRESETS` and recipe v6's chain world
-(:mod:`offpolicylab.worlds.synthetic_lm_v6`)."""
-
-
-def build_synthetic_lm(preset: str = "seed_scale", cache_dir: str | None = None, **recipe: Any) -> Any:
-    """The ``synthetic_lm`` world for ``worlds.make_world``: the named :data:`PRESETS` recipe with the given recipe
-    fields (keyword arguments; a ``None`` value keeps the preset's); ``seed_scale_v6`` builds recipe v6's chain world
-    (:func:`offpolicylab.worlds.synthetic_lm_v6.build_chain`)."""
-    if preset not in PRESET_NAMES:
-        raise ValueError(f"preset={preset!r} is unknown; valid: {', '.join(PRESET_NAMES)}")
-    if preset not in PRESETS:
-        from offpolicylab.worlds.synthetic_lm_v6 import build_chain
-
-        defaults = {name: getattr(Recipe, name) for name in recipe if hasattr(Recipe, name)}
-        return build_chain(preset, cache_dir, recipe, defaults)
-    given = {k: v for k, v in recipe.items() if v is not None}
-    return SyntheticLM(replace(PRESETS[preset], **given), cache_dir=cache_dir)

@@ -29,10 +29,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from offpolicylab.contracts import Prompts
 from offpolicylab.policies.transformer import KVCache, TransformerPolicy
 from offpolicylab.worlds import synthetic_lm as v5
-from offpolicylab.worlds.fixed_prompts import FixedPrompts
 
 NUM_DIGITS = 10
 ANS = 10
@@ -284,29 +282,15 @@ def parse(response: Tensor, start: Tensor, rule: Tensor, prompt: Tensor | None =
 
 
 # ================================================================================================ the world
-class ChainLM(FixedPrompts):
+class ChainLM(v5.KeyedLM):
     """The ``synthetic_lm`` world at preset ``seed_scale_v6`` (module docstring)."""
 
     eos_id: int | None = EOS
 
     def __init__(self, recipe: ChainRecipe | None = None, cache_dir: str | Path | None = None) -> None:
         self.recipe = recipe or ChainRecipe()
-        r = self.recipe
-        self.vocab_size, self.max_response_len = r.vocab_size, r.response_len
-        self.prompt_vocab_size, self.prompt_len = r.vocab_size, 1 + CONTEXT_LEN
-        generator = torch.Generator().manual_seed(r.seed)
-        keys = torch.cat([torch.arange(r.num_train_prompts) % r.num_keys, torch.arange(r.num_keys)])
-        self.prompt_tokens = v5.spell_prompts(keys, r.vocab_size, generator, FIRST_TEXT)
-        self.prompt_keys = keys
-        self.num_prompts = r.num_train_prompts
-        self.teacher = ChainTeacher(r)
-        self.cache_dir = Path(cache_dir) if cache_dir else v5.default_cache_dir()
-        self.cache_path = self.cache_dir / f"{r.digest()[:32]}.pt"
+        self._spell(torch.Generator().manual_seed(self.recipe.seed), FIRST_TEXT, ChainTeacher, cache_dir)
         self.pretrained_state, self.threshold = load_or_build(self)
-
-    def eval_prompts(self) -> Prompts:
-        """The K evaluation prompts (one per key, contexts unseen in training)."""
-        return self._prompts(self.num_prompts + torch.arange(self.recipe.num_keys))
 
     def parse(self, prompt_index: Tensor, response_ids: Tensor) -> dict[str, Tensor]:
         """:func:`parse` of the responses of these prompts."""
@@ -390,7 +374,7 @@ V5_ONLY = ("ans_prob", "delta")
 
 def build_chain(preset: str, cache_dir: str | None, given: dict[str, Any], registry_defaults: dict[str, Any]
                 ) -> ChainLM:
-    """The v6 world for :func:`offpolicylab.worlds.synthetic_lm.build_synthetic_lm`: the preset's recipe with the
+    """The v6 world for :func:`offpolicylab.worlds.synthetic_lm_presets.build_synthetic_lm`: the preset's recipe with the
     parameters that were given.  The registry fills every unset parameter with v5's default, so a value equal to
     that default means "the preset's value" here; v5-only parameters must stay at their defaults."""
     recipe = CHAIN_PRESETS[preset]
