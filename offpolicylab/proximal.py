@@ -16,8 +16,8 @@ optimizer update (:mod:`offpolicylab.staleness`), so with P = the objective's ``
 
 With P = 1 and a schedule that consumes every batch once (``stale_k:K``), π_prox = π_θ: nothing is clipped and the
 loss is importance sampling against the behaviour policy without a trust region.  The numbers live in the
-objective's state (``DecoupledPPO.proximal``, checkpointed with it) and are dropped when the schedule releases the
-batch.
+objective's state (checkpointed with it), kept and released through its methods (``DecoupledPPO.keep_proximal``,
+``kept_proximal``, ``release_proximal``): this module decides when, the objective holds them.
 """
 
 from __future__ import annotations
@@ -37,19 +37,17 @@ def proximal_logp(objective: Any, schedule: Schedule, buffer: dict[int, Rollout]
     log π_θ; see the module docstring for the rule).
 
     At the first update of a training step the buffered batches first consumed later in the step are scored here
-    by ``policy`` (one no-grad forward per batch) and kept in ``objective.proximal`` until the schedule releases
-    them."""
+    by ``policy`` (one no-grad forward per batch) and kept by the objective until the schedule releases them."""
     key = schedule.key(update)
     _score_step(objective, schedule, buffer, policy, update, total, key)
     released = schedule.release_after(update, total)
     current = logp.detach()
-    value = objective.proximal.get(key)
+    value = objective.kept_proximal(key)
     if value is None:  # first consumption, not scored at the step's start: the current policy
         value = current
         if key not in released:
-            objective.proximal[key] = value
-    for done in released:
-        objective.proximal.pop(done, None)
+            objective.keep_proximal(key, value)
+    objective.release_proximal(released)
     return _fit(value.to(current.device), current)
 
 
@@ -62,9 +60,9 @@ def _score_step(objective: Any, schedule: Schedule, buffer: dict[int, Rollout], 
         return
     for later in range(update + 1, min(update + period, total)):
         batch = schedule.key(later)
-        if batch != key and batch not in objective.proximal and batch in buffer:  # else scored when consumed
+        if batch != key and objective.kept_proximal(batch) is None and batch in buffer:  # else scored when consumed
             with torch.no_grad():
-                objective.proximal[batch] = policy.score(buffer[batch])[0].detach()
+                objective.keep_proximal(batch, policy.score(buffer[batch])[0])
 
 
 def _fit(value: Tensor, like: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ computation, each with its own generator.
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,26 +17,38 @@ from torch import Tensor
 
 from offpolicylab.behavior import sample_rollout
 from offpolicylab.config import TrainConfig
-from offpolicylab.contracts import (
-    Policy,
-    Prompts,
-    Rollout,
-    World,
-)
+from offpolicylab.contracts import Policy, Prompts, Rollout, World
+from offpolicylab.objectives.advantages import group_min_max
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.stack import Run, Stack
 
-__all__ = ["INITIAL_VERSION", "batch_sources", "dynamic_batch", "first_groups", "generate", "group_count", "overlong_penalty", "overlong_settings", "rewards_joined", "rewards_of", "sample", "sample_batches", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
+__all__ = ["INITIAL_VERSION", "Collected", "batch_sources", "dynamic_batch", "first_groups", "generate",
+           "group_count", "overlong_penalty", "overlong_settings", "rewards_joined", "rewards_of", "sample",
+           "sample_batches", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
 
 
 INITIAL_VERSION = 0
 
 
-def generate(stack: Stack, version: int, watch: Stopwatch) -> list[Rollout]:
+@dataclass
+class Collected:
+    """One member's collect phase at one update (scratch of that update, never kept on the run): the rollouts the
+    current policy generated (``fresh``; with dynamic sampling every rollout it sampled, the groups not kept
+    included) and DAPO's dynamic-sampling counts — the ``rounds`` sampled, the ``groups`` they held and the groups
+    ``kept`` (rewards not all equal)."""
+
+    fresh: list[Rollout] = field(default_factory=list)
+    rounds: int = 0
+    groups: int = 0
+    kept: int = 0
+
+
+def generate(stack: Stack, version: int, watch: Stopwatch, collected: list[Collected]) -> list[Rollout]:
     """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions
-    (with ``dynamic_sampling``, which a stack of one uses: :func:`dynamic_batch`)."""
+    (with ``dynamic_sampling``, which only a stack of one runs — :meth:`Stack.of` refuses it —:
+    :func:`dynamic_batch`, counted in ``collected``)."""
     if stack.config.dynamic_sampling:
-        return [dynamic_batch(stack, version, watch)]
+        return [dynamic_batch(stack, version, watch, *collected)]
     return sample_batches(stack, version, watch)
 
 
@@ -70,37 +82,34 @@ def rewards_joined(stack: Stack) -> bool:
     return len(stack) > 1 and getattr(stack.runs[0].world, "rowwise_reward", False)
 
 
-def dynamic_batch(stack: Stack, version: int, watch: Stopwatch) -> Rollout:
+def dynamic_batch(stack: Stack, version: int, watch: Stopwatch, collected: Collected) -> Rollout:
     """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11: keep a group only if
     0 < |{o_i correct}| < G) for a stack of one: sample batches, keep the groups whose world rewards are not all
     equal, until ``prompts_per_update`` groups are kept or ``dynamic_sampling_max_batches`` rounds were sampled; the
     first ``prompts_per_update`` kept groups form the batch, filled when short with equal-reward groups in the order
     they were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on
-    accuracy); the batch returned carries the punishment."""
+    accuracy); the batch returned carries the punishment.  Every rollout sampled and the counts go to
+    ``collected``."""
     (run,) = stack.runs
     cfg, kept, equal = run.config, [], []
-    while len(run.sampled) - run.dynamic_counts[0] < cfg.dynamic_sampling_max_batches:
+    for _ in range(cfg.dynamic_sampling_max_batches):
         (rollout,) = sample_batches(stack, version, watch, shaped=False)
-        run.sampled.append(with_overlong_penalty(run, rollout))
+        collected.fresh.append(with_overlong_penalty(run, rollout))
+        collected.rounds += 1
         varied = varied_rows(rollout.rewards, rollout.group_ids)
         kept.append(rollout.select(varied.nonzero().squeeze(1)))
         equal.append(rollout.select((~varied).nonzero().squeeze(1)))
-        groups = int(rollout.group_ids.max()) + 1
-        run.dynamic_counts = [run.dynamic_counts[0], run.dynamic_counts[1] + groups,
-                              run.dynamic_counts[2] + group_count(kept[-1])]
+        collected.groups += int(rollout.group_ids.max()) + 1
+        collected.kept += group_count(kept[-1])
         if sum(group_count(part) for part in kept) >= cfg.prompts_per_update:
             break
-    rounds = len(run.sampled) - run.dynamic_counts[0]
-    run.dynamic_counts[0] += rounds
     parts = [part for part in kept + equal if len(part)]
     return with_overlong_penalty(run, first_groups(Rollout.concat(parts), cfg.prompts_per_update))
 
 
 def varied_rows(rewards: Tensor, group_ids: Tensor) -> Tensor:
     """[B] bool: the row's group has rewards that are not all equal (max > min)."""
-    groups = int(group_ids.max()) + 1
-    high = rewards.new_full((groups,), -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
-    low = rewards.new_full((groups,), math.inf).scatter_reduce(0, group_ids, rewards, "amin")
+    low, high = group_min_max(rewards, group_ids)
     return (high > low)[group_ids]
 
 

@@ -31,7 +31,7 @@ from offpolicylab.policies import POLICIES, policy_ability
 from offpolicylab.runs import RunDir
 from offpolicylab.staleness import Schedule
 
-__all__ = ["Run", "Stack", "make_optimizer", "member_state", "stack_policies", "stackable", "stacked_state"]
+__all__ = ["Run", "Stack", "check_stackable", "make_optimizer", "member_state", "stack_policies", "stackable", "stacked_state"]
 
 
 @dataclass
@@ -55,8 +55,6 @@ class Run:
     warning: Detector = field(default_factory=default_warning)  # the live collapse warning (fed the metrics rows)
     alarm: tuple[int, str] | None = None  # the latest warning: (update, reason)
     initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
-    sampled: list[Rollout] = field(default_factory=list)  # dynamic sampling: every rollout this update sampled
-    dynamic_counts: list[int] = field(default_factory=lambda: [0, 0, 0])  # this update: rounds, groups, kept
 
 
 def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
@@ -76,6 +74,15 @@ def stack_policies(kind: str, policies: Sequence[Policy]) -> Policy:
     if stacked is None:
         raise ValueError(f"policy {kind} cannot train seeds as one computation; valid: {', '.join(stackable())}")
     return stacked(policies)
+
+
+def check_stackable(config: TrainConfig) -> None:
+    """``ValueError`` unless runs of ``config`` can train as one stacked computation: DAPO's dynamic sampling samples
+    as many rounds as each run needs, which one stacked policy sampling every member's rows at once cannot do (a
+    stack of one, :meth:`Stack.one`, runs it)."""
+    if config.dynamic_sampling:
+        raise ValueError("runs with dynamic_sampling cannot train together (each samples as often as it needs); "
+                         "valid: train them one after another (run --seeds and a sweep do)")
 
 
 def stackable() -> list[str]:
@@ -144,7 +151,9 @@ class Stack:
     def of(cls, runs: list[Run], directories: list[RunDir], optimizer_states: list[dict[str, Any]],
            rng_states: list[Tensor]) -> Stack:
         """Stack the runs' policies, frozen copies and optimizer states (fresh or restored); each member's policy is
-        a view of its slice of the stack afterwards."""
+        a view of its slice of the stack afterwards; ``ValueError`` for runs that cannot stack
+        (:func:`check_stackable`)."""
+        check_stackable(runs[0].config)
         kind = runs[0].config.policy
         policy = stack_policies(kind, [run.policy for run in runs])
         initial = stack_policies(kind, [run.initial for run in runs]) if runs[0].initial else None

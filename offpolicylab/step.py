@@ -17,7 +17,7 @@ from offpolicylab.contracts import (
 )
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives import LossOutput, TokenBatch
-from offpolicylab.rollouts import overlong_penalty, overlong_settings
+from offpolicylab.rollouts import Collected, overlong_penalty, overlong_settings
 from offpolicylab.stack import Run
 from offpolicylab.staleness import Schedule
 
@@ -28,14 +28,15 @@ __all__ = ["Step", "batch_columns", "current_reward", "detector_reward", "own_re
 class Step:
     """What one member's update computed before it is recorded: the consumed batch of all members (``joined``, one
     run each) and the member's run in it (``index``), the objective's output, the pre-clip gradient norm, the
-    rollouts the current policy generated at this update, the consumed rollout (its token ids: completions.jsonl of
-    a text policy) and whether the loss and gradient were finite."""
+    member's collect phase of this update (the rollouts the current policy generated, the dynamic-sampling counts),
+    the consumed rollout (its token ids: completions.jsonl of a text policy) and whether the loss and gradient were
+    finite."""
 
     joined: TokenBatch
     index: int
     output: LossOutput
     grad_norm: Tensor
-    fresh: list[Rollout]
+    collected: Collected
     rollout: Rollout
     finite: bool
 
@@ -48,11 +49,11 @@ class Step:
 def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[str, Any]]:
     """The metrics row of each run's update before evaluation: the update, the step's numbers and the current
     policy's own reward (:func:`scalars`, one host transfer for all)."""
-    current = [own_reward(step.fresh, update, run.schedule.other_share == 0) for run, step in zip(runs, steps,
-                                                                                                   strict=True)]
+    current = [own_reward(step.collected.fresh, update, run.schedule.other_share == 0)
+               for run, step in zip(runs, steps, strict=True)]
     rows = [{"update": update, **own} for own in scalars(steps, current)]
     for run, step, row in zip(runs, steps, rows, strict=True):
-        row.update(shaping_columns(run, step))
+        row.update(shaping_columns(run, step.collected, step))
     return rows
 
 
@@ -110,18 +111,18 @@ def own_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> 
     return rewards.mean() if rewards.numel() else torch.full((), math.nan, dtype=rewards.dtype)
 
 
-def shaping_columns(run: Run, step: Step | None) -> dict[str, float]:
+def shaping_columns(run: Run, collected: Collected, step: Step | None = None) -> dict[str, float]:
     """The columns of the DAPO options that are on: ``overlong_penalty`` (mean punishment in the consumed batch's
-    rewards; only this column reads the step's batch), ``dynamic_rounds`` (batches sampled at this update) and
-    ``dynamic_kept_frac`` (share of their groups with rewards not all equal; NaN when none was sampled)."""
+    rewards; only this column reads the ``step``'s batch), ``dynamic_rounds`` (batches sampled at this update,
+    ``collected``) and ``dynamic_kept_frac`` (share of their groups with rewards not all equal; NaN when none was
+    sampled)."""
     cfg, out = run.config, {}
     if cfg.overlong_buffer:
         lengths = step.batch.mask.sum(-1)
         out["overlong_penalty"] = float(overlong_penalty(lengths, *overlong_settings(run)).mean())
     if cfg.dynamic_sampling:
-        rounds, groups, kept = run.dynamic_counts
-        out["dynamic_rounds"] = float(rounds)
-        out["dynamic_kept_frac"] = kept / groups if groups else math.nan
+        out["dynamic_rounds"] = float(collected.rounds)
+        out["dynamic_kept_frac"] = collected.kept / collected.groups if collected.groups else math.nan
     return out
 
 

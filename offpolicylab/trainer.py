@@ -61,7 +61,7 @@ from offpolicylab.progress import Progress, describe_run, log, update_warnings
 from offpolicylab.proximal import proximal_logp
 from offpolicylab.reference import reference_logp
 from offpolicylab.resume import tail_key, watches_tail
-from offpolicylab.rollouts import generate
+from offpolicylab.rollouts import Collected, generate
 from offpolicylab.runs import RunDir
 from offpolicylab.samples import sample_arrays
 from offpolicylab.stack import Run, Stack
@@ -83,7 +83,8 @@ class UpdateHook:
 
     def on_update(self, update: int, stack: Stack, steps: list[Step], rows: list[dict[str, Any]]) -> None:
         """After ``update`` is recorded: each member's :class:`Step` (its token batch ``step.batch``, the objective's
-        output, the gradient norm, the consumed and the fresh rollouts) and its metrics row; the policy has taken
+        output, the gradient norm, the consumed rollout and the member's collect phase) and its metrics row; the
+        policy has taken
         the update's optimizer step."""
 
 
@@ -127,11 +128,11 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
     view = Progress(progress, cfg.updates, start)  # the console (progress.py)
     for update in range(start, cfg.updates):
         tick = time.perf_counter()
-        fresh = collect(stack, update, watch)                                      # 1. collect
+        collected = collect(stack, update, watch)                                  # 1. collect
         rollouts = [take(run, update) for run in stack.runs]
         for hook in hooks:
             hook.on_batch(update, stack, rollouts)
-        steps = train_update(stack, update, rollouts, fresh, watch)                # 2. train
+        steps = train_update(stack, update, rollouts, collected, watch)            # 2. train
         rows = update_rows(stack.runs, update, steps)
         with watch("eval"):                                                        # 3. evaluate
             due = [step.finite and is_due(update, cfg.eval_every, cfg.updates) for step in steps]
@@ -182,23 +183,24 @@ def save_checkpoints(stack: Stack, update: int, stopped: list[int], watch: Stopw
                 save_adapter(run, directory)
 
 
-def collect(stack: Stack, update: int, watch: Stopwatch) -> list[list[Rollout]]:
+def collect(stack: Stack, update: int, watch: Stopwatch) -> list[Collected]:
     """Generate the batches the schedule asks for at ``update`` into every member's buffer (the members' batches are
     due together: one schedule), and, in a stale queue's drained tail, one batch for the collapse detector alone,
     kept in the buffer under the key a longer run trains it as, so that ``--resume --updates N`` extends the run
-    exactly (:mod:`offpolicylab.resume`); each member's rollouts generated now (with dynamic sampling: every
-    rollout it sampled)."""
+    exactly (:mod:`offpolicylab.resume`); each member's collect phase: the rollouts generated now (with dynamic
+    sampling: every rollout it sampled) and the dynamic-sampling counts."""
     keys, tail = batches_due(stack.runs[0], update)
-    for run in stack.runs:
-        run.sampled, run.dynamic_counts = [], [0, 0, 0]
-    generated = [generate(stack, update, watch) for _ in range(len(keys) + tail)]
-    fresh = [[batch[index] for batch in generated] for index in range(len(stack))]
+    collected = [Collected() for _ in stack.runs]
+    generated = [generate(stack, update, watch, collected) for _ in range(len(keys) + tail)]
     key = tail_key(stack.runs[0].schedule, update) if tail else None
-    for run, own in zip(stack.runs, fresh, strict=True):
+    for index, (run, one) in enumerate(zip(stack.runs, collected, strict=True)):
+        own = [batch[index] for batch in generated]
         run.buffer.update(zip(keys, own, strict=False))
         if key is not None:  # trained on if the run is extended
             run.buffer[key] = own[-1]
-    return [run.sampled if run.config.dynamic_sampling else own for run, own in zip(stack.runs, fresh, strict=True)]
+        if not run.config.dynamic_sampling:
+            one.fresh = own
+    return collected
 
 
 def batches_due(run: Run, update: int) -> tuple[list[int], bool]:
@@ -217,7 +219,7 @@ def take(run: Run, update: int) -> Rollout:
     return rollout
 
 
-def train_update(stack: Stack, update: int, rollouts: list[Rollout], fresh: list[list[Rollout]],
+def train_update(stack: Stack, update: int, rollouts: list[Rollout], collected: list[Collected],
                  watch: Stopwatch) -> list[Step]:
     """The train phase of ``update``: each member's consumed rollout (``rollouts``, :func:`take`) scored by the stack's policy in one forward
     (:func:`make_batch`), each member's loss (:func:`compute_loss`: one call for the members of an
@@ -237,18 +239,18 @@ def train_update(stack: Stack, update: int, rollouts: list[Rollout], fresh: list
         losses = torch.stack([output.loss for output in outputs])
         scaler = getattr(stack.policy, "loss_scaler", None)
         if scaler is not None:
-            return scaled_step(stack, scaler, losses, outputs, fresh, rollouts, whole)
+            return scaled_step(stack, scaler, losses, outputs, collected, rollouts, whole)
         losses.sum().backward()
         norms = stack.clip_gradients(stack.config.grad_clip)
         finite = (torch.isfinite(losses.detach()) & torch.isfinite(torch.stack(norms))).tolist()
         if any(finite):
             stack.optimizer.step()
-    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, fresh, rollouts, finite,
+    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, collected, rollouts, finite,
                                                                          strict=True))]
 
 
 def scaled_step(stack: Stack, scaler: torch.amp.GradScaler, losses: Tensor, outputs: list[LossOutput],
-                fresh: list[list[Rollout]], rollouts: list[Rollout], whole: TokenBatch) -> list[Step]:
+                collected: list[Collected], rollouts: list[Rollout], whole: TokenBatch) -> list[Step]:
     """The backward and step of a loss-scaled (fp16) stack of one, as ``torch.amp.GradScaler`` runs them: backward of
     S · loss, gradients divided by S, clipped, the step taken only if they are finite (else skipped and S halved);
     an overflow skips the step without stopping the run, a non-finite loss stops it."""
@@ -259,7 +261,7 @@ def scaled_step(stack: Stack, scaler: torch.amp.GradScaler, losses: Tensor, outp
     if all(finite):
         scaler.step(stack.optimizer)
         scaler.update()
-    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, fresh, rollouts, finite,
+    return [Step(whole, index, *parts) for index, parts in enumerate(zip(outputs, norms, collected, rollouts, finite,
                                                                          strict=True))]
 
 

@@ -30,7 +30,7 @@ from offpolicylab.policies import policy_ability
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.progress import describe_run, log
 from offpolicylab.runs import RunDir, RunError
-from offpolicylab.stack import Run, Stack, stack_policies, stackable
+from offpolicylab.stack import Run, Stack, check_stackable, stack_policies, stackable
 from offpolicylab.trainer import run_updates, train
 
 MEMBER_FIELDS = ("seed", "objective", "objective_params")
@@ -97,9 +97,7 @@ def check_together(configs: list[TrainConfig]) -> None:
     """``ValueError`` unless ``configs`` can train as one computation (:func:`train_together`)."""
     if policy_ability(configs[0].policy, "stack") is None:
         raise ValueError(f"policy {configs[0].policy} cannot train runs together; valid: {', '.join(stackable())}")
-    if configs[0].dynamic_sampling:
-        raise ValueError("runs with dynamic_sampling cannot train together (each samples as often as it needs); "
-                         "valid: train them one after another")
+    check_stackable(configs[0])
     shared = [{k: v for k, v in c.to_dict().items() if k not in MEMBER_FIELDS} for c in configs]
     differ = sorted({k for other in shared[1:] for k in other if other[k] != shared[0][k]})
     if differ:

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["ESTIMATORS", "group_advantages"]
+__all__ = ["ESTIMATORS", "group_advantages", "group_min_max"]
 
 
 #: The group-relative advantage estimators: name → (divide by the group's std, Bessel's correction, ε).
@@ -43,10 +43,17 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, estimator: str = "std")
     zeros = rewards.new_zeros(groups)
     count = zeros.index_add(0, group_ids, torch.ones_like(rewards))
     mean = zeros.index_add(0, group_ids, rewards) / count
-    low = torch.full_like(zeros, math.inf).scatter_reduce(0, group_ids, rewards, "amin")
-    high = torch.full_like(zeros, -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
+    low, high = group_min_max(rewards, group_ids)
     centered = torch.where((low == high)[group_ids], torch.zeros_like(rewards), rewards - mean[group_ids])
     if not divide:
         return centered
     var = zeros.index_add(0, group_ids, centered**2) / ((count - 1).clamp_min(1) if bessel else count)
     return centered / (var.sqrt()[group_ids] + eps)
+
+
+def group_min_max(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(min_{j∈g} r_j, max_{j∈g} r_j) of each group g = 0 … max(group_ids), [G] each (±inf for an id with no row)."""
+    groups = int(group_ids.max()) + 1
+    low = rewards.new_full((groups,), math.inf).scatter_reduce(0, group_ids, rewards, "amin")
+    high = rewards.new_full((groups,), -math.inf).scatter_reduce(0, group_ids, rewards, "amax")
+    return low, high

@@ -103,18 +103,32 @@ class DecoupledPPO(Objective):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        #: log π_prox of the rollout batches this run has started on, by batch key (filled and emptied by
-        #: :func:`offpolicylab.proximal.proximal_logp`); checkpointed with the objective so a resume goes on exactly.
-        self.proximal: dict[int, Tensor] = {}
+        #: log π_prox of the rollout batches this run has started on, by batch key (kept and released through
+        #: :meth:`keep_proximal` / :meth:`release_proximal`, as :func:`offpolicylab.proximal.proximal_logp` decides);
+        #: checkpointed with the objective so a resume goes on exactly.
+        self._proximal: dict[int, Tensor] = {}
+
+    def kept_proximal(self, key: int) -> Tensor | None:
+        """log π_prox of the rollout batch ``key``, if kept."""
+        return self._proximal.get(key)
+
+    def keep_proximal(self, key: int, logp: Tensor) -> None:
+        """Keep ``logp`` (detached) as log π_prox of the rollout batch ``key`` until it is released."""
+        self._proximal[key] = logp.detach()
+
+    def release_proximal(self, keys: Any) -> None:
+        """Drop log π_prox of the rollout batches ``keys`` (the schedule released them)."""
+        for key in keys:
+            self._proximal.pop(key, None)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"proximal": dict(self.proximal)}
+        return {"proximal": dict(self._proximal)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if set(state) != {"proximal"} or not all(isinstance(k, int) and isinstance(v, Tensor)
                                                  for k, v in state["proximal"].items()):
             raise ValueError("objective 'decoupled_ppo' state must be {'proximal': {batch key: log π_prox tensor}}")
-        self.proximal = dict(state["proximal"])
+        self._proximal = dict(state["proximal"])
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         if batch.prox_logp is None:

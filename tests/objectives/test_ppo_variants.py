@@ -167,10 +167,12 @@ def test_grpo_ignores_prox_logp() -> None:
 
 def test_decoupled_ppo_state_round_trips_and_refuses_other_state() -> None:
     objective = get_objective("decoupled_ppo")
-    objective.proximal[3] = torch.zeros(2, 4)
+    objective.keep_proximal(3, torch.zeros(2, 4))
     clone = get_objective("decoupled_ppo")
     clone.load_state_dict(objective.state_dict())
-    assert list(clone.proximal) == [3] and torch.equal(clone.proximal[3], objective.proximal[3])
+    assert list(clone.state_dict()["proximal"]) == [3] and torch.equal(clone.kept_proximal(3), torch.zeros(2, 4))
+    clone.release_proximal([3])
+    assert clone.kept_proximal(3) is None and clone.state_dict() == {"proximal": {}}
     with pytest.raises(ValueError, match="state must be"):
         clone.load_state_dict({"other": 1})
 

@@ -90,26 +90,26 @@ def test_dynamic_sampling_keeps_varied_groups_by_hand() -> None:
     """N = 2 prompts: round 1 has one varied group ([0, 1]), round 2 another ([1, 0]) → the batch is those two,
     group ids 0, 1; 2 rounds, 2 of 4 groups kept; reward_current sees all 8 sampled rewards."""
     run = scripted_run([[[1, 1], [0, 1]], [[0, 0], [1, 0]], [[5, 6], [7, 8]]])
-    (fresh,) = trainer.collect(Stack.one(run), 0, Stopwatch())
+    (collected,) = trainer.collect(Stack.one(run), 0, Stopwatch())
     batch = trainer.take(run, 0)
     assert batch.rewards.tolist() == [0, 1, 1, 0] and batch.group_ids.tolist() == [0, 0, 1, 1]
-    assert run.dynamic_counts == [2, 4, 2]
-    assert current_reward(fresh, 0) == pytest.approx(4 / 8)
-    assert shaping_columns(run, None) == {"dynamic_rounds": 2.0, "dynamic_kept_frac": 0.5}
+    assert (collected.rounds, collected.groups, collected.kept) == (2, 4, 2)
+    assert current_reward(collected.fresh, 0) == pytest.approx(4 / 8)
+    assert shaping_columns(run, collected) == {"dynamic_rounds": 2.0, "dynamic_kept_frac": 0.5}
 
 
 def test_dynamic_sampling_truncates_and_fills() -> None:
     """Three varied groups over two rounds → the first two; with one round allowed and one varied group, the batch
     is filled with the first equal-reward group."""
     run = scripted_run([[[0, 1], [1, 1]], [[2, 3], [4, 5]]])
-    trainer.collect(Stack.one(run), 0, Stopwatch())
+    (collected,) = trainer.collect(Stack.one(run), 0, Stopwatch())
     assert trainer.take(run, 0).rewards.tolist() == [0, 1, 2, 3]
-    assert run.dynamic_counts == [2, 4, 3]
+    assert (collected.rounds, collected.groups, collected.kept) == (2, 4, 3)
     run = scripted_run([[[1, 1], [0, 1]]], dynamic_sampling_max_batches=1)
-    trainer.collect(Stack.one(run), 0, Stopwatch())
+    (collected,) = trainer.collect(Stack.one(run), 0, Stopwatch())
     batch = trainer.take(run, 0)
     assert batch.rewards.tolist() == [0, 1, 1, 1] and batch.group_ids.tolist() == [0, 0, 1, 1]
-    assert run.dynamic_counts == [1, 2, 1]
+    assert (collected.rounds, collected.groups, collected.kept) == (1, 2, 1)
 
 
 def test_dynamic_sampling_run_trains_on_varied_groups(tmp_path: Path) -> None:
@@ -119,10 +119,10 @@ def test_dynamic_sampling_run_trains_on_varied_groups(tmp_path: Path) -> None:
 
     run = build(mdp_config(dynamic_sampling=True, group_size=2))
     for update in range(6):
-        trainer.collect(Stack.one(run), update, Stopwatch())
+        (collected,) = trainer.collect(Stack.one(run), update, Stopwatch())
         batch = trainer.take(run, update)
         assert batch.group_ids.tolist() == [0, 0, 1, 1]
-        if run.dynamic_counts[2] >= 2:
+        if collected.kept >= 2:
             assert varied_rows(batch.rewards, batch.group_ids).all()
     train_seeds(mdp_config(dynamic_sampling=True), [0, 1], tmp_path)
     for seed in (0, 1):
@@ -160,3 +160,18 @@ def test_dynamic_sampling_and_overlong_runs_resume_identically(tmp_path: Path,
 
     assert strip(read_rows(tmp_path / "cut")) == strip(read_rows(tmp_path / "full"))
     assert any(float(r["overlong_penalty"]) < 0 for r in read_rows(tmp_path / "full"))
+
+
+def test_a_stack_of_several_members_refuses_dynamic_sampling(tmp_path: Path) -> None:
+    """Dynamic sampling runs in a stack of one only: Stack.of and train_together refuse it with one line naming
+    what is valid, before any file is written; run --seeds trains such seeds one after another."""
+    from offpolicylab.batched import train_together
+
+    configs = [mdp_config(dynamic_sampling=True, seed=seed) for seed in (0, 1)]
+    runs = [build(config) for config in configs]
+    with pytest.raises(ValueError, match=r"^runs with dynamic_sampling cannot train together .*; valid: train them "
+                                         r"one after another \(run --seeds and a sweep do\)$"):
+        Stack.of(runs, [None, None], [run.optimizer.state_dict() for run in runs], [torch.get_rng_state()] * 2)
+    with pytest.raises(ValueError, match="^runs with dynamic_sampling cannot train together"):
+        train_together(configs, [tmp_path / "a", tmp_path / "b"])
+    assert not any(tmp_path.iterdir())

@@ -101,7 +101,7 @@ def test_objectives_that_do_not_read_prox_get_none_and_the_cache_is_emptied() ->
         batch = buffer.pop(schedule.key(update))
         proximal_logp(objective, schedule, buffer, policy, update, 6, policy.score(batch)[0])
         policy.version += 1
-    assert objective.proximal == {}  # every batch was released after its one use
+    assert objective.state_dict() == {"proximal": {}}  # every batch was released after its one use
 
 
 # ------------------------------------------------------------------------------------------- end to end
