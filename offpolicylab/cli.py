@@ -36,8 +36,17 @@ from offpolicylab import analyze as analyze_command
 from offpolicylab import calibrate as calibrate_command
 from offpolicylab import demo as demo_command
 from offpolicylab import replay as replay_command
-from offpolicylab.aliases import CONFIG_ALIASES, PARAM_ALIASES, canonical_config, merge_params
-from offpolicylab.config import DEFAULTS, TrainConfig, config_params, parse_assignments, read_mapping
+from offpolicylab.aliases import CONFIG_ALIASES, PARAM_ALIASES, alias_value, canonical_config, merge_params
+from offpolicylab.config import (
+    DEFAULTS,
+    TrainConfig,
+    apply_overrides,
+    config_params,
+    is_override,
+    override_fields,
+    parse_assignments,
+    read_mapping,
+)
 from offpolicylab.registry import Registry, given_twice, import_modules
 
 EXIT_BAD_INPUT = 2
@@ -64,6 +73,9 @@ class _Once(argparse.Action):
                  option_string: str | None = None) -> None:
         given: dict[str, str] = namespace.__dict__.setdefault("_given_flags", {})
         spelled = f"{option_string} {values}"
+        alias = (option_string or "").removeprefix("--").replace("-", "_")
+        if alias in CONFIG_ALIASES:  # their spelling of the value too (--scale-rewards false → mean)
+            values = alias_value(alias, values)
         if self.dest in given:
             parser.error(given_twice(given[self.dest], spelled, self.dest.removeprefix(ALIAS_DEST)))
         given[self.dest] = spelled
@@ -88,40 +100,61 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="staleness demo (no download, a few minutes on 2 cores)")
     demo_command.add_arguments(demo)
 
-    run = sub.add_parser("run", help="train one run into a run directory")
+    run = sub.add_parser("run", help="train one run into a run directory", usage=RUN_USAGE,
+                         description="Train one run into a run directory.  KEY=VALUE arguments override any "
+                                     "setting after the flags, Hydra-style: a config field (lr=0.01), a field of "
+                                     "a mapping (objective_params.tau=0.04, world_params.family=forking) or a verl "
+                                     "/ TRL name (learning_rate=0.01, actor_rollout_ref.actor.clip_ratio_high=0.28; "
+                                     "docs/configs.md).")
+    groups = {title: run.add_argument_group(title, text) for title, text in RUN_GROUPS.items()}
     for name, param in config_params().items():
+        group = groups[RUN_FIELD_GROUPS.get(name, "training")]
         if name == "imports":
-            _add_import_flag(run)
+            _add_import_flag(group)
         elif name in _DICT_FLAGS:
             flag = "--" + _DICT_FLAGS[name].replace("_", "-")
-            run.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
+            group.add_argument(flag, dest=name, action="append", metavar="K=V", help=f"{param.doc} (repeatable)")
         else:
             aliases = [f"--{alias.replace('_', '-')}" for alias, ours in CONFIG_ALIASES.items() if ours == name]
-            run.add_argument("--" + name.replace("_", "-"), *aliases, dest=name, default=None, action=_Once,
-                             metavar=param.kind.__name__.upper(), help=f"{param.doc} ({_default_help(name, param)})")
+            group.add_argument("--" + name.replace("_", "-"), *aliases, dest=name, default=None, action=_Once,
+                               metavar=param.kind.__name__.upper(),
+                               help=f"{param.doc} ({_default_help(name, param)})")
     for alias, ours in PARAM_ALIASES.items():
-        run.add_argument("--" + alias.replace("_", "-"), dest=ALIAS_DEST + alias, default=None, metavar="VALUE",
-                         action=_Once,
-                         help=f"same as --param {ours}=VALUE (verl / TRL name; offpolicylab.aliases)")
-    run.add_argument("--out", required=True, help="run directory to create (or to continue with --resume)")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    run.add_argument("--seeds", default=None, metavar="S,S,...",
-                     help="train one run per seed (e.g. 0,1,2) into --out/seed=S, each the run that --seed S writes; "
-                          "the tabular, sequence_model and transformer policies train them as one batched "
-                          "computation")
-    run.add_argument("--profile", action="store_true",
-                     help="profile the updates: time per section and top functions on stderr, the full profile in "
-                          "--out/profile.txt (and profile.pstats for pstats / snakeviz)")
-    run.add_argument("--config", default=None, metavar="FILE",
-                     help="a YAML (.yaml, .yml) or JSON file of config fields (docs/configs.md); flags override it")
-    run.add_argument("--model", default=None, metavar="PATH",
-                     help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
-                          "model=PATH; selects --policy hf unless another policy is given)")
-    run.add_argument("--trust-remote-code", action="store_true",
-                     help="let transformers run the Python code a model folder ships (off unless given; never "
-                          "stored in config.json, so give it again with --resume)")
+        groups["objective"].add_argument("--" + alias.replace("_", "-"), dest=ALIAS_DEST + alias, default=None,
+                                         metavar="VALUE", action=_Once,
+                                         help=f"same as --param {ours}=VALUE (verl / TRL name; docs/configs.md)")
+    output = groups["output"]
+    output.add_argument("--out", default=None, help="run directory to create (or to continue with --resume); "
+                                                    "required unless --print-config")
+    output.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    output.add_argument("--profile", action="store_true",
+                        help="profile the updates: time per section and top functions on stderr, the full profile "
+                             "in --out/profile.txt (and profile.pstats for pstats / snakeviz)")
+    setup = groups["config"]
+    setup.add_argument("--config", default=None, metavar="FILE",
+                       help="a YAML (.yaml, .yml) or JSON file of config fields (docs/configs.md); flags override "
+                            "it")
+    setup.add_argument("--print-config", action="store_true",
+                       help="print the resolved config (every field, defaults filled in) as YAML and exit without "
+                            "training; --config reads the file back")
+    groups["training"].add_argument(
+        "--seeds", default=None, metavar="S,S,...",
+        help="train one run per seed (e.g. 0,1,2) into --out/seed=S, each the run that --seed S writes; the "
+             "tabular, sequence_model and transformer policies train them as one batched computation")
+    world = groups["world"]
+    world.add_argument("--model", default=None, metavar="PATH",
+                       help="LLM worlds: a local model directory, a .gguf file or a hub id (same as --world-param "
+                            "model=PATH; selects --policy hf unless another policy is given)")
+    world.add_argument("--trust-remote-code", action="store_true",
+                       help="let transformers run the Python code a model folder ships (off unless given; never "
+                            "stored in config.json, so give it again with --resume)")
 
-    sweep = sub.add_parser("sweep", help="run a grid of runs, one run directory per cell")
+    sweep = sub.add_parser("sweep", help="run a grid of runs, one run directory per cell",
+                           usage="offpolicylab sweep GRID --out DIR [options] [KEY=VALUE ...]",
+                           description="Run a grid of runs.  KEY=VALUE arguments after the grid override its base "
+                                       "config for every cell, as for run (updates=50, "
+                                       "objective_params.tau=0.04, learning_rate=0.01); a grid axis cannot be "
+                                       "overridden.")
     sweep.add_argument("grid", help="grid file, YAML (.yaml, .yml) or JSON: base config + axes (docs/configs.md)")
     sweep.add_argument("--out", required=True, help="output folder (one sub-folder per cell)")
     sweep.add_argument("--workers", type=int, default=1, help="parallel processes")
@@ -156,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_import_flag(parser: argparse.ArgumentParser) -> None:
+def _add_import_flag(parser: Any) -> None:
     parser.add_argument("--import", dest="imports", action="append", metavar="MODULE",
                         help="import MODULE first (a file MODULE.py in the current directory or a module on "
                              "PYTHONPATH) so that the objectives or worlds it registers can be named; repeatable "
@@ -168,7 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plot"]:  # everything after `plot` belongs to the plots module
         return _plot(argv[1:])
-    args = build_parser().parse_args(argv)
+    args, extras = build_parser().parse_known_args(argv)
+    args.overrides = [item for item in extras if is_override(item)] if args.command in ("run", "sweep") else []
+    rest = [item for item in extras if item not in args.overrides]
+    if rest:
+        _fail(f"{args.command}: unrecognized arguments: {' '.join(rest)}"
+              + ("; valid: flags of `offpolicylab run --help`, or KEY=VALUE overrides" if args.command in
+                 ("run", "sweep") else ""))
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C: workers first
     try:
         return {"list": cmd_list, "demo": demo_command.run_command, "run": cmd_run, "sweep": cmd_sweep,
@@ -260,6 +299,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from offpolicylab.sweep import output_folder
     from offpolicylab.trainer import train
 
+    if args.print_config:
+        return print_config(args)
+    if args.out is None:
+        raise ValueError("run needs --out DIR (the run directory to create), or --print-config")
     output_folder(args.out)
     seeds = parse_seeds(args.seeds) if args.seeds is not None else None
     if seeds is not None and args.seed is not None:
@@ -283,13 +326,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None) -> TrainConfig:
+def print_config(args: argparse.Namespace) -> int:
+    """``run --print-config``: the resolved config of the flags (every field, the world's and policy's choices and
+    the objective's parameters filled in) as YAML on stdout, which ``run --config FILE`` reads back."""
+    import yaml
+
+    from offpolicylab.lifecycle import resolve_config
+
+    config = config_from_args(args, None if args.out is not None else ".", defaults=True)
+    sys.stdout.write(yaml.safe_dump(resolve_config(config), sort_keys=False, allow_unicode=True))
+    return 0
+
+
+def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None, *,
+                     defaults: bool = False) -> TrainConfig:
     """Start from --config (or, with --resume, the config.json stored in ``run_dir``, default --out), then apply
     the flags that were given."""
     from offpolicylab.runs import RunDir
 
     data: dict[str, Any] = {}
-    stored = RunDir(args.out if run_dir is None else run_dir)
+    stored = RunDir(run_dir if run_dir is not None else args.out)
     if args.resume and args.config:
         raise ValueError("--resume continues the run in --out with its stored config.json; it cannot be combined "
                          "with --config (start a new run with --config instead)")
@@ -297,7 +353,7 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
         data = stored.read_config()
     elif args.config:
         data = read_mapping(args.config, f"--config {args.config}", "config fields")
-    elif args.world is None or args.objective is None:
+    elif (args.world is None or args.objective is None) and not defaults and not getattr(args, "overrides", None):
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
     source = f"--config {args.config}" if args.config else str(stored.config_path)
     for name in _DICT_FLAGS:  # a list or a number where a mapping belongs is named before it is merged
@@ -322,6 +378,7 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
                 data[name] = {**data.get(name, {}), **given}
         else:
             data[name] = value
+    data = apply_overrides(data, getattr(args, "overrides", None) or [])
     if getattr(args, "model", None):
         data["world_params"] = {**data.get("world_params", {}), "model": args.model}
         if args.policy is None:
@@ -329,6 +386,21 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
     if data.get("world_params"):
         data["world_params"] = absolute_paths(data["world_params"])
     return TrainConfig.from_dict(data)
+
+
+def override_grid(grid: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``grid`` with ``KEY=VALUE`` overrides applied to its base (:func:`~offpolicylab.config.apply_overrides`); a
+    setting that is one of the grid's axes is refused (the axis sets it for every cell)."""
+    base = grid.get("base", {})
+    if not isinstance(base, dict):
+        return grid  # expand_grid names the problem
+    axes = grid.get("axes", {}) if isinstance(grid.get("axes"), dict) else {}
+    touched = override_fields(overrides)
+    clash = sorted(touched & set(axes))
+    if clash:
+        raise ValueError(f"override {clash[0]} is an axis of the grid; valid: overrides of settings the axes do not "
+                         f"set (axes: {', '.join(axes)})")
+    return {**grid, "base": apply_overrides(canonical_config(base), overrides)}
 
 
 def _module_names(value: Any) -> list[str]:
@@ -363,6 +435,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.imports:  # before the grid is read: its cells may name the modules' parts
         import_modules(args.imports)
     grid = load_grid(args.grid)
+    if args.overrides:
+        grid = override_grid(grid, args.overrides)
     if args.imports:
         base = grid.get("base", {})
         modules = [*_module_names(base.get("imports", base.get("import"))), *args.imports]
@@ -435,6 +509,34 @@ def _summary_line(name: str, summary: dict[str, Any]) -> str:
         parts.append(f"collapse_update={summary['collapse_update']}")
     return "  ".join(parts)
 
+
+RUN_USAGE = "offpolicylab run --world W --objective O [options] --out DIR [KEY=VALUE ...]"
+#: ``run --help``'s groups (title: description), in order; every flag belongs to one.
+RUN_GROUPS: dict[str, str] = {
+    "world": "the task: which world, its options, an LLM's model",
+    "policy": "the model that samples and trains, and how its behaviour log-probs are taken",
+    "objective": "the loss: objective, its parameters (also under verl's / TRL's names), advantage estimator",
+    "schedule": "staleness: which policy version generates the data each update consumes",
+    "training": "updates, batch, optimizer, seeds, DAPO's sampling and reward options",
+    "evaluation": "evaluation, metrics and the collapse detector",
+    "output": "the run directory: where, resume, samples, checkpoints, profile",
+    "tracking": "experiment trackers (metrics.csv is written either way)",
+    "config": "config files, your own modules",
+}
+#: The group of each config field's flag (others: ``training``).
+RUN_FIELD_GROUPS: dict[str, str] = {
+    "world": "world", "world_params": "world",
+    "policy": "policy", "policy_params": "policy", "temperature": "policy", "behavior_logp": "policy",
+    "objective": "objective", "objective_params": "objective", "advantage": "objective",
+    "schedule": "schedule",
+    "eval_every": "evaluation", "eval_samples": "evaluation", "eval_kl_init": "evaluation",
+    "metrics_every": "evaluation", "collapse_margin": "evaluation", "collapse_gain_fraction": "evaluation",
+    "collapse_spike": "evaluation", "collapse_window": "evaluation", "collapse_tail": "evaluation",
+    "stop_on_collapse": "evaluation",
+    "sample_every": "output", "checkpoint_every": "output", "fsync": "output",
+    "report_to": "tracking",
+    "imports": "config",
+}
 
 #: the columns of the table ``sweep`` prints (sweep_results.csv's names; a column no cell has is left out)
 SWEEP_TABLE = ("cell", "status", "peak_exact_return", "final_exact_return", "peak_eval_reward_sampled",

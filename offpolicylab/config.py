@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from offpolicylab.aliases import canonical_config, canonical_params
+from offpolicylab.aliases import (
+    CONFIG_ALIASES,
+    PARAM_ALIASES,
+    alias_value,
+    canonical_config,
+    canonical_params,
+    merge_params,
+    verl_path_name,
+)
 from offpolicylab.registry import Param, given_twice, import_modules
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
@@ -51,10 +60,6 @@ def _f(param: Param) -> Any:
 class TrainConfig:
     """Everything that determines a run (with ``seed``, the run is reproducible bit for bit on one machine)."""
 
-    imports: str = _f(Param(None, str, optional=True,
-                            doc="modules to import before the run is built, comma-separated (they register your "
-                                "own objectives or worlds: docs/plugins.md); stored in config.json, so sweep "
-                                "workers and --resume import them too (config key import or imports)"))
     world: str = _f(Param("token_mdp", str, doc="world name, see `offpolicylab list`"))
     world_params: dict[str, Any] = _f(Param({}, dict, doc="world options (--world-param k=v)"))
     objective: str = _f(Param("grpo", str, doc="objective name, see `offpolicylab list`"))
@@ -147,6 +152,11 @@ class TrainConfig:
                                                "histogram samples, comma-separated: tensorboard, wandb, mlflow, "
                                                "trackio, or none (metrics.csv is written either way; a resume may "
                                                "change it)"))
+
+    imports: str = _f(Param(None, str, optional=True,
+                            doc="modules to import before the run is built, comma-separated (they register your "
+                                "own objectives or worlds: docs/plugins.md); stored in config.json, so sweep "
+                                "workers and --resume import them too (config key import or imports)"))
 
     def __post_init__(self) -> None:
         """Fill the fields left unset (None) that a world or policy may choose (:func:`chosen_defaults`)."""
@@ -259,6 +269,63 @@ def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
         if key in out:
             raise ValueError(given_twice(f"{what} {key}={out[key]}", f"{what} {key}={value}", key))
         out[key] = value
+    return out
+
+
+MAPPING_FIELDS = ("world_params", "objective_params", "policy_params")
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+
+
+def is_override(item: str) -> bool:
+    """Whether a command-line word is a ``KEY=VALUE`` override (``lr=0.01``, ``objective_params.tau=0.04``)."""
+    return bool(_OVERRIDE.match(item))
+
+
+def _override_target(key: str) -> tuple[str, str | None]:
+    """(field, key inside a mapping field or None) that the override ``key`` sets; ``("objective_params", alias)``
+    for an objective-parameter alias.  An unknown key raises ``ValueError`` naming what is valid."""
+    head, dot, sub = key.partition(".")
+    if dot and head in MAPPING_FIELDS and sub and "." not in sub:
+        return head, sub
+    name = verl_path_name(key)
+    if name in PARAM_ALIASES:
+        return "objective_params", name
+    if name in CONFIG_ALIASES:
+        return CONFIG_ALIASES[name], None
+    if name in _PARAMS and name not in MAPPING_FIELDS:
+        return name, None
+    raise ValueError(f"override {key} names no setting; valid: a config field ({', '.join(_PARAMS)}), "
+                     f"FIELD.KEY for {', '.join(MAPPING_FIELDS)} (objective_params.tau=0.04), or a verl / TRL name "
+                     f"({', '.join([*CONFIG_ALIASES, *PARAM_ALIASES])}; verl's dotted paths such as "
+                     "actor_rollout_ref.actor.clip_ratio_high)")
+
+
+def override_fields(items: list[str]) -> set[str]:
+    """The config fields that the overrides ``items`` set."""
+    return {_override_target(item.partition("=")[0].strip())[0] for item in items}
+
+
+def apply_overrides(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
+    """``data`` (a config mapping in our names) with Hydra-style ``KEY=VALUE`` overrides applied over it, in order:
+    a field (``lr=0.01``), a key of a mapping field (``objective_params.tau=0.04``), or a verl / TRL name, verl's
+    dotted paths included (:mod:`offpolicylab.aliases`).  Values stay strings: each field's :class:`Param` parses
+    them (``null`` is "not set").  A key given twice, or two keys naming one setting, raises ``ValueError``."""
+    out = dict(data)
+    seen: dict[tuple[str, str | None], str] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        field_name, sub = _override_target(key.strip())
+        target = (field_name, PARAM_ALIASES.get(sub, sub) if field_name == "objective_params" else sub)
+        if target in seen:
+            raise ValueError(f"overrides {seen[target]} and {item} name the same setting; valid: one of them")
+        seen[target] = item
+        if sub is None:
+            name = verl_path_name(key.strip())
+            out[field_name] = alias_value(name, value) if name in CONFIG_ALIASES else value
+        elif field_name == "objective_params":
+            out[field_name] = merge_params(dict(out.get(field_name) or {}), {sub: value})
+        else:
+            out[field_name] = {**(out.get(field_name) or {}), sub: value}
     return out
 
 
