@@ -449,7 +449,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # e.g. a Ray cluster that cannot be started or reached
         print(f"offpolicylab: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print_table(rows, SWEEP_TABLE)
+    print_table(rows, SWEEP_TABLE, SWEEP_HEADERS)
     for row in rows:  # the reason of each failure, which the table has no room for
         if row["status"] == "failed":
             print(f"{row['cell']}: failed: {row.get('error') or 'no reason recorded'}")
@@ -538,9 +538,13 @@ RUN_FIELD_GROUPS: dict[str, str] = {
     "imports": "config",
 }
 
-#: the columns of the table ``sweep`` prints (sweep_results.csv's names; a column no cell has is left out)
-SWEEP_TABLE = ("cell", "status", "peak_exact_return", "final_exact_return", "peak_eval_reward_sampled",
-               "final_eval_reward_sampled", "peak_reward", "final_reward", "collapse_update")
+#: the columns of the table ``sweep`` prints (sweep_results.csv's names; a column no cell has is left out): the
+#: exact return and the evaluation's sampled reward first (on the world's evaluation prompts, every eval_every
+#: updates), then the reward of the training batches, under a header that says so (one batch is noisy)
+SWEEP_TABLE = ("cell", "status", "final_exact_return", "peak_exact_return", "final_eval_reward_sampled",
+               "peak_eval_reward_sampled", "final_reward", "peak_reward", "collapse_update")
+SWEEP_HEADERS = {"final_eval_reward_sampled": "final_eval_reward", "peak_eval_reward_sampled": "peak_eval_reward",
+                 "final_reward": "final_batch_reward", "peak_reward": "peak_batch_reward"}
 
 
 if __name__ == "__main__":

@@ -315,13 +315,15 @@ def _rows(path: Path) -> int:
         return 0
 
 
-def print_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+def print_table(rows: list[dict[str, Any]], columns: Sequence[str], headers: dict[str, str] | None = None) -> None:
     """``rows`` as an aligned text table on stdout: the ``columns`` that any row has a value of, floats to 4
-    significant digits, as ``run`` and ``analyze`` print them (the end of a sweep or demo)."""
+    significant digits, as ``run`` and ``analyze`` print them (the end of a sweep or demo); ``headers`` renames
+    columns in the header line."""
     shown = [c for c in columns if any(row.get(c) not in ("", None) for row in rows)]
     cells = [[_cell(row.get(c, "")) for c in shown] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(shown)]
-    print("  ".join(c.ljust(w) for c, w in zip(shown, widths, strict=True)))
+    names = [(headers or {}).get(c, c) for c in shown]
+    widths = [max(len(n), *(len(r[i]) for r in cells)) for i, n in enumerate(names)]
+    print("  ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)))
     for r in cells:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
 

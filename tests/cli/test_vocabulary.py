@@ -156,7 +156,10 @@ def test_sweep_overrides_its_base_and_refuses_an_axis(tmp_path: Path, capsys: py
     for cell in ("objective=grpo", "objective=m2po"):
         config = json.loads((out / cell / "config.json").read_text())
         assert (config["updates"], config["lr"], config["eval_every"]) == (3, 0.2, 3)
-    capsys.readouterr()
+    header = capsys.readouterr().out.splitlines()[0].split()
+    # evaluation first; the training batches' reward under its own name (the sweep table's columns)
+    assert header == ["cell", "status", "final_exact_return", "peak_exact_return", "final_eval_reward",
+                      "peak_eval_reward", "final_batch_reward", "peak_batch_reward"]
     assert "override objective is an axis of the grid; valid: overrides of settings the axes do not set" in \
         refused(["sweep", str(grid), "--out", str(tmp_path / "s2"), "objective=reinforce"], capsys)
 
