@@ -19,7 +19,6 @@ missing value means.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -147,12 +146,18 @@ class Log:
     notes: list[str] = field(default_factory=list)
     #: per name, the first step and count of values beyond ±VALUE_LIMIT (kept as NaN, said in a note)
     overflow: dict[str, list[int]] = field(default_factory=dict)
+    #: per name, the first step, count and first value of values that are no number (left out, said in a note)
+    non_numbers: dict[str, list[Any]] = field(default_factory=dict)
 
     def add(self, step: int, name: str, value: Any) -> None:
-        """Record one value (a later value of the same step replaces the earlier one); non-numbers are ignored,
-        ``null`` / NaN / inf and values beyond ±:data:`VALUE_LIMIT` are kept as NaN."""
+        """Record one value (a later value of the same step replaces the earlier one): the one reader of logged
+        values.  ``null`` / NaN / inf and values beyond ±:data:`VALUE_LIMIT` are kept as NaN; a value that is no
+        number (a string, a boolean, an object) is left out and counted, and :meth:`non_number_notes` names it
+        and its first step (a dropped reward would make another step's the final one)."""
         number = scalar(value)
         if number is None:
+            first = self.non_numbers.setdefault(name, [int(step), 0, value])
+            first[1] += 1
             return
         raw = value[0] if isinstance(value, list) and len(value) == 1 else value
         if abs(number) > VALUE_LIMIT or (isinstance(raw, _LongInt) and abs(raw) > VALUE_LIMIT):
@@ -166,9 +171,19 @@ class Log:
         return [f"{self.path}: {name} logs {count} value(s) beyond ±{VALUE_LIMIT:g} (first at step {step}), "
                 "counted as not finite" for name, (step, count) in sorted(self.overflow.items())]
 
+    def non_number_notes(self) -> list[str]:
+        """One note per metric that logged values that are no number (strings, booleans, objects)."""
+        return [f"{self.path}: {name} logs {count} value(s) that are not numbers (first at step {step}: "
+                f"{_shown(value)}), left out" for name, (step, count, value) in sorted(self.non_numbers.items())]
+
     @property
     def steps(self) -> list[int]:
         return sorted({step for values in self.series.values() for step in values})
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def scalar(value: Any) -> float | None:
@@ -198,7 +213,7 @@ def read_log(path: str | Path) -> Log:
     except OSError as exc:  # a symlink loop (ELOOP), a name too long, a folder without permission ...
         raise LogError(f"{path} cannot be read ({exc.strerror}); valid: {VALID_LOGS}") from None
     log = _read_path(path)
-    log.notes.extend(log.overflow_notes())
+    log.notes.extend(log.overflow_notes() + log.non_number_notes())
     return log
 
 
@@ -405,9 +420,16 @@ def read_run(path: Path) -> Log:
                            "is damaged (valid: a run directory offpolicylab wrote)")
         for name, text in row.items():
             if name != "update" and text not in ("", None):
-                with contextlib.suppress(ValueError):  # a text column is not a metric
-                    log.add(int(step), name, float(text))
+                log.add(int(step), name, _number_or_text(text))
     return log
+
+
+def _number_or_text(text: str) -> float | str:
+    """A metrics.csv cell as a float, or the text itself (which :meth:`Log.add` counts as no number)."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def _is_step(value: Any) -> bool:

@@ -84,6 +84,12 @@ def validate_profile(doc: Any, name: str = "profile") -> dict[str, Any]:
     stats = doc.get("profile")
     if not isinstance(stats, dict):
         raise ValueError(f"{where}: 'profile' is {_json_type(stats)}; valid: a JSON object of statistics")
+    sampling = doc.get("sampling", {})
+    temperature = sampling.get("temperature") if isinstance(sampling, dict) else None
+    if not isinstance(sampling, dict) or not (temperature is None or (isinstance(temperature, (int, float))
+                                                                      and not isinstance(temperature, bool))):
+        raise ValueError(f"{where}: sampling={_shown(sampling)}; valid: a JSON object of the sampling settings, "
+                         'e.g. {"temperature": 1.0} (docs/calibration.md)')
     if source == "published":
         _check_citation(doc.get("citation"), where)
     not_recorded = doc.get("not_recorded", [])
@@ -97,6 +103,11 @@ def validate_profile(doc: Any, name: str = "profile") -> dict[str, Any]:
         raise ValueError(f"{where}: quotes must map statistic names to the paper's words; valid keys: "
                          f"{[s.key for s in STATISTICS]}")
     return doc
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def _upgrade_v1(doc: dict[str, Any], where: str) -> dict[str, Any]:

@@ -337,8 +337,12 @@ class RunDir:
         return [line for line in lines if line.endswith("\n")]
 
     def read_metrics(self) -> list[dict[str, str]]:
-        """The complete rows of metrics.csv (a torn last line is left out)."""
-        return list(csv.DictReader(self._complete_lines()))
+        """The complete rows of metrics.csv (a torn last line is left out), checked by :func:`read_table`; none
+        while the file is missing or holds no complete line (a run that failed before its first update)."""
+        if not self._complete_lines():
+            return []
+        header, rows = read_table(self.metrics_path)
+        return [dict(zip(header, row, strict=True)) for row in rows]
 
     def _read_header(self) -> list[str]:
         with open(self.metrics_path, newline="") as fh:
@@ -516,27 +520,58 @@ def load_run(path: str | Path, labels: dict[str, str] | None = None) -> RunRecor
     return RunRecord(run.path, config, metrics, run.read_events(), run.read_summary(), samples, dict(labels))
 
 
+def read_table(path: Path, needed: tuple[str, ...] = ("update",)) -> tuple[list[str], list[list[str]]]:
+    """The header and complete rows of a metrics.csv (a torn last line — a write cut short — is left out), checked
+    before any row is read as numbers: UTF-8, a header of distinct non-empty names holding ``needed``, and every row
+    as wide as the header (a row wider or narrower than its header would put each value under another column's
+    name).  Anything else raises :class:`RunError` naming the file and line.  The one reader of metrics.csv
+    (``analyze``, ``plot``, resume, the summary)."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise RunError(f"{path} does not exist; valid: a run directory offpolicylab wrote") from None
+    except UnicodeDecodeError as exc:
+        raise RunError(f"{path} is not UTF-8 text ({_reason(exc)}); the metrics file is damaged") from None
+    complete = text[:text.rfind("\n") + 1]
+    try:
+        table = list(csv.reader(io.StringIO(complete)))
+    except csv.Error as exc:
+        raise RunError(f"{path} is not a CSV table ({_reason(exc)}); the metrics file is damaged") from None
+    if not table or not any(table[0]):
+        raise RunError(f"{path} is empty; the metrics file is damaged (valid: a header and one row per update)")
+    header = table[0]
+    blank = [i + 1 for i, name in enumerate(header) if not name.strip()]
+    twice = sorted({name for name in header if header.count(name) > 1})
+    if blank or twice:
+        what = f"column {blank[0]} has no name" if blank else f"names {', '.join(twice)} twice"
+        raise RunError(f"{path}:1: the header {what}; the metrics file is damaged (valid: a header of distinct "
+                       "column names, update first)")
+    missing = [name for name in needed if name not in header]
+    if missing:
+        raise RunError(f"{path} has no {', '.join(repr(n) for n in missing)} column; columns are {header[:8]}; the "
+                       "metrics file is damaged")
+    rows = []
+    for line, row in enumerate(table[1:], 2):
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise RunError(f"{path}:{line}: {len(row)} values but the header names {len(header)} columns, so they "
+                           "would be read under other columns' names; the metrics file is damaged (valid: a header "
+                           "and one row per update, each as wide as the header)")
+        rows.append(row)
+    return header, rows
+
+
 def read_metrics_frame(path: Path) -> pd.DataFrame:
     """metrics.csv as a DataFrame of numbers, one row per update; a damaged file (not UTF-8, empty, not CSV, no
     ``update`` column, a value that is not a number) raises :class:`RunError` naming the file (and line)."""
     import pandas as pd
 
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RunError(f"{path} is not UTF-8 text ({_reason(exc)}); the metrics file is damaged") from None
-    try:
-        metrics = pd.read_csv(io.StringIO(text))
-    except pd.errors.EmptyDataError:
-        raise RunError(f"{path} is empty; the metrics file is damaged (valid: a header and one row per update)"
-                       ) from None
-    except (pd.errors.ParserError, ValueError) as exc:
-        raise RunError(f"{path} is not a CSV table ({_reason(exc)}); the metrics file is damaged") from None
-    if "update" not in metrics.columns:
-        raise RunError(f"{path} has no 'update' column; columns are {list(metrics.columns)[:8]}")
+    header, rows = read_table(path)
+    metrics = pd.DataFrame(rows, columns=header).replace({"": None, "True": "1", "False": "0"})
     for key in metrics.columns:
         numbers = pd.to_numeric(metrics[key], errors="coerce")
-        bad = numbers.isna() & metrics[key].notna()
+        bad = numbers.isna() & metrics[key].notna() & (metrics[key].str.lower() != "nan")
         if bad.any():
             index = int(bad.to_numpy().nonzero()[0][0])
             raise RunError(f"{path}:{index + 2}: {key}={str(metrics[key].iloc[index])!r} is not a number; the metrics "

@@ -156,3 +156,86 @@ def test_convert_gguf_on_a_missing_file_says_it_does_not_exist(tmp_path: Path,
     err = refused(["convert-gguf", str(tmp_path / "model.bin"), str(tmp_path / "OUT")], capsys)
     assert "is not a .gguf file" in err, err
     assert not (tmp_path / "OUT").exists()
+
+
+# ------------------------------------------------------------- one reader of logged values: a non-number is noted
+@pytest.mark.parametrize("bad", ['"0.7"', "true", '{"mean": 0.7}', "[1, 2]"])
+def test_a_reward_that_is_no_number_is_noted_naming_its_step(bad: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    log = tmp_path / "verl.jsonl"
+    values = ["0.5", bad, "0.6", "0.4"]
+    log.write_text("".join(f'{{"step": {step}, "data": {{"critic/score/mean": {value}}}}}\n'
+                           for step, value in enumerate(values, 1)))
+    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "out")]) == 0
+    note = f"{log}: critic/score/mean logs 1 value(s) that are not numbers (first at step 2: "
+    assert f"note: {note}" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert any(text.startswith(note) for text in summary["notes"]), summary["notes"]
+    assert summary["final_reward"] == 0.4 and summary["steps"] == 3
+
+
+def test_a_text_value_in_our_metrics_csv_is_noted_by_analyze(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.cli.test_hostile_inputs import small_run
+
+    run = small_run(tmp_path / "run")
+    text = (run / "metrics.csv").read_text().splitlines()
+    header = text[0].split(",")
+    cells = text[2].split(",")
+    cells[header.index("reward_mean")] = "high"
+    (run / "metrics.csv").write_text("\n".join([*text[:2], ",".join(cells), *text[3:]]) + "\n")
+    assert cli.main(["analyze", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert "reward_mean logs 1 value(s) that are not numbers (first at step 1: 'high'), left out" in \
+        capsys.readouterr().out
+
+
+# ------------------------------------------------------- one metrics.csv reader: the header checked before the rows
+def header_damaged(run: Path, how: str) -> Path:
+    lines = (run / "metrics.csv").read_text().split("\n")
+    names = lines[0].split(",")
+    if how == "a name removed":
+        del names[2]
+    elif how == "a name blank":
+        names[2] = ""
+    else:
+        names[2] = names[1]
+    lines[0] = ",".join(names)
+    (run / "metrics.csv").write_text("\n".join(lines))
+    return run
+
+
+@pytest.mark.parametrize(("how", "message"), [
+    ("a name removed", "metrics.csv:2: 4 values but the header names 3 columns, so they would be read under other "
+                       "columns' names; the metrics file is damaged"),
+    ("a name blank", "metrics.csv:1: the header column 3 has no name; the metrics file is damaged"),
+    ("a name twice", "metrics.csv:1: the header names loss twice; the metrics file is damaged"),
+])
+@pytest.mark.parametrize("command", ["analyze", "plot"])
+def test_a_damaged_metrics_header_is_refused_before_any_row_is_read(how: str, message: str, command: str,
+                                                                    tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.cli.test_hostile_inputs import small_run
+
+    run = header_damaged(small_run(tmp_path / "run"), how)
+    out = tmp_path / "out"
+    try:
+        code = cli.main([command, str(run), "--out", str(out)])
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and message in err and "Traceback" not in err, err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_profiles_show_refuses_a_sampling_that_is_a_string(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from offpolicylab.profile_files import load_profile
+
+    doc = load_profile("qwen3_8b_cot")
+    (tmp_path / "p.json").write_text(json.dumps({**doc, "sampling": "temperature 1"}))
+    err = refused(["profiles", "show", str(tmp_path / "p.json")], capsys)
+    assert "sampling='temperature 1'; valid: a JSON object of the sampling settings" in err, err
