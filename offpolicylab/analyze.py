@@ -180,9 +180,57 @@ def _finite(value: float | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------------ output
+SWEEP_TABLE_FILE = "sweep_analysis.csv"
+#: The columns of analyze's table over a sweep's runs (summary.json keys; a column no run has is left out).
+SWEEP_COLUMNS = ("run", "status", "steps", "collapse_step", "peak_reward", "final_reward", "final_eval_reward",
+                 "warning_step")
+
+
 def owns(name: str) -> bool:
     """Whether ``name`` is a file analyze writes into its output folder."""
-    return name == "summary.json" or name.removesuffix(".png") in FIGURES and name.endswith(".png")
+    return (name in ("summary.json", SWEEP_TABLE_FILE)
+            or name.removesuffix(".png") in FIGURES and name.endswith(".png"))
+
+
+def sweep_runs(path: Path) -> list[Path]:
+    """The run directories of a sweep folder (or of a ``--seeds`` run's folder) ``path``: those below it when it
+    holds a grid file or run directories of its own; empty for anything else (a log, a run directory)."""
+    from offpolicylab.runs import GRID_FILE, find_run_dirs, is_run_dir
+
+    if not path.is_dir() or is_run_dir(path):
+        return []
+    if (path / GRID_FILE).is_file() or any(is_run_dir(child) for child in path.iterdir() if child.is_dir()):
+        return find_run_dirs([path])
+    return []
+
+
+def analyze_sweep(runs: list[Path], margin: float = 0.1, window: int = 20,
+                  warning: str | None = None) -> list[dict[str, Any]]:
+    """One row per run of a sweep: the run (its folder below the sweep), status, steps, collapse step, peak and
+    final reward, final evaluation reward and the first collapse warning — :func:`analyze` of each run."""
+    rows = []
+    for run in runs:
+        summary = analyze(run, margin=margin, window=window, warning=warning).summary
+        rows.append({"run": run.name, **{key: summary.get(key) for key in SWEEP_COLUMNS if key != "run"},
+                     "warning_step": summary["warning"]["first_step"], "summary": summary})
+    return rows
+
+
+def write_sweep(rows: list[dict[str, Any]], out: OutputWriter) -> None:
+    """summary.json ({"runs": {run: its summary}}) and :data:`SWEEP_TABLE_FILE`, swapped in whole."""
+    import csv
+    import io
+
+    from offpolicylab.runs import write_text_atomically
+
+    with out.staging() as folder:
+        write_text_atomically(folder / "summary.json", json.dumps(
+            {"runs": {row["run"]: row["summary"] for row in rows}}, indent=2) + "\n")
+        text = io.StringIO()
+        table = csv.DictWriter(text, fieldnames=list(SWEEP_COLUMNS), extrasaction="ignore", lineterminator="\n")
+        table.writeheader()
+        table.writerows(rows)
+        write_text_atomically(folder / SWEEP_TABLE_FILE, text.getvalue())
 
 
 def writer(out: str | Path) -> OutputWriter:
@@ -268,6 +316,17 @@ def run_command(args: argparse.Namespace) -> int:
     if str(args.out).strip() and log_path.is_dir() and out.is_dir() and out.resolve() == log_path.resolve():
         raise ValueError(f"--out {out} is the log's own folder; valid: another folder (analyze writes summary.json)")
     target = writer(out)  # checked before the log is read
+    runs = sweep_runs(log_path)
+    if runs:  # a sweep folder: a table over its runs
+        from offpolicylab.progress import print_table
+
+        rows = analyze_sweep(runs, margin=args.margin, window=args.window, warning=args.detector)
+        write_sweep(rows, target)
+        print_table(rows, SWEEP_COLUMNS)
+        collapsed = sum(row["status"] == "collapsed" for row in rows)
+        print(f"{len(rows)} runs, {collapsed} collapsed -> {out}/summary.json, {out}/{SWEEP_TABLE_FILE} (figures: "
+              f"offpolicylab plot {args.log} --out DIR, or analyze one run)")
+        return 0
     analysis = analyze(log_path, margin=args.margin, window=args.window, warning=args.detector)
     summary = write(analysis, target)
     for note in summary["notes"]:
