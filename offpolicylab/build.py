@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from offpolicylab.behavior import check_correction
-from offpolicylab.config import TrainConfig
+from offpolicylab.config import TrainConfig, overlong_limit
 from offpolicylab.contracts import (
     ClonablePolicy,
     ExactWorld,
@@ -123,7 +123,7 @@ def with_stored_plan(config: TrainConfig, stored: dict[str, Any]) -> TrainConfig
 
 def check_overlong(config: TrainConfig, world: World) -> None:
     """``ValueError`` unless the overlong punishment's buffer fits in its L_max (DAPO: 4096 of 20480 tokens)."""
-    max_len = config.overlong_max_len if config.overlong_max_len is not None else world.max_response_len
+    max_len = overlong_limit(config, world)
     if config.overlong_buffer > max_len:
         raise ValueError(f"overlong_buffer={config.overlong_buffer} exceeds the overlong punishment's L_max={max_len} "
                          f"(overlong_max_len, default the world's max_response_len); valid: overlong_buffer <= "

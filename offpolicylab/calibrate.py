@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from offpolicylab.contracts import rewards_of
 from offpolicylab.diagnostics.profile import side_by_side, token_profile
 from offpolicylab.locations import output_file, physical_memory
 from offpolicylab.profile_files import PROFILE_VERSION, list_profiles, load_profile, validate_profile
@@ -62,7 +63,7 @@ def calibrate(
         scored_logp, entropy = policy.initial_policy().score(rollout)
     mask = rollout.response_mask
     profile = token_profile(entropy, rollout.behavior_logp, mask)
-    rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask)
+    rewards = rewards_of(world, rollout)
     lengths = mask.sum(1)
     ended = (torch.isin(rollout.response_ids, policy.eos_ids.to(mask.device)) & (mask > 0)).any(1)
     texts = world.decode(rollout.response_ids, rollout.response_mask)

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from offpolicylab.aliases import (
     CONFIG_ALIASES,
@@ -25,6 +25,9 @@ from offpolicylab.aliases import (
     verl_path_name,
 )
 from offpolicylab.registry import Param, given_twice, import_modules
+
+if TYPE_CHECKING:  # this module imports no torch
+    from offpolicylab.contracts import World
 
 BEHAVIOR_SOURCES = ("auto", "trainer", "sampler")  # offpolicylab.behavior (kept here: this module imports no torch)
 
@@ -480,3 +483,9 @@ def _kind_name(data: Any, kind: str) -> str:
         return {list: "list", str: "string", int: "number", float: "number", bool: "boolean",
                 type(None): "null"}.get(type(data), type(data).__name__)
     return {list: "list", str: "string", type(None): "empty document"}.get(type(data), type(data).__name__)
+
+
+def overlong_limit(config: TrainConfig, world: World) -> int:
+    """L_max of DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13): ``overlong_max_len``, or
+    the world's ``max_response_len`` when it is unset."""
+    return config.overlong_max_len if config.overlong_max_len is not None else world.max_response_len

@@ -288,6 +288,13 @@ class World(Protocol):
     ) -> Tensor: ...
 
 
+def rewards_of(world: World, rollout: Rollout, generator: torch.Generator | None = None) -> Tensor:
+    """The world's rewards [B] of ``rollout``'s responses as float32 (``generator`` serves worlds whose rewards are
+    random): the one reward call — training batches, evaluation and calibration."""
+    rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=generator)
+    return rewards.to(torch.float32)
+
+
 @runtime_checkable
 class ExactWorld(Protocol):
     """A world small enough to list every response (V^T ≤ :data:`~offpolicylab.worlds.exact.MAX_ENUMERATION`):

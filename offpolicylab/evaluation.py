@@ -19,9 +19,9 @@ from offpolicylab.contracts import (
     Policy,
     Prompts,
     Rollout,
+    rewards_of,
 )
 from offpolicylab.diagnostics import stats
-from offpolicylab.rollouts import rewards_of
 from offpolicylab.stack import Run, Stack
 from offpolicylab.worlds.exact import kl_divergence, sequence_logprobs
 

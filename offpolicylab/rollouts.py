@@ -1,7 +1,7 @@
 """Phase 1 of the update loop (:func:`offpolicylab.trainer.collect`): sampling rollouts.
 
 A rollout is ``prompts_per_update`` prompts × ``group_size`` responses of a policy, with behaviour log-probs
-(:func:`offpolicylab.behavior.sample_rollout`), the world's rewards (:func:`rewards_of`, the one reward call),
+(:func:`offpolicylab.behavior.sample_rollout`), the world's rewards (:func:`~offpolicylab.contracts.rewards_of`, the one reward call),
 generating versions and, with DAPO's options (Yu et al. 2025, arXiv:2503.14476), the soft overlong punishment
 (:func:`overlong_penalty`) and dynamic sampling (:func:`dynamic_batch`).  A stack's members sample as one
 computation, each with its own generator.
@@ -16,14 +16,14 @@ import torch
 from torch import Tensor
 
 from offpolicylab.behavior import sample_rollout
-from offpolicylab.config import TrainConfig
-from offpolicylab.contracts import Policy, Prompts, Rollout, World
+from offpolicylab.config import TrainConfig, overlong_limit
+from offpolicylab.contracts import Policy, Prompts, Rollout, rewards_of
 from offpolicylab.objectives.advantages import group_min_max
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.stack import Run, Stack
 
 __all__ = ["INITIAL_VERSION", "Collected", "batch_sources", "dynamic_batch", "first_groups", "generate",
-           "group_count", "overlong_penalty", "overlong_settings", "rewards_joined", "rewards_of", "sample",
+           "group_count", "overlong_penalty", "overlong_settings", "rewards_joined", "sample",
            "sample_batches", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
 
 
@@ -167,8 +167,7 @@ def with_overlong_penalty(run: Run, rollout: Rollout) -> Rollout:
 def overlong_settings(run: Run) -> tuple[int, int, float]:
     """(L_max, L_cache, penalty factor) of the run's overlong punishment."""
     cfg = run.config
-    max_len = cfg.overlong_max_len if cfg.overlong_max_len is not None else run.world.max_response_len
-    return max_len, cfg.overlong_buffer, cfg.overlong_penalty
+    return overlong_limit(cfg, run.world), cfg.overlong_buffer, cfg.overlong_penalty
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 1.0) -> Tensor:
@@ -180,10 +179,3 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 
     expected = max_len - cache
     ramp = torch.clamp((expected - lengths) / cache, max=0.0) if cache else torch.zeros_like(lengths)
     return torch.where(lengths > max_len, torch.full_like(ramp, -1.0), ramp) * factor
-
-
-def rewards_of(world: World, rollout: Rollout, generator: torch.Generator) -> Tensor:
-    """The world's rewards [B] of ``rollout``'s responses as float32 (``generator`` serves worlds whose rewards are
-    random): the one reward call of training batches and evaluation."""
-    rewards = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask, generator=generator)
-    return rewards.to(torch.float32)

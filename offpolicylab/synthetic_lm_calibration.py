@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from offpolicylab.config import TrainConfig, parse_assignments
+from offpolicylab.contracts import rewards_of
 from offpolicylab.diagnostics.profile import compare_profiles, format_comparison, side_by_side, token_profile
 from offpolicylab.profile_files import load_profile
 from offpolicylab.stack import Run, Stack
@@ -160,7 +161,7 @@ def initial_success(world: SyntheticLM, policy: Any, samples: int = 32, seed: in
     """Shares of reward 1 and of valid format (reward > 0) and the mean reward, each with its standard error, over
     ``samples`` temperature-1 samples per evaluation prompt."""
     rollout = policy.sample(world.eval_prompts(), samples, 1.0, torch.Generator().manual_seed(seed))
-    reward = world.reward(rollout.prompt_index, rollout.response_ids, rollout.response_mask).double()
+    reward = rewards_of(world, rollout).double()
     out = {}
     for name, values in (("success", (reward == 1.0).double()), ("format_valid", (reward > 0).double()),
                          ("mean_reward", reward)):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from offpolicylab import trainer
 from offpolicylab.build import build
-from offpolicylab.config import TrainConfig
+from offpolicylab.config import TrainConfig, overlong_limit
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.rollouts import overlong_penalty, varied_rows
 from offpolicylab.stack import Run, Stack
@@ -28,6 +29,13 @@ def test_overlong_penalty_by_hand() -> None:
     assert overlong_penalty(lengths, 10, 4).tolist() == want
     assert overlong_penalty(lengths, 10, 4, 0.5).tolist() == [0.5 * w for w in want]
     assert overlong_penalty(lengths, 10, 0).tolist() == [0, 0, 0, 0, 0, -1.0]
+
+
+def test_overlong_limit_is_the_option_else_the_worlds_response_length() -> None:
+    """L_max: overlong_max_len = 5 when given; unset, the world's max_response_len (here 8)."""
+    world = SimpleNamespace(max_response_len=8)
+    assert overlong_limit(TrainConfig(overlong_max_len=5), world) == 5
+    assert overlong_limit(TrainConfig(), world) == 8
 
 
 def test_overlong_penalty_equals_trl_reward() -> None:
