@@ -108,6 +108,7 @@ def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainCon
     everything that can refuse it — the stored configuration (which may differ in ``report_to``, and in ``updates``
     when the run can be extended: :mod:`offpolicylab.resume`), the summary, the update counter — without writing."""
     stored = upgrade_config(directory.read_config())  # earlier versions' keys renamed (behavior_logp)
+    check_adapter_paths(directory)
     changed = config_changes(stored, resolved)
     extending = changed == ["updates"]
     if changed and not extending:
@@ -215,13 +216,31 @@ def policy_device(policy: Policy) -> torch.device:
 ADAPTER_DIR = "adapter"
 
 
+def adapter_paths(directory: RunDir) -> tuple[Path, Path, Path]:
+    """(staging, old, final): where :func:`save_adapter` writes the adapter, parks the previous one, and keeps it."""
+    folder = directory.checkpoint_path.parent
+    return folder / "adapter.staging", folder / "adapter.old", directory.path / ADAPTER_DIR
+
+
+def check_adapter_paths(directory: RunDir) -> None:
+    """Before a resume trains: ``RUN/adapter`` and the staging folders in ``checkpoint/`` are folders the run writes,
+    or absent.  Anything else there (a file put in place of the adapter folder) is refused naming it — training
+    would otherwise run every update and fail when the adapter is saved — and left as it is."""
+    for path in adapter_paths(directory):
+        if (path.exists() or path.is_symlink()) and (path.is_symlink() or not path.is_dir()):
+            raise RunError(f"{path} is not a folder (a file or a link where the run keeps its LoRA adapter); the run "
+                           f"cannot save its adapter there; valid: move it away (the run writes {path.name}/ again "
+                           "from its checkpoint) and resume")
+
+
 def save_adapter(run: Run, directory: RunDir) -> None:
     """``RUN/adapter``: the policy's adapter in its library's own format (hf: a peft folder), replaced whole at
     every checkpoint and when the run ends (staged and swapped inside ``checkpoint/``); nothing for other policies."""
     if not isinstance(run.policy, AdapterPolicy):
         return
     folder = directory.checkpoint_path.parent
-    staging, old, final = folder / "adapter.staging", folder / "adapter.old", directory.path / ADAPTER_DIR
+    staging, old, final = adapter_paths(directory)
+    check_adapter_paths(directory)  # a fresh run's folder was checked by create, a resume's by checked_resume
     for leftover in (staging, old):
         shutil.rmtree(leftover, ignore_errors=True)
     folder.mkdir(exist_ok=True)
