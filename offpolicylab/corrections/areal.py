@@ -4,8 +4,8 @@ Source: ``areal/utils/functional/functional.py`` (``apply_rejection_sampling``, 
 ``areal/utils/data.py`` (``KLEstimator._compute_approx_kl``), options and their checks in ``areal/api/cli_args.py``
 (``RejectionSamplingConfig``).  A *default run* of AReaL applies no correction (``actor.rejection_sampling: None``); the
 parameter defaults here are ``RejectionSamplingConfig``'s, its *recommended* setting when enabled: token-level mask
-of ratios above 5.0.  AReaL is not installed here: the values in ``tests/corrections/test_by_hand.py``
-are worked out by hand from this source.
+of ratios above 5.0.  Checked against AReaL 1.0.4's own code in ``.ci/run``'s engine
+environment (``tests/integrations/test_areal_engine.py``) and by hand (``tests/corrections/test_by_hand.py``).
 """
 
 from __future__ import annotations

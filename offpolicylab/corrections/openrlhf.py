@@ -4,8 +4,9 @@ Source: ``openrlhf/models/loss.py`` (``PolicyLoss.__init__`` / ``PolicyLoss.forw
 Efficient RL Framework Secretly Brings You Off-Policy RL Training"), options in ``openrlhf/cli/train_ppo_ray.py``
 (``--algo.advantage.is_correction_enable``, ``--algo.advantage.is_correction_threshold 0.5 5.0``,
 ``--algo.advantage.is_correction_type tis|icepop|seq-mask-tis``; older releases: ``--enable_vllm_is_correction``,
-``--vllm_is_truncated_threshold``, ``--vllm_is_correction_type``).  OpenRLHF is not installed here: the values in
-``tests/corrections/test_by_hand.py`` are worked out by hand from this source.
+``--vllm_is_truncated_threshold``, ``--vllm_is_correction_type``).  Checked against OpenRLHF 0.11.2's own
+``PolicyLoss`` in ``.ci/run``'s engine environment (``tests/integrations/test_openrlhf_engine.py``) and by hand
+(``tests/corrections/test_by_hand.py``).
 
 A *default run* of OpenRLHF applies no correction (the CLI flag is off; 0.11.2: ``--algo.advantage.
 is_correction_level off``); ``enable_vllm_is_correction`` defaults to True here so that ``{engine: openrlhf}`` is the

@@ -5,8 +5,9 @@ Source: ``skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py`` (``c
 defaults in ``skyrl/train/config/config.py`` (``OffPolicyCorrectionConfig``), guide
 ``docs/content/docs/algorithms/off_policy_correction.mdx``.  A *default run* of SkyRL applies no correction (every
 ``OffPolicyCorrectionConfig`` field that switches one on is None, as here); the guide *recommends* the geometric
-sequence mask in [0.99, 1.01] (``sequence_mask_metric: geometric``) when enabling one.  SkyRL is not installed here: the values in
-``tests/corrections/test_by_hand.py`` are worked out by hand from this source.
+sequence mask in [0.99, 1.01] (``sequence_mask_metric: geometric``) when enabling one.  Checked against SkyRL 0.3.0's own code in
+``.ci/run``'s engine environment (``tests/integrations/test_skyrl_engine.py``) and by hand
+(``tests/corrections/test_by_hand.py``).
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 Source: ``slime/backends/megatron_utils/loss.py`` (``vanilla_tis_function``, ``icepop_function``,
 ``policy_loss_function``), ``slime/utils/ppo_utils.py`` (``compute_opsm_mask``), options in
 ``slime/utils/arguments.py``.  A *default run* of slime applies no correction (``--use-tis`` off, as ``use_tis``
-here); its *recommended* setting when enabled is token TIS with ``--tis-clip 2.0``.  slime is not installed here: the values in ``tests/corrections/test_by_hand.py`` are
-worked out by hand from this source.
+here); its *recommended* setting when enabled is token TIS with ``--tis-clip 2.0``.  slime does not install without its GPU stack (``loss.py`` imports ``megatron.core``): the
+values in ``tests/corrections/test_by_hand.py`` are worked out by hand from this source (``loss.py`` at THUDM/slime
+commit 2fc48831501c09bde6f6ba1b24576504746e7108).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""OpenRLHF, slime, SkyRL and AReaL are not installable here: their corrections are checked against values worked
-out by hand from each engine's source (file and function named per test), on one small batch whose token ratios
-r = π_train/π_sampler are round numbers:
+"""OpenRLHF, slime, SkyRL and AReaL against values worked out by hand from each engine's source (file and function
+named per test, read from the engines' main branches in 2026; slime's ``loss.py`` rechecked at THUDM/slime commit
+2fc48831501c09bde6f6ba1b24576504746e7108), on one small batch whose token ratios r = π_train/π_sampler are round
+numbers.  slime does not install without its GPU stack (its ``loss.py`` imports ``megatron.core``), so for slime
+these are the only check; OpenRLHF, SkyRL and AReaL are also checked against their own installed code in ``.ci/run``'s engine environment (``tests/integrations/test_*_engine.py``).
 
     row A: r = 4, 0.25, 1.5, 6        (product 9, geometric mean 9^(1/4) ≈ 1.732)
     row B: r = 1, 0.4, 3, —           (product 1.2, geometric mean 1.2^(1/3) ≈ 1.063)
