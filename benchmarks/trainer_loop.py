@@ -50,7 +50,7 @@ from offpolicylab.build import build
 from offpolicylab.config import TrainConfig, parse_assignments
 from offpolicylab.lifecycle import open_run
 from offpolicylab.profiling import Stopwatch, breakdown
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.stack import Stack
 
 

@@ -46,7 +46,8 @@ if str(ROOT) not in sys.path:  # run as `python experiments/collapse_experiment.
 
 from offpolicylab import plots  # noqa: E402
 from offpolicylab.grid import Cell, expand_grid, load_grid  # noqa: E402
-from offpolicylab.runs import read_grid, write_grid, write_sweep_results  # noqa: E402
+from offpolicylab.run_dir import write_grid, write_sweep_results  # noqa: E402
+from offpolicylab.run_records import read_grid  # noqa: E402
 from offpolicylab.sweep import get_engine, result_row  # noqa: E402
 
 CLIPPED, NO_TRUST_REGION, M2PO = "grpo", "grpo_no_tr", "m2po"

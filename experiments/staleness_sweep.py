@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.grid import load_grid
-from offpolicylab.runs import is_run_dir, load_run, read_sweep_results
+from offpolicylab.run_records import is_run_dir, load_run, read_sweep_results
 from offpolicylab.sweep import run_sweep
 
 

@@ -38,7 +38,7 @@ from synthetic_lm_v6_calibration import lengths  # noqa: E402
 
 from offpolicylab.build import build  # noqa: E402
 from offpolicylab.config import TrainConfig  # noqa: E402
-from offpolicylab.runs import RunDir  # noqa: E402
+from offpolicylab.run_dir import RunDir  # noqa: E402
 from offpolicylab.worlds.synthetic_lm_v6 import ANS, EOS, FIRST_TEXT, STEP  # noqa: E402
 
 EVAL_COLUMN = "eval_reward_sampled"

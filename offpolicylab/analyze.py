@@ -241,7 +241,7 @@ def writer(out: str | Path) -> OutputWriter:
 def write(analysis: Analysis, out: str | Path | OutputWriter) -> dict[str, Any]:
     """The figures the log's metrics allow and summary.json, written whole into a temporary folder and swapped in
     for ``out`` (:mod:`offpolicylab.output`): no figure of an earlier analysis stays beside the new summary."""
-    from offpolicylab.runs import write_text_atomically
+    from offpolicylab.run_dir import write_text_atomically
 
     target = out if isinstance(out, OutputWriter) else writer(out)
     names = [name for name, metrics in FIGURES.items() if any(m in analysis.metrics for m in metrics)]

@@ -295,7 +295,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from offpolicylab.batched import parse_seeds, seed_dir, train_seeds
     from offpolicylab.lifecycle import TrainingFailed
     from offpolicylab.policies.hf_loading import allow_remote_code
-    from offpolicylab.runs import RunDir
+    from offpolicylab.run_dir import RunDir
     from offpolicylab.sweep import output_folder
     from offpolicylab.trainer import train
 
@@ -342,7 +342,7 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
                      defaults: bool = False) -> TrainConfig:
     """Start from --config (or, with --resume, the config.json stored in ``run_dir``, default --out), then apply
     the flags that were given."""
-    from offpolicylab.runs import RunDir
+    from offpolicylab.run_dir import RunDir
 
     data: dict[str, Any] = {}
     stored = RunDir(run_dir if run_dir is not None else args.out)

@@ -154,7 +154,8 @@ def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
     import numpy as np
     import pandas as pd
 
-    from offpolicylab.runs import REWARD_COLUMNS, load_runs
+    from offpolicylab.run_dir import REWARD_COLUMNS
+    from offpolicylab.run_records import load_runs
 
     curves: dict[str, list[pd.Series]] = {}
     dashed: dict[str, bool] = {}

@@ -20,7 +20,7 @@ overrides with an optional ``label`` (mapping-valued fields such as ``world_para
 The cell directory is named from the labels: ``objective=grpo__schedule=stale_k-16__seed=0``, made of the
 characters ``A-Z a-z 0-9 . _ = + -`` only (anything else becomes ``-``; a name longer than 200 characters is cut
 and ends in a hash), so every cell lies directly under the output folder.  Pure: nothing here runs or writes; both
-the sweep (:mod:`offpolicylab.sweep`) and the run-directory reader (:mod:`offpolicylab.runs`) use it.
+the sweep (:mod:`offpolicylab.sweep`) and the run-directory reader (:mod:`offpolicylab.run_records`) use it.
 """
 
 from __future__ import annotations

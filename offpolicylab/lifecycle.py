@@ -1,4 +1,4 @@
-"""A run's life in its run directory (:class:`~offpolicylab.runs.RunDir`): open it (fresh, or resumed after the
+"""A run's life in its run directory (:class:`~offpolicylab.run_dir.RunDir`): open it (fresh, or resumed after the
 resume checks, :func:`checked_resume`), the checkpoint state written and restored, the policy's adapter, the
 completions of a text policy, and the end — the summary, or the failure recorded in every directory
 (:func:`guarded`).
@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import json
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,13 +31,13 @@ from offpolicylab.policies import POLICIES
 from offpolicylab.profiling import LoopProfile, Stopwatch
 from offpolicylab.progress import log
 from offpolicylab.resume import check_extension, config_changes
-from offpolicylab.runs import RunDir, RunError
+from offpolicylab.run_dir import RunDir, RunError
 from offpolicylab.stack import Run
 from offpolicylab.staleness import parse_schedule
 from offpolicylab.tracking import Tracker, open_tracker
 from offpolicylab.worlds import WORLDS
 
-__all__ = ["ADAPTER_DIR", "TrainingFailed", "checked_next_update", "checked_resume", "checkpoint_state", "completions", "exact_optimum", "guarded", "open_run", "open_trackers", "policy_device", "record_failure", "replay_warning", "resolve_config", "restore_state", "save_adapter", "write_completions", "write_summary"]
+__all__ = ["TrainingFailed", "checked_next_update", "checked_resume", "checkpoint_state", "completions", "exact_optimum", "guarded", "open_run", "open_trackers", "policy_device", "record_failure", "replay_warning", "resolve_config", "restore_state", "save_adapter", "write_summary"]
 
 
 class TrainingFailed(RuntimeError):
@@ -108,7 +106,7 @@ def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainCon
     everything that can refuse it — the stored configuration (which may differ in ``report_to``, and in ``updates``
     when the run can be extended: :mod:`offpolicylab.resume`), the summary, the update counter — without writing."""
     stored = upgrade_config(directory.read_config())  # earlier versions' keys renamed (behavior_logp)
-    check_adapter_paths(directory)
+    directory.check_adapter()
     changed = config_changes(stored, resolved)
     extending = changed == ["updates"]
     if changed and not extending:
@@ -213,42 +211,11 @@ def policy_device(policy: Policy) -> torch.device:
     return params[0].device if params else torch.device("cpu")
 
 
-ADAPTER_DIR = "adapter"
-
-
-def adapter_paths(directory: RunDir) -> tuple[Path, Path, Path]:
-    """(staging, old, final): where :func:`save_adapter` writes the adapter, parks the previous one, and keeps it."""
-    folder = directory.checkpoint_path.parent
-    return folder / "adapter.staging", folder / "adapter.old", directory.path / ADAPTER_DIR
-
-
-def check_adapter_paths(directory: RunDir) -> None:
-    """Before a resume trains: ``RUN/adapter`` and the staging folders in ``checkpoint/`` are folders the run writes,
-    or absent.  Anything else there (a file put in place of the adapter folder) is refused naming it — training
-    would otherwise run every update and fail when the adapter is saved — and left as it is."""
-    for path in adapter_paths(directory):
-        if (path.exists() or path.is_symlink()) and (path.is_symlink() or not path.is_dir()):
-            raise RunError(f"{path} is not a folder (a file or a link where the run keeps its LoRA adapter); the run "
-                           f"cannot save its adapter there; valid: move it away (the run writes {path.name}/ again "
-                           "from its checkpoint) and resume")
-
-
 def save_adapter(run: Run, directory: RunDir) -> None:
     """``RUN/adapter``: the policy's adapter in its library's own format (hf: a peft folder), replaced whole at
-    every checkpoint and when the run ends (staged and swapped inside ``checkpoint/``); nothing for other policies."""
-    if not isinstance(run.policy, AdapterPolicy):
-        return
-    folder = directory.checkpoint_path.parent
-    staging, old, final = adapter_paths(directory)
-    check_adapter_paths(directory)  # a fresh run's folder was checked by create, a resume's by checked_resume
-    for leftover in (staging, old):
-        shutil.rmtree(leftover, ignore_errors=True)
-    folder.mkdir(exist_ok=True)
-    run.policy.save_adapter(staging)
-    if final.exists():
-        final.rename(old)
-    staging.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    every checkpoint and when the run ends (:meth:`RunDir.save_adapter`); nothing for other policies."""
+    if isinstance(run.policy, AdapterPolicy):
+        directory.save_adapter(run.policy.save_adapter)
 
 
 def completions(policy: TextPolicy, rollout: Rollout, batch: TokenBatch) -> list[dict[str, Any]]:
@@ -268,17 +235,6 @@ def completions(policy: TextPolicy, rollout: Rollout, batch: TokenBatch) -> list
 def short(value: float) -> float:
     """A float32 number as the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)."""
     return float(str(np.float32(value)))
-
-
-def write_completions(directory: RunDir, update: int, records: list[dict[str, Any]]) -> Path:
-    """``samples/completions_<update>.jsonl``: one JSON object per line (written whole, then renamed into place)."""
-    directory.samples_dir.mkdir(exist_ok=True)
-    path = directory.samples_dir / f"completions_{update:06d}.jsonl"
-    staging = path.with_name(path.name + ".partial")
-    staging.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
-                       encoding="utf-8")
-    staging.replace(path)
-    return path
 
 
 def guarded(directories: list[RunDir], profile: bool, updates: Any, watch: Stopwatch, start: int) -> list[str]:

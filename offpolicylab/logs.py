@@ -10,7 +10,7 @@ Four formats, told apart by their content (never by a file name alone):
   ``report_to="tensorboard"``, whose tags carry a ``train/`` prefix and ``eval/`` for evaluations, or our own
   ``--report-to tensorboard``, whose tags are read back as the run's metrics.csv columns), read with TensorBoard's
   own ``EventAccumulator``.
-- ``offpolicylab``: one of our run directories (``metrics.csv``, read by :mod:`offpolicylab.runs`).
+- ``offpolicylab``: one of our run directories (``metrics.csv``, read by :mod:`offpolicylab.run_records`).
 
 :data:`METRIC_NAMES` is the one mapping from their names to ours; :func:`canonical` applies it.  Values that are
 not finite numbers (``null`` in JSON, NaN, inf) are kept as NaN and counted: the reader of a log decides what a
@@ -228,7 +228,7 @@ def _read_path(path: Path) -> Log:
 
 
 def _read_folder(path: Path) -> Log:
-    from offpolicylab.runs import is_run_dir
+    from offpolicylab.run_records import is_run_dir
 
     if is_run_dir(path):
         return read_run(path)
@@ -410,7 +410,7 @@ def check_event_file(path: Path) -> str | None:
 def read_run(path: Path) -> Log:
     """One of our run directories: ``metrics.csv`` by update (an empty cell: not logged at that update; ``nan``:
     logged, not finite)."""
-    from offpolicylab.runs import RunDir
+    from offpolicylab.run_dir import RunDir
 
     log = Log(path, "offpolicylab")
     for line, row in enumerate(RunDir(path).read_metrics(), 2):

@@ -1,7 +1,7 @@
 """Seaborn figures drawn from run directories; plots never re-run training.
 
-Runs are read by :mod:`offpolicylab.runs` (the only reader of run directories) as :class:`~offpolicylab.runs.RunRecord`
-records; this module gives each a legend label.  Every figure function takes loaded runs and returns a matplotlib ``Figure``; when the runs lack the data a figure
+Runs are read by :mod:`offpolicylab.run_records` (the only reader of run directories) as
+:class:`~offpolicylab.run_records.RunRecord` records; this module gives each a legend label.  Every figure function takes loaded runs and returns a matplotlib ``Figure``; when the runs lack the data a figure
 needs it raises :class:`FigureSkipped` with the reason, and :func:`plot_runs` prints that reason and goes on.
 
 Colours: one fixed colour per *objective* (registry name) in every figure, from the Okabe–Ito and Paul Tol
@@ -30,12 +30,13 @@ import seaborn as sns  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from offpolicylab import runs as runs_io  # noqa: E402
+from offpolicylab import run_records  # noqa: E402
 from offpolicylab.diagnostics import correlation  # noqa: E402
 from offpolicylab.diagnostics.ratios import entropy_by_ratio_deviation  # noqa: E402
 from offpolicylab.objectives import objective_params  # noqa: E402
 from offpolicylab.output import OutputWriter  # noqa: E402
-from offpolicylab.runs import RunRecord, load_samples, sample_update  # noqa: E402
+from offpolicylab.run_dir import REWARD_COLUMNS  # noqa: E402
+from offpolicylab.run_records import RunRecord, load_samples, sample_update  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- colours
 #: Okabe & Ito (2008) then Paul Tol's "muted" scheme: both designed to stay distinct under colour-vision deficiency.
@@ -164,13 +165,13 @@ def run_order(run: RunRecord) -> tuple[Any, ...]:
 
 
 def load_run(run_dir: str | Path) -> RunRecord:
-    """One run directory (:func:`offpolicylab.runs.load_run`) with its legend label."""
-    return labelled([runs_io.load_run(run_dir)])[0]
+    """One run directory (:func:`offpolicylab.run_records.load_run`) with its legend label."""
+    return labelled([run_records.load_run(run_dir)])[0]
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
-    """Every run directory under ``paths`` (:func:`offpolicylab.runs.load_runs`) with legend labels."""
-    return labelled(runs_io.load_runs(paths))
+    """Every run directory under ``paths`` (:func:`offpolicylab.run_records.load_runs`) with legend labels."""
+    return labelled(run_records.load_runs(paths))
 
 
 # ----------------------------------------------------------------------------------------------- frames
@@ -192,8 +193,8 @@ def metrics_frame(runs: Sequence[RunRecord], columns: Sequence[str]) -> pd.DataF
 
 def reward_column(runs: Sequence[RunRecord]) -> str:
     """The column of the runs' one reward (docs/metrics.md, "One reward"): the first of
-    :data:`offpolicylab.runs.REWARD_COLUMNS` that every run records a value of, else ``reward_mean``."""
-    for column in runs_io.REWARD_COLUMNS:
+    :data:`offpolicylab.run_dir.REWARD_COLUMNS` that every run records a value of, else ``reward_mean``."""
+    for column in REWARD_COLUMNS:
         if runs and all(column in r.metrics.columns and r.metrics[column].notna().any() for r in runs):
             return column
     return "reward_mean"

@@ -16,7 +16,7 @@ import torch
 
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives import TokenBatch
-from offpolicylab.runs import load_samples
+from offpolicylab.run_records import load_samples
 
 
 class ReplayError(ValueError):

@@ -65,7 +65,8 @@ from offpolicylab.recorded import (
     recorded_raw_log_ratios,
     token_batch,
 )
-from offpolicylab.runs import RunDir, sample_update, write_text_atomically
+from offpolicylab.run_dir import RunDir, write_text_atomically
+from offpolicylab.run_records import sample_update
 
 DEFAULT_OBJECTIVES = "reinforce,grpo,m2po,gspo"
 DECILES = 10

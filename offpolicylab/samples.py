@@ -1,5 +1,5 @@
 """What a run directory's sample files hold (``samples/update_XXXXXX.npz``, written by
-:meth:`~offpolicylab.runs.RunDir.write_samples`): the histogram arrays every run writes and the whole token batch
+:meth:`~offpolicylab.run_dir.RunDir.write_samples`): the histogram arrays every run writes and the whole token batch
 that ``offpolicylab replay`` scores again.
 
 - histogram arrays: valid tokens (at most ``MAX_SAMPLE_TOKENS``, subsampled without replacement by a generator of
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 from offpolicylab.objectives import TokenBatch
-from offpolicylab.runs import MAX_SAMPLE_TOKENS
+from offpolicylab.run_dir import MAX_SAMPLE_TOKENS
 
 UNKNOWN_STALENESS = -1.0
 #: the [B, T] arrays of a recorded batch (``batch_`` + name); entropy and sampler_log_ratio only when known

@@ -28,7 +28,7 @@ from offpolicylab.diagnostics.collapse import CollapseDetector
 from offpolicylab.diagnostics.warning import Detector, default_warning
 from offpolicylab.objectives import Objective
 from offpolicylab.policies import POLICIES, policy_ability
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.staleness import Schedule
 
 __all__ = ["Run", "Stack", "check_stackable", "make_optimizer", "member_state", "stack_policies", "stackable", "stacked_state"]

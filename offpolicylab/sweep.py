@@ -13,11 +13,11 @@ whose config changed makes the sweep refuse with one line before anything runs, 
 ``grid.json`` and the previous one kept as ``grid.previous-N.json``.  Cell directory names are made of the
 characters ``A-Z a-z 0-9 . _ = + -`` only (anything else becomes ``-``; a name longer than 200 characters is cut
 and ends in a hash), so every cell lies directly under the output folder; a cell is only ever deleted file by file,
-and only the files a run writes (:meth:`~offpolicylab.runs.RunDir.clear`).
+and only the files a run writes (:meth:`~offpolicylab.run_dir.RunDir.clear`).
 
 Stopping: SIGINT / SIGTERM to the sweep process terminate its worker processes (whose runs stay resumable), and a
 worker whose sweep process died (even by SIGKILL) exits by itself within a second; each run directory is locked by
-the one process writing it (:meth:`~offpolicylab.runs.RunDir.locked`), so a re-run cannot race with a survivor,
+the one process writing it (:meth:`~offpolicylab.run_dir.RunDir.locked`), so a re-run cannot race with a survivor,
 and the output folder by the one sweep process writing it (:func:`sweep_locked`, ``OUT/.sweep.lock``): a second
 sweep into the same folder is refused before it writes anything.
 
@@ -53,7 +53,7 @@ from offpolicylab.locations import output_folder, process_alive
 from offpolicylab.policies import policy_ability
 from offpolicylab.registry import Registry
 from offpolicylab.resume import config_changes
-from offpolicylab.runs import RunDir, RunError, RunLocked, take_lock, write_grid, write_sweep_results
+from offpolicylab.run_dir import RunDir, RunError, RunLocked, take_lock, write_grid, write_sweep_results
 from offpolicylab.trainer import train
 
 #: sweep_results.csv's columns after the cell's axes: the summary.json keys of the same names (docs/metrics.md)

@@ -208,7 +208,7 @@ def collect(ray: Any, ref: Any, cell: Cell) -> dict[str, Any]:
 
 def record_failure(cell: Cell, error: str) -> dict[str, Any]:
     """Write ``summary.json`` status ``failed`` for a cell that could not record its own failure."""
-    from offpolicylab.runs import RunDir, RunLocked
+    from offpolicylab.run_dir import RunDir, RunLocked
 
     run = RunDir(cell.out_dir)
     try:

@@ -113,7 +113,7 @@ def drift_grid(lrs: list[float], updates: int = 300, world_params: dict[str, Any
 def clip_fractions(sweep_dir: str | Path) -> list[dict[str, float]]:
     """Per learning rate of a finished :func:`drift_grid` sweep: the mean ``clip_frac`` over its updates at s = 0 and
     at s = 256 (nothing else of those runs is read)."""
-    from offpolicylab.runs import load_runs
+    from offpolicylab.run_records import load_runs
 
     by_lr: dict[float, dict[str, float]] = {}
     for run in load_runs([sweep_dir]):

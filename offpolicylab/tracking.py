@@ -236,7 +236,7 @@ class TrackioSink:
 
 # ============================================================================================ the tracker
 class Tracker:
-    """The chosen sinks of one run, fed by its :class:`~offpolicylab.runs.RunDir`: :meth:`row` after each metrics
+    """The chosen sinks of one run, fed by its :class:`~offpolicylab.run_dir.RunDir`: :meth:`row` after each metrics
     row, :meth:`samples` after each histogram-samples file, :meth:`close` with the summary."""
 
     def __init__(self, sinks: list[Any]) -> None:

@@ -24,7 +24,7 @@ configuration trained as one computation (:mod:`offpolicylab.batched`).  At upda
                  J(π) and KL(π‖π_0) (:mod:`offpolicylab.evaluation`).
 4. **record**    collapse detection (:mod:`offpolicylab.diagnostics.collapse`), the metrics row (its numbers:
                  :mod:`offpolicylab.step`), histogram samples, events (:func:`record`) and the atomic checkpoint
-                 (:mod:`offpolicylab.lifecycle`, :mod:`offpolicylab.runs`).
+                 (:mod:`offpolicylab.lifecycle`, :mod:`offpolicylab.run_dir`).
 
 :mod:`offpolicylab.build` builds the run; this module knows no concrete world or policy and asks for optional
 abilities through the protocols of :mod:`offpolicylab.contracts`.
@@ -51,7 +51,6 @@ from offpolicylab.lifecycle import (
     guarded,
     open_run,
     save_adapter,
-    write_completions,
     write_summary,
 )
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch
@@ -62,7 +61,7 @@ from offpolicylab.proximal import proximal_logp
 from offpolicylab.reference import reference_logp
 from offpolicylab.resume import tail_key, watches_tail
 from offpolicylab.rollouts import Collected, generate
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.samples import sample_arrays
 from offpolicylab.stack import Run, Stack
 from offpolicylab.step import Step, detector_reward, update_rows
@@ -362,7 +361,7 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
         if cfg.sample_every and update % cfg.sample_every == 0:
             directory.write_samples(update, sample_arrays(step.batch, step.output.token_mask, cfg.seed, update))
             if isinstance(run.policy, TextPolicy):
-                write_completions(directory, update, completions(run.policy, step.rollout, step.batch))
+                directory.write_completions(update, completions(run.policy, step.rollout, step.batch))
     return not finite or (reason is not None and cfg.stop_on_collapse)
 
 

@@ -33,7 +33,7 @@ from offpolicylab import plots
 from offpolicylab.config import TrainConfig
 from offpolicylab.grid import expand_grid, load_grid
 from offpolicylab.lifecycle import resolve_config
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 
 EXPERIMENTS = common.ROOT.parent / "experiments"
 J = "eval_reward_sampled"

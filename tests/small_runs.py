@@ -47,7 +47,7 @@ def train_killed_at(config: TrainConfig, out: Path, next_update: int, monkeypatc
     """Train ``config`` into ``out`` and die (KeyboardInterrupt, like a kill) when the checkpoint of
     ``next_update`` is about to be saved; the checkpoint saving is restored afterwards."""
     from offpolicylab import trainer
-    from offpolicylab.runs import RunDir
+    from offpolicylab.run_dir import RunDir
 
     save = RunDir.save_checkpoint
 

@@ -29,7 +29,7 @@ from offpolicylab.lifecycle import (
 from offpolicylab.policies import policy_ability
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.progress import describe_run, log
-from offpolicylab.runs import RunDir, RunError
+from offpolicylab.run_dir import RunDir, RunError
 from offpolicylab.stack import Run, Stack, check_stackable, stack_policies, stackable
 from offpolicylab.trainer import run_updates, train
 
@@ -118,7 +118,7 @@ def build_runs(configs: list[TrainConfig]) -> tuple[list[Run], list[torch.Tensor
 def check_directories(directories: list[RunDir], runs: list[Run], resume: bool) -> None:
     """Refuse, before anything is written, a directory that is a file or in use, that a fresh run would overwrite,
     or (``resume``) whose stored run does not resume (:func:`~offpolicylab.lifecycle.checked_resume`, and its
-    metrics.csv against its checkpoint: :meth:`~offpolicylab.runs.RunDir.check_metrics`) or whose checkpoint is at
+    metrics.csv against its checkpoint: :meth:`~offpolicylab.run_dir.RunDir.check_metrics`) or whose checkpoint is at
     another update than the others'."""
     for directory in directories:
         directory.check_free()

@@ -10,7 +10,7 @@ Opt in with ``OFFPOLICYLAB_RECORD=DIR`` (and ``OFFPOLICYLAB_RECORD_EVERY=N``, de
     log π_behaviour − log π_sampler  (when the engine passes the sampler's log-probs),
     staleness (optimizer steps since the batch was generated; −1 where the engine does not say),
 
-and writes, into the run directory (:class:`~offpolicylab.runs.RunDir`, the one owner of run directories):
+and writes, into the run directory (:class:`~offpolicylab.run_dir.RunDir`, the one owner of run directories):
 
 - ``metrics.csv``: one row per update — the objective's metrics averaged over the step's micro-batches (as verl and
   TRL average theirs), the loss, and what the engine knows besides (TRL: ``reward_mean``, ``staleness_mean``);
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from offpolicylab.objectives import LossOutput, Objective, TokenBatch
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.samples import batch_part, record_arrays
 
 RECORD_ENV = "OFFPOLICYLAB_RECORD"

@@ -126,7 +126,7 @@ def test_a_drop_without_a_spike_is_not_a_collapse(tmp_path: Path) -> None:
 def test_our_run_directory_gives_the_trainers_own_verdict(tmp_path: Path) -> None:
     """A run whose loss turns NaN at update 2 is ``collapsed`` there by the trainer; analyze reads the same."""
     from offpolicylab import trainer
-    from offpolicylab.runs import RunDir
+    from offpolicylab.run_dir import RunDir
     from tests.small_runs import mdp_config
 
     healthy = tmp_path / "healthy"
@@ -242,7 +242,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, capsys:
 
 def test_a_torn_last_verl_line_is_left_out_with_a_note(tmp_path: Path) -> None:
     """verl writes each line in one unbuffered write; a kill can cut the last one (no newline after it)."""
-    from offpolicylab.runs import write_text_atomically
+    from offpolicylab.run_dir import write_text_atomically
 
     path = tmp_path / "run.jsonl"
     lines = [json.dumps({"step": s, "data": {"critic/score/mean": 0.1 * s}}) for s in (1, 2, 3)]

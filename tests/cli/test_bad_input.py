@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from offpolicylab.config import TrainConfig
-from offpolicylab.runs import RunDir, RunError
+from offpolicylab.run_dir import RunDir, RunError
 from offpolicylab.trainer import train
 from tests.cli.test_cli import TINY, run_cli
 from tests.small_runs import mdp_config

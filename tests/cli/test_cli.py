@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from offpolicylab import cli
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from tests.small_runs import read_rows
 
 TINY = ["--world", "token_mdp", "--world-param", "vocab_size=3", "--world-param", "length=3",

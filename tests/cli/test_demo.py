@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from offpolicylab import cli, demo
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.sweep import run_sweep
 
 SMALL_LM = json.loads((Path(__file__).resolve().parents[2] / "experiments" / "synthetic_lm_grid_small.json")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from offpolicylab import analyze, cli, replay
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 
 
 def verl_log(path: Path, steps: int = 6, spikes: bool = True, reward: object = None) -> Path:

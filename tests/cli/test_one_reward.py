@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from offpolicylab import analyze, cli, logs
-from offpolicylab.runs import RunDir, upgrade_summary
+from offpolicylab.run_dir import RunDir, upgrade_summary
 from offpolicylab.tracking import scalar_name
 from offpolicylab.trainer import train
 from tests.small_runs import mdp_config

@@ -13,7 +13,7 @@ import pytest
 from offpolicylab import cli
 from offpolicylab.config import read_mapping
 from offpolicylab.progress import LINE_SECONDS, Progress, SweepProgress, readable
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from tests.small_runs import read_rows
 
 FLAGS = ["--world", "token_mdp", "--world-param", "vocab_size=3", "--world-param", "length=3",

@@ -14,7 +14,8 @@ import torch
 from offpolicylab import cli, replay
 from offpolicylab.integrations.record import Recorder
 from offpolicylab.objectives import TokenBatch, get_objective
-from offpolicylab.runs import RunDir, RunError, load_run, load_samples
+from offpolicylab.run_dir import RunDir, RunError
+from offpolicylab.run_records import load_run, load_samples
 
 EPS = 0.2
 

@@ -13,7 +13,7 @@ import torch
 from offpolicylab import cli
 from offpolicylab.integrations.record import Recorder
 from offpolicylab.objectives import TokenBatch, get_objective
-from offpolicylab.runs import load_samples
+from offpolicylab.run_records import load_samples
 
 
 def mismatched_batch(seed: int, rows: int = 4, length: int = 7) -> TokenBatch:

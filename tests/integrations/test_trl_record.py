@@ -19,7 +19,7 @@ from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
 from offpolicylab import analyze, cli  # noqa: E402
-from offpolicylab.runs import load_run, load_samples  # noqa: E402
+from offpolicylab.run_records import load_run, load_samples  # noqa: E402
 from tests.integrations.test_trl import (  # noqa: E402
     RecordingTrainer,
     completion_logp,

@@ -320,7 +320,7 @@ def test_verl_loss_records_its_batches_and_replay_reproduces_them(core_algos, tm
     import json
 
     from offpolicylab import cli
-    from offpolicylab.runs import load_run, load_samples
+    from offpolicylab.run_records import load_run, load_samples
 
     monkeypatch.setenv("OFFPOLICYLAB_RECORD", str(tmp_path / "record"))
     verl_adapter.register_with_verl(names=["m2po"], params={"m2po": {"tau": 0.01}})

@@ -148,7 +148,7 @@ def test_cli_main(full_runs: list[Path], tmp_path: Path, capsys: pytest.CaptureF
 
 def test_sweep_cell_labels_come_from_the_grid_file(tmp_path: Path) -> None:
     from offpolicylab.grid import expand_grid
-    from offpolicylab.runs import write_grid
+    from offpolicylab.run_dir import write_grid
 
     grid = {"base": {"world": "token_mdp"}, "axes": {
         "objective": [{"label": "grpo_no_tr", "objective": "grpo", "objective_params": {"eps_high": "inf"}}],

@@ -19,7 +19,7 @@ import torch
 
 from offpolicylab import cli
 from offpolicylab.grid import expand_grid
-from offpolicylab.runs import RunDir, RunError
+from offpolicylab.run_dir import RunDir, RunError
 from offpolicylab.sweep import run_sweep
 from offpolicylab.trainer import train
 from tests.cli.test_cli import run_cli
@@ -166,7 +166,7 @@ def test_two_processes_cannot_both_write_one_run_directory(tmp_path: Path,
 def test_the_lock_is_reentrant_in_one_process_and_exclusive_across_processes(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     with run.locked(), run.locked():
-        holder = subprocess.run([sys.executable, "-c", "import sys; from offpolicylab.runs import RunDir, RunLocked\n"
+        holder = subprocess.run([sys.executable, "-c", "import sys; from offpolicylab.run_dir import RunDir, RunLocked\n"
                                  "try:\n  RunDir(sys.argv[1]).locked().__enter__()\n"
                                  "except RunLocked as e: print(e)", str(run.path)],
                                 env=ENV, capture_output=True, text=True, timeout=120)

@@ -8,16 +8,8 @@ import numpy as np
 import pytest
 
 from offpolicylab.grid import expand_grid
-from offpolicylab.runs import (
-    RunDir,
-    load_run,
-    load_runs,
-    read_sweep_results,
-    sample_update,
-    sweep_labels,
-    write_grid,
-    write_sweep_results,
-)
+from offpolicylab.run_dir import RunDir, write_grid, write_sweep_results
+from offpolicylab.run_records import load_run, load_runs, read_sweep_results, sample_update, sweep_labels
 
 GRID = {"base": {"world": "three_arm_pitfall", "updates": 2},
         "axes": {"objective": [{"label": "no_tr", "objective": "grpo", "objective_params": {"eps_low": "inf"}},

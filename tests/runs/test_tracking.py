@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.tracking import open_tracker, parse_report_to, scalar_name
 from offpolicylab.trainer import train
 from tests.small_runs import mdp_config, read_rows

@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from offpolicylab.runs import RunDir, RunLocked  # noqa: E402
+from offpolicylab.run_dir import RunDir, RunLocked  # noqa: E402
 from offpolicylab.sweep import get_engine, run_sweep  # noqa: E402
 from offpolicylab.sweep_ray import RayStartError, init_options, ray_engine, ray_session, start_ray  # noqa: E402
 from tests.runs.test_hardening import gone  # noqa: E402

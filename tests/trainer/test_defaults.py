@@ -14,7 +14,7 @@ from offpolicylab.config import DEFAULTS, POLICY_DEFAULTS, TrainConfig, chosen_d
 from offpolicylab.lifecycle import checkpoint_state, open_run, restore_state
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.progress import describe_run, eval_line, progress_line
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.worlds import WORLDS
 from tests.small_runs import mdp_config
 

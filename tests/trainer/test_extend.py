@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from offpolicylab import cli
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.trainer import train
 from tests.small_runs import mdp_config, read_rows
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from offpolicylab import batched, trainer
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from tests.small_runs import column, mdp_config
 
 NO_CLIP = 1e9

@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from offpolicylab.config import TrainConfig
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.trainer import train
 from offpolicylab.worlds.token_mdp import TokenMDP
 from tests.small_runs import read_rows

@@ -11,7 +11,7 @@ import pytest
 from offpolicylab import trainer
 from offpolicylab.diagnostics import warning
 from offpolicylab.lifecycle import replay_warning
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from tests.small_runs import mdp_config, read_rows
 
 

@@ -18,7 +18,8 @@ import transformers  # noqa: E402
 from offpolicylab import cli  # noqa: E402
 from offpolicylab.build import build  # noqa: E402
 from offpolicylab.config import TrainConfig  # noqa: E402
-from offpolicylab.runs import RunDir, load_samples  # noqa: E402
+from offpolicylab.run_dir import RunDir  # noqa: E402
+from offpolicylab.run_records import load_samples  # noqa: E402
 from tests.tiny_llm import build_tokenizer, save_model_and_data  # noqa: E402
 
 pytestmark = pytest.mark.llm

@@ -26,7 +26,7 @@ from offpolicylab.build import with_stored_plan
 from offpolicylab.config import TrainConfig
 from offpolicylab.policies import hf
 from offpolicylab.policies.hf import device_generator
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from tests.tiny_llm import build_tokenizer, save_model_and_data
 
 pytestmark = pytest.mark.llm

@@ -9,7 +9,7 @@ import pytest
 
 from offpolicylab import cli
 from offpolicylab.profiling import SECTIONS, breakdown
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from tests.trainer.golden_runs import normalized_metrics
 
 TINY = ["--world", "token_mdp", "--objective", "grpo", "--world-param", "vocab_size=3", "--world-param", "length=3",

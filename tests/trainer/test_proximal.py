@@ -13,7 +13,7 @@ from offpolicylab import batched, cli, trainer
 from offpolicylab.build import build
 from offpolicylab.objectives import get_objective
 from offpolicylab.proximal import proximal_logp
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.staleness import Schedule, parse_schedule
 from tests.small_runs import column, mdp_config, read_rows, train_killed_at
 from tests.trainer.golden_runs import normalized_metrics

@@ -18,7 +18,7 @@ from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import Prompts, Rollout
 from offpolicylab.policies import TabularSoftmaxPolicy
 from offpolicylab.policies.tabular import StackedTabularPolicy
-from offpolicylab.runs import RunDir, RunError
+from offpolicylab.run_dir import RunDir, RunError
 from offpolicylab.stack import Stack, member_state, stacked_state
 from tests.small_runs import bandit_config, mdp_config, nan_objective, read_rows
 from tests.trainer.golden_runs import normalized_metrics

@@ -16,7 +16,7 @@ from offpolicylab.contracts import Rollout
 from offpolicylab.evaluation import exact_diagnostics
 from offpolicylab.objectives import TokenBatch
 from offpolicylab.objectives.advantages import group_advantages
-from offpolicylab.runs import MAX_SAMPLE_TOKENS, RunDir, RunError
+from offpolicylab.run_dir import MAX_SAMPLE_TOKENS, RunDir, RunError
 from tests.small_runs import bandit_config, column, mdp_config, nan_objective, read_rows
 
 # ------------------------------------------------------------------------------------------------ advantages

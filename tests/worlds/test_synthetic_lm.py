@@ -291,7 +291,7 @@ def test_calibration_updates_are_a_training_runs_updates(cache, tmp_path, change
     from offpolicylab import trainer
     from offpolicylab.build import build
     from offpolicylab.config import TrainConfig
-    from offpolicylab.runs import RunDir
+    from offpolicylab.run_dir import RunDir
     from offpolicylab.synthetic_lm_calibration import measured_updates
 
     class FirstBatch(trainer.UpdateHook):

@@ -1,13 +1,17 @@
 """Run directories: this module defines their files and writes and reads them through :class:`RunDir`
 (docs/design.md, "Run directories"; the trainer and the sweep act on a directory only through it, except a sweep's
-``error.txt`` of a failed cell).  :class:`RunDir` writes a run while it trains; :func:`load_run` / :func:`load_runs` read finished
-runs as :class:`RunRecord` records for plots, the demo figure, paper figures and experiments.
+``error.txt`` of a failed cell).  :class:`RunDir` writes a run while it trains; :mod:`offpolicylab.run_records`
+reads finished runs back for plots, the demo figure, paper figures and experiments.
 
     config.json                  the resolved TrainConfig
     metrics.csv                  one row per update, ``update`` first, appended and flushed every update;
                                  wall-clock columns are named ``time_*``
     samples/update_XXXXXX.npz    token samples for histograms (log_ratio, advantage, entropy, kept; per sequence
                                  seq_log_ratio and staleness), ``np.load(allow_pickle=False)``-loadable
+    samples/completions_XXXXXX.jsonl  a text policy's consumed responses at those updates (:meth:`RunDir
+                                 .write_completions`)
+    adapter/                     an adapter policy's adapter, replaced whole (:meth:`RunDir.save_adapter`)
+    tracking/                    the ``--report-to`` trackers' local files (:mod:`offpolicylab.tracking`)
     events.jsonl                 collapse, non_finite_loss, resume, ...
     checkpoint/state.pt          the latest checkpoint, replaced atomically (temp file, rename): a killed process
                                  leaves the previous or the new checkpoint, never a torn one.  With
@@ -42,19 +46,14 @@ import math
 import os
 import shutil
 import time
-import zipfile
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from offpolicylab.grid import expand_grid, load_grid
-
 if TYPE_CHECKING:
-    import pandas as pd
 
     from offpolicylab.tracking import Tracker
 
@@ -70,8 +69,11 @@ LOCK_NAME = ".lock"
 TEMP_MARK = ".tmp-"
 # every name a run directory may hold: what :meth:`RunDir.clear` may delete
 PROFILE_FILES = ("profile.txt", "profile.pstats")
+ADAPTER_DIR = "adapter"  # an adapter policy's adapter, in its library's own format
 RUN_ENTRIES = frozenset({"config.json", "metrics.csv", "events.jsonl", "summary.json", "checkpoint", "samples",
-                         "error.txt", "tracking", "adapter", LOCK_NAME, *PROFILE_FILES})
+                         "error.txt", "tracking", ADAPTER_DIR, LOCK_NAME, *PROFILE_FILES})
+SAMPLE_PREFIX = "update_"  # samples/update_XXXXXX.npz
+COMPLETIONS_PREFIX = "completions_"  # samples/completions_XXXXXX.jsonl
 ENVIRONMENT_KEY = "environment"  # config.json: package versions and git commit (not part of the configuration)
 _HELD_LOCKS: dict[Path, list[int]] = {}  # resolved run path -> [lock file descriptor, nesting depth]
 
@@ -121,6 +123,7 @@ class RunDir:
     checkpoint_path = property(lambda self: self.path / "checkpoint" / "state.pt")
     samples_dir = property(lambda self: self.path / "samples")
     profile_path = property(lambda self: self.path / PROFILE_FILES[0])
+    adapter_path = property(lambda self: self.path / ADAPTER_DIR)
 
     def holds_run(self) -> bool:
         return self.config_path.exists() or self.metrics_path.exists()
@@ -227,7 +230,7 @@ class RunDir:
     def _read_config_file(self) -> dict[str, Any]:
         if not self.config_path.exists():
             raise RunError(f"{self.path} holds no run to resume (no config.json)")
-        data = _read_json(self.config_path, "config.json")
+        data = read_json(self.config_path, "config.json")
         if not isinstance(data, dict):
             raise RunError(f"{self.config_path} holds a JSON {type(data).__name__}; the config file is damaged "
                            "(valid: the JSON object a run writes)")
@@ -237,7 +240,7 @@ class RunDir:
         """summary.json, or None while the run has none — and when it is damaged (unreadable, not a JSON object):
         such a run counts as unfinished, so a sweep or a resume continues it instead of trusting the file."""
         try:
-            summary = _read_json(self.summary_path, "summary.json")
+            summary = read_json(self.summary_path, "summary.json")
         except (RunError, OSError):
             return None
         return upgrade_summary(summary) if isinstance(summary, dict) else None
@@ -363,7 +366,7 @@ class RunDir:
         try:
             lines = self.events_path.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
-            raise RunError(f"{self.events_path} cannot be read ({_reason(exc)}); the events file is damaged") from None
+            raise RunError(f"{self.events_path} cannot be read ({error_reason(exc)}); the events file is damaged") from None
         events = []
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -380,13 +383,54 @@ class RunDir:
 
     def write_samples(self, update: int, arrays: dict[str, np.ndarray]) -> Path:
         self.samples_dir.mkdir(exist_ok=True)
-        path = self.samples_dir / f"{_SAMPLE_PREFIX}{update:06d}.npz"
+        path = self.samples_dir / f"{SAMPLE_PREFIX}{update:06d}.npz"
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
         _atomic_write_bytes(path, buffer.getvalue(), self.fsync)
         if self.tracker is not None:
             self.tracker.samples(arrays, update, path)
         return path
+
+    def write_completions(self, update: int, records: list[dict[str, Any]]) -> Path:
+        """``samples/completions_<update>.jsonl``: one JSON object per line (written whole, then renamed into
+        place)."""
+        self.samples_dir.mkdir(exist_ok=True)
+        path = self.samples_dir / f"{COMPLETIONS_PREFIX}{update:06d}.jsonl"
+        staging = path.with_name(path.name + ".partial")
+        staging.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
+                           encoding="utf-8")
+        staging.replace(path)
+        return path
+
+    def adapter_paths(self) -> tuple[Path, Path, Path]:
+        """(staging, old, final): where :meth:`save_adapter` writes the adapter, parks the previous one, and keeps
+        it."""
+        folder = self.checkpoint_path.parent
+        return folder / "adapter.staging", folder / "adapter.old", self.adapter_path
+
+    def check_adapter(self) -> None:
+        """Before a resume trains: ``RUN/adapter`` and the staging folders in ``checkpoint/`` are folders the run
+        writes, or absent.  Anything else there (a file put in place of the adapter folder) is refused naming it —
+        training would otherwise run every update and fail when the adapter is saved — and left as it is."""
+        for path in self.adapter_paths():
+            if (path.exists() or path.is_symlink()) and (path.is_symlink() or not path.is_dir()):
+                raise RunError(f"{path} is not a folder (a file or a link where the run keeps its LoRA adapter); the "
+                               f"run cannot save its adapter there; valid: move it away (the run writes {path.name}/ "
+                               "again from its checkpoint) and resume")
+
+    def save_adapter(self, save: Callable[[Path], Any]) -> None:
+        """``adapter/``: the adapter ``save(folder)`` writes (a policy's ``save_adapter``, its library's own format),
+        replaced whole (staged and swapped inside ``checkpoint/``)."""
+        staging, old, final = self.adapter_paths()
+        self.check_adapter()  # a fresh run's folder was checked by create, a resume's by checked_resume
+        for leftover in (staging, old):
+            shutil.rmtree(leftover, ignore_errors=True)
+        staging.parent.mkdir(exist_ok=True)
+        save(staging)
+        if final.exists():
+            final.rename(old)
+        staging.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
 
     def write_profile(self, report: str, stats: bytes) -> None:
         """profile.txt (``report``) and profile.pstats (``stats``, cProfile's marshal format), each atomically."""
@@ -428,7 +472,7 @@ class RunDir:
         rows, path = self.read_metrics(), self.metrics_path
         summary: dict[str, Any] = {"status": status, "updates_done": len(rows)}
         for key in SUMMARY_KEYS:
-            values = [(int(_number(path, line, r, "update")), _number(path, line, r, key))
+            values = [(int(metric_number(path, line, r, "update")), metric_number(path, line, r, key))
                       for line, r in enumerate(rows, 2) if r.get(key, "") not in ("", None)]
             finite = [(u, v) for u, v in values if math.isfinite(v)]
             if finite:
@@ -450,76 +494,6 @@ class RunDir:
         return summary
 
 
-# -------------------------------------------------------------------------------------------- reading finished runs
-_SAMPLE_PREFIX = "update_"
-
-
-@dataclass
-class RunRecord:
-    """One finished (or interrupted) run directory, read back: its config, metrics (a DataFrame, one row per
-    update), events, summary (None while running), sample files, and ``labels``, the axis labels of its sweep cell
-    (``{}`` outside a sweep).  ``label`` is the legend label a figure shows (see :mod:`offpolicylab.plots`)."""
-
-    path: Path
-    config: dict[str, Any]
-    metrics: pd.DataFrame
-    events: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
-    sample_files: list[Path] = field(default_factory=list)
-    labels: dict[str, str] = field(default_factory=dict)
-    label: str = ""
-
-    @property
-    def objective(self) -> str:
-        return str(self.config.get("objective", "unknown"))
-
-    @property
-    def schedule(self) -> str:
-        """The schedule as its command-line spelling (``on_policy``, ``stale_k:256``, ...)."""
-        return str(self.config.get("schedule", "on_policy"))
-
-    @property
-    def seed(self) -> int:
-        return int(self.config.get("seed", 0))
-
-    def collapse_updates(self) -> list[int]:
-        """Updates at which a ``collapse`` event was recorded."""
-        return [int(e["update"]) for e in self.events if e.get("event") == "collapse"]
-
-
-def is_run_dir(path: str | Path) -> bool:
-    return RunDir(path).config_path.is_file() and RunDir(path).metrics_path.is_file()
-
-
-def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path that is a run directory, or every run directory below it (a sweep folder)."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if is_run_dir(path):
-            found.append(path)
-        elif path.is_dir():
-            found.extend(sorted(p.parent for p in path.rglob("metrics.csv") if is_run_dir(p.parent)))
-        else:
-            raise ValueError(f"{path} does not exist; give run directories or folders that contain them")
-    return found
-
-
-def load_run(path: str | Path, labels: dict[str, str] | None = None) -> RunRecord:
-    """Read one run directory; ``config.json`` and ``metrics.csv`` are required, the rest optional.  ``labels``
-    default to the run's sweep-cell labels when its parent folder holds the sweep's grid file."""
-
-    run = RunDir(path)
-    if not is_run_dir(run.path):
-        raise ValueError(f"{run.path} is not a run directory: it needs config.json and metrics.csv")
-    config = checked_fields(run.config_path, run.read_config())
-    metrics = read_metrics_frame(run.metrics_path)
-    samples = sorted(run.samples_dir.glob(f"{_SAMPLE_PREFIX}*.npz")) if run.samples_dir.is_dir() else []
-    if labels is None:
-        labels = sweep_labels(run.path.parent).get(run.path.name, {})
-    return RunRecord(run.path, config, metrics, run.read_events(), run.read_summary(), samples, dict(labels))
-
-
 def read_table(path: Path, needed: tuple[str, ...] = ("update",)) -> tuple[list[str], list[list[str]]]:
     """The header and complete rows of a metrics.csv (a torn last line — a write cut short — is left out), checked
     before any row is read as numbers: UTF-8, a header of distinct non-empty names holding ``needed``, and every row
@@ -531,12 +505,12 @@ def read_table(path: Path, needed: tuple[str, ...] = ("update",)) -> tuple[list[
     except FileNotFoundError:
         raise RunError(f"{path} does not exist; valid: a run directory offpolicylab wrote") from None
     except UnicodeDecodeError as exc:
-        raise RunError(f"{path} is not UTF-8 text ({_reason(exc)}); the metrics file is damaged") from None
+        raise RunError(f"{path} is not UTF-8 text ({error_reason(exc)}); the metrics file is damaged") from None
     complete = text[:text.rfind("\n") + 1]
     try:
         table = list(csv.reader(io.StringIO(complete)))
     except csv.Error as exc:
-        raise RunError(f"{path} is not a CSV table ({_reason(exc)}); the metrics file is damaged") from None
+        raise RunError(f"{path} is not a CSV table ({error_reason(exc)}); the metrics file is damaged") from None
     if not table or not any(table[0]):
         raise RunError(f"{path} is empty; the metrics file is damaged (valid: a header and one row per update)")
     header = table[0]
@@ -561,93 +535,6 @@ def read_table(path: Path, needed: tuple[str, ...] = ("update",)) -> tuple[list[
         rows.append(row)
     return header, rows
 
-
-def read_metrics_frame(path: Path) -> pd.DataFrame:
-    """metrics.csv as a DataFrame of numbers, one row per update; a damaged file (not UTF-8, empty, not CSV, no
-    ``update`` column, a value that is not a number) raises :class:`RunError` naming the file (and line)."""
-    import pandas as pd
-
-    header, rows = read_table(path)
-    metrics = pd.DataFrame(rows, columns=header).replace({"": None, "True": "1", "False": "0"})
-    for key in metrics.columns:
-        numbers = pd.to_numeric(metrics[key], errors="coerce")
-        bad = numbers.isna() & metrics[key].notna() & (metrics[key].str.lower() != "nan")
-        if bad.any():
-            index = int(bad.to_numpy().nonzero()[0][0])
-            raise RunError(f"{path}:{index + 2}: {key}={str(metrics[key].iloc[index])!r} is not a number; the metrics "
-                           "file is damaged")
-        metrics[key] = numbers
-    if metrics["update"].isna().any():
-        raise RunError(f"{path}: a row has no update number; the metrics file is damaged")
-    return metrics
-
-
-#: config.json fields that readers of a finished run use, with what each must be.
-READ_FIELDS: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "objective": (str, "a string"), "schedule": (str, "a string"), "seed": (int, "an integer"),
-    "objective_params": (dict, "a mapping"), "world": (str, "a string"), "policy": (str, "a string"),
-}
-
-
-def checked_fields(path: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` after checking the types of the fields in :data:`READ_FIELDS` it holds (``RunError`` naming the
-    file and the field otherwise)."""
-    for key, (kind, text) in READ_FIELDS.items():
-        value = config.get(key)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
-            raise RunError(f"{path}: {key}={value!r} is invalid; valid: {text} (the config file is damaged)")
-    return config
-
-
-def load_runs(paths: Iterable[str | Path]) -> list[RunRecord]:
-    """Every run directory found under ``paths`` (see :func:`find_run_dirs`), with its sweep labels."""
-    dirs = find_run_dirs(paths)
-    if not dirs:
-        raise ValueError("no run directories (config.json + metrics.csv) found under the given paths")
-    by_sweep = {parent: sweep_labels(parent) for parent in {d.parent for d in dirs}}
-    return [load_run(d, by_sweep[d.parent].get(d.name, {})) for d in dirs]
-
-
-def read_grid(sweep_dir: str | Path) -> dict[str, Any] | None:
-    """The grid file a sweep in ``sweep_dir`` ran (validated as ``offpolicylab sweep`` does), or None without one."""
-    grid_path = Path(sweep_dir) / GRID_FILE
-    return load_grid(grid_path) if grid_path.is_file() else None
-
-
-def sweep_labels(sweep_dir: str | Path) -> dict[str, dict[str, str]]:
-    """{cell directory name: its axis labels} of the sweep whose grid file is in ``sweep_dir`` ({} without one)."""
-    grid = read_grid(sweep_dir)
-    return {} if grid is None else {cell.name: cell.labels for cell in expand_grid(grid, sweep_dir)}
-
-
-def load_samples(path: str | Path) -> dict[str, np.ndarray]:
-    """Arrays of one ``samples/update_XXXXXX.npz`` file (never unpickled)."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files} if isinstance(data, np.lib.npyio.NpzFile) else None
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        why = ("not an .npz archive; reading it would mean unpickling, which is never done" if "pickle" in str(exc)
-               else _reason(exc))
-        raise RunError(f"{path} cannot be read as the arrays a run writes ({why}); the sample file is damaged"
-                       ) from None
-    if arrays is None:
-        raise RunError(f"{path} is a single .npy array, not the .npz archive a run writes; the sample file is damaged")
-    for key, array in arrays.items():
-        if array.dtype.kind not in "biuf":
-            raise RunError(f"{path}: array {key!r} holds {array.dtype} values, not numbers; the sample file is damaged")
-    if "log_ratio" in arrays and "advantage" in arrays and arrays["log_ratio"].size != arrays["advantage"].size:
-        raise RunError(f"{path}: log_ratio has {arrays['log_ratio'].size} values but advantage "
-                       f"{arrays['advantage'].size}; the sample file is damaged")
-    return arrays
-
-
-def sample_update(path: str | Path) -> int:
-    """The update number of a sample file ``update_000123.npz``."""
-    stem = Path(path).stem
-    number = stem.removeprefix(_SAMPLE_PREFIX)
-    if not stem.startswith(_SAMPLE_PREFIX) or not number.isdigit():
-        raise ValueError(f"sample file {path} has no update number in its name (expected update_XXXXXX.npz)")
-    return int(number)
 
 
 # -------------------------------------------------------------------------------------------- sweep folders
@@ -677,15 +564,6 @@ def write_sweep_results(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> Pa
     return path
 
 
-def read_sweep_results(sweep_dir: str | Path) -> list[dict[str, str]]:
-    """The rows of a sweep's ``sweep_results.csv`` (strings, as written)."""
-    path = Path(sweep_dir) / SWEEP_RESULTS
-    if not path.is_file():
-        raise ValueError(f"{sweep_dir} holds no {SWEEP_RESULTS}; run the sweep first")
-    with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
 # -------------------------------------------------------------------------------------------- helpers
 def _format(value: Any) -> str:
     if value is None:
@@ -695,13 +573,13 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def _read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str) -> Any:
     """The JSON value in ``path``; ``RunError`` naming the file for a damaged one (``OSError`` when it is missing or
     cannot be opened)."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise RunError(f"{path} is not UTF-8 text ({_reason(exc)}); the {what} file is damaged") from None
+        raise RunError(f"{path} is not UTF-8 text ({error_reason(exc)}); the {what} file is damaged") from None
     except IsADirectoryError:
         raise RunError(f"{path} is a folder; valid: the {what} file a run writes") from None
     try:
@@ -712,7 +590,7 @@ def _read_json(path: Path, what: str) -> Any:
         raise RunError(f"{path} is not valid JSON (nested too deeply)") from None
 
 
-def _reason(exc: BaseException) -> str:
+def error_reason(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
@@ -731,7 +609,8 @@ def upgrade_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _number(path: Path, line: int, row: dict[str, str], key: str) -> float:
+def metric_number(path: Path, line: int, row: dict[str, str], key: str) -> float:
+    """``row[key]`` of line ``line`` of the metrics file ``path`` as a float; ``RunError`` naming them if it is not."""
     try:
         return float(row[key])
     except (TypeError, ValueError):
