@@ -195,7 +195,8 @@ def owns(name: str) -> bool:
 def sweep_runs(path: Path) -> list[Path]:
     """The run directories of a sweep folder (or of a ``--seeds`` run's folder) ``path``: those below it when it
     holds a grid file or run directories of its own; empty for anything else (a log, a run directory)."""
-    from offpolicylab.runs import GRID_FILE, find_run_dirs, is_run_dir
+    from offpolicylab.run_dir import GRID_FILE
+    from offpolicylab.run_records import find_run_dirs, is_run_dir
 
     if not path.is_dir() or is_run_dir(path):
         return []
@@ -221,7 +222,7 @@ def write_sweep(rows: list[dict[str, Any]], out: OutputWriter) -> None:
     import csv
     import io
 
-    from offpolicylab.runs import write_text_atomically
+    from offpolicylab.run_dir import write_text_atomically
 
     with out.staging() as folder:
         write_text_atomically(folder / "summary.json", json.dumps(
