@@ -72,7 +72,28 @@ MAX_SHARPNESS_SPREAD = 10.0  # gamma: kappa = exp(gamma u.h) <= exp(10 sqrt(teac
 
 
 @dataclass(frozen=True)
-class Recipe:
+class RecipeBase:
+    """What recipes v5 (:class:`Recipe`) and v6 (:class:`~offpolicylab.worlds.synthetic_lm_v6.ChainRecipe`) share:
+    the teacher's and π₀'s transformer sizes, the distillation's batch and learning rate, and the cache key."""
+
+    teacher_d_model: int = 32
+    teacher_layers: int = 1
+    teacher_heads: int = 2
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    distill_batch: int = 128
+    distill_lr: float = 5e-3
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
+        text = json.dumps({"recipe": asdict(self), "version": RECIPE_VERSION,
+                           "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Recipe(RecipeBase):
     """Everything that determines the teacher, π₀ and θ (the cache key is the SHA-256 of this, see :meth:`digest`)."""
 
     vocab_size: int = 256
@@ -85,15 +106,7 @@ class Recipe:
     ans_prob: float = 0.9
     digit_scale: float = 0.3
     key_scale: float = 1.0
-    teacher_d_model: int = 32
-    teacher_layers: int = 1
-    teacher_heads: int = 2
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
     distill_steps: int = 1200
-    distill_batch: int = 128
-    distill_lr: float = 5e-3
     pi0_temperature: float = 0.8
     threshold_samples: int = 8
     seed: int = 0
@@ -108,12 +121,6 @@ class Recipe:
                              f"(10 digits, ANS and at least num_keys + 1 text tokens)")
         if self.threshold_samples < 1:
             raise ValueError(f"threshold_samples={self.threshold_samples} is invalid; valid: an integer >= 1")
-
-    def digest(self) -> str:
-        """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
-        text = json.dumps({"recipe": asdict(self), "version": RECIPE_VERSION,
-                           "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
 
 
 RECIPE_PARAMS: dict[str, Param] = {

@@ -21,8 +21,7 @@ at −30; θ its 1st percentile over π₀'s samples); else 1.0 when the chain i
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ SCORE_CHUNK = 512  # rows of teacher log-probs [rows, T, V] computed at a time
 
 
 @dataclass(frozen=True)
-class ChainRecipe:
+class ChainRecipe(v5.RecipeBase):
     """Everything that determines the v6 teacher, π₀ and θ (cached by the SHA-256 of this, like v5's Recipe)."""
 
     task: str = "chain"
@@ -64,15 +63,7 @@ class ChainRecipe:
     key_scale: float = 1.0
     digit_scale: float = 0.3
     min_steps: int = 3
-    teacher_d_model: int = 32
-    teacher_layers: int = 1
-    teacher_heads: int = 2
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
     distill_steps: int = 600  # the design's fallback: 1200 steps project to 19 min on this machine
-    distill_batch: int = 128
-    distill_lr: float = 5e-3
     pi0_temperature: float = 0.7  # chosen by the design's rule from one scan of the distilled student
     threshold_samples: int = 8
     seed: int = 0
@@ -95,14 +86,6 @@ class ChainRecipe:
         if not 0.0 <= self.sharpness_spread <= v5.MAX_SHARPNESS_SPREAD:
             raise ValueError(f"sharpness_spread={self.sharpness_spread} is invalid; valid: a float in "
                              f"[0, {v5.MAX_SHARPNESS_SPREAD:g}]")
-
-    def digest(self) -> str:
-        """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
-        import hashlib
-
-        text = json.dumps({"recipe": asdict(self), "version": v5.RECIPE_VERSION,
-                           "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
 
 
 CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe()}
