@@ -24,7 +24,7 @@ from offpolicylab.aliases import (
     merge_params,
     verl_path_name,
 )
-from offpolicylab.registry import Param, given_twice, import_modules
+from offpolicylab.registry import Param, assign, import_modules
 
 if TYPE_CHECKING:  # this module imports no torch
     from offpolicylab.contracts import World
@@ -265,13 +265,7 @@ def parse_assignments(items: list[str] | None, what: str) -> dict[str, str]:
     malformed item, or a name given twice, raises ``ValueError``."""
     out: dict[str, str] = {}
     for item in items or []:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ValueError(f"{what} {item!r} is malformed; valid: name=value")
-        if key in out:
-            raise ValueError(given_twice(f"{what} {key}={out[key]}", f"{what} {key}={value}", key))
-        out[key] = value
+        assign(out, item, f"{what} {item!r} is malformed; valid: name=value", where=f"{what} ")
     return out
 
 

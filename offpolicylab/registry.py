@@ -114,6 +114,19 @@ def given_twice(first: str, second: str, name: str) -> str:
     return f"{first} and {second} name the same setting {name}; valid: one of them"
 
 
+def assign(settings: dict[str, Any], item: str, malformed: str, where: str = "", strip: bool = False) -> None:
+    """Add ``item`` = ``"name=value"`` to ``settings`` (the value a string, stripped when ``strip``): a ``ValueError``
+    with the message ``malformed`` when it has no name or no "=", and :func:`given_twice`'s when the name is already
+    set (``where`` prefixes both spellings, e.g. ``"--param "``)."""
+    name, sep, value = item.partition("=")
+    name, value = name.strip(), value.strip() if strip else value
+    if not sep or not name:
+        raise ValueError(malformed)
+    if name in settings:
+        raise ValueError(given_twice(f"{where}{name}={settings[name]}", f"{where}{name}={value}", name))
+    settings[name] = value
+
+
 def numbers(kind: type, value: Any) -> list[float]:
     """Every number a parameter's value holds, for the range check: the value of an int / float kind, the items of
     a list, and what a custom kind's ``numbers`` reads from its value (e.g. the bounds in verl's "0.5_2.0"); NaN

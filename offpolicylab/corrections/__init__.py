@@ -31,7 +31,7 @@ from torch import Tensor
 
 from offpolicylab.corrections import areal, openrlhf, skyrl, slime, trl, verl
 from offpolicylab.corrections.base import Engine, Result, check_shapes
-from offpolicylab.registry import given_twice
+from offpolicylab.registry import assign
 
 #: The engines, by the name ``apply`` takes.
 ENGINES: dict[str, Engine] = {module.ENGINE.name: module.ENGINE for module in (verl, trl, openrlhf, slime, skyrl,
@@ -101,12 +101,7 @@ def correction(value: Mapping[str, Any] | str) -> dict[str, Any]:
         name, *pairs = [part.strip() for part in value.strip().split(":")]
         parsed: dict[str, Any] = {"engine": name}
         for pair in pairs:
-            key, sep, item = (part.strip() for part in pair.partition("="))
-            if not sep or not key:
-                raise ValueError(f"{pair!r} is not key=value")
-            if key in parsed:
-                raise ValueError(given_twice(f"{key}={parsed[key]}", f"{key}={item}", key))
-            parsed[key] = item
+            assign(parsed, pair, f"{pair!r} is not key=value", strip=True)
         return parsed
     if not isinstance(value, Mapping) or "engine" not in value:
         raise TypeError(value)
