@@ -7,12 +7,22 @@ float digit differently.  Measured on the five runs: float noise from torch's de
 (``ATEN_CPU_CAPABILITY=default``) or from another thread count uses at most 1.7 % of the tolerance, while a learning
 rate changed by 0.1 % exceeds it 15 to 20 times (``tests/trainer/test_golden.py`` checks both).
 
-Regenerate them from a checkout of the reference code (never from the code under test)::
+What they are: **regression snapshots** of this package's own output — they catch a change, not an error that was
+there when they were recorded (they were regenerated from the package's code whenever a change was meant to move
+them, e.g. GRPO's Bessel-corrected std).  One of them is also checked against an independent reference:
+``tabular_token_mdp_grpo`` — every update of the run (its rollouts fixed) re-derived in NumPy from the papers
+(GRPO's advantage, PPO's clipped loss and its gradient by hand, global-norm clipping, Adam), in
+``tests/trainer/test_golden_reference.py``.  The others (``sequence_model_…``, ``bandit_rec_sync``,
+``tabular_ac_mispo_mixture``, ``tabular_mu_grpo_stages``) are snapshots only: no reference re-derives the GRU
+policy's forward pass or those objectives' whole updates (their per-token losses and gradients are checked against
+NumPy in ``tests/objectives/``).
 
-    PYTHONPATH=REFERENCE_CHECKOUT python tests/trainer/golden_runs.py --out tests/trainer/golden
+Regenerate them only for a change meant to move them, and say so in the commit::
+
+    PYTHONPATH=CHECKOUT python tests/trainer/golden_runs.py --out tests/trainer/golden
 
 The script imports only ``offpolicylab.config.TrainConfig`` and ``offpolicylab.trainer.train``, so it runs on
-both the reference code and the code under test.
+any checkout.
 """
 
 from __future__ import annotations
