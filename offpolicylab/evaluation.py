@@ -16,7 +16,6 @@ from offpolicylab.build import tracks_kl_init
 from offpolicylab.config import TrainConfig
 from offpolicylab.contracts import (
     GreedyPolicy,
-    Policy,
     Prompts,
     Rollout,
     rewards_of,
@@ -25,7 +24,7 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.stack import Run, Stack
 from offpolicylab.worlds.exact import kl_divergence, sequence_logprobs
 
-__all__ = ["enumerated_logprobs", "eval_columns", "eval_generator", "evaluate", "evaluate_due", "exact_diagnostics", "greedy_reward", "kl_from_scores", "kl_to_initial", "sampled_numbers"]
+__all__ = ["enumerated_logprobs", "eval_columns", "eval_generator", "evaluate", "evaluate_due", "exact_diagnostics", "greedy_reward", "kl_from_scores", "sampled_numbers"]
 
 
 def eval_columns(run: Run) -> list[str]:
@@ -101,18 +100,11 @@ def greedy_reward(run: Run, greedy: Rollout, generator: torch.Generator) -> floa
     return float(rewards_of(run.world, greedy, generator).mean())
 
 
-def kl_to_initial(initial: Policy, sampled: Rollout) -> dict[str, float]:
-    """Per-token estimates of KL(π‖π_0) from responses sampled by π (Schulman's k1 and k3 with
-    δ = log π_0(y_t) − log π(y_t)): k1 = E[−δ], k3 = E[e^δ − 1 − δ] ≥ 0, token means.  log π is the sampler's
-    ``behavior_logp``; π_0 scores the same tokens (one forward, no grad), at the sampling temperature, so the KL is
-    between the tempered distributions."""
-    with torch.no_grad():
-        initial_logp, _ = initial.score(sampled)
-    return kl_from_scores(initial_logp, sampled)
-
-
 def kl_from_scores(initial_logp: Tensor, sampled: Rollout) -> dict[str, float]:
-    """:func:`kl_to_initial` from π_0's log-probs ``initial_logp`` of the sampled tokens."""
+    """Per-token estimates of KL(π‖π₀) from responses sampled by π (Schulman's k1 and k3 with
+    δ = log π₀(y_t) − log π(y_t)): k1 = E[−δ], k3 = E[e^δ − 1 − δ] ≥ 0, token means.  log π is the sampler's
+    ``behavior_logp``; ``initial_logp`` is π₀'s log-probs of the same tokens (one no-grad forward of the stack's
+    frozen π₀, :func:`evaluate`), at the sampling temperature, so the KL is between the tempered distributions."""
     delta = initial_logp.detach().to(sampled.behavior_logp.dtype) - sampled.behavior_logp
     k1, k3 = stats.kl_estimates(delta, sampled.response_mask)
     return {"eval_kl_init_k1": float(k1), "eval_kl_init_k3": float(k3)}

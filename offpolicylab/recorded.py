@@ -108,7 +108,7 @@ def micro_batches(path: Path) -> list[dict[str, torch.Tensor]]:
     return parts
 
 
-def token_batch(part: dict[str, torch.Tensor]) -> tuple[TokenBatch, torch.Tensor]:
+def recorded_token_batch(part: dict[str, torch.Tensor]) -> tuple[TokenBatch, torch.Tensor]:
     """The micro-batch as a :class:`TokenBatch` with ``logp = Δ`` (a leaf that takes the gradient) and
     ``behavior_logp = 0``; the sampler's log-prob is −(log π_behaviour − log π_sampler)."""
     logp = part["log_ratio"].clone().requires_grad_(True)
@@ -176,7 +176,7 @@ def recorded_raw_log_ratios(files: list[Path]) -> dict[str, np.ndarray]:
     parts = []
     for path in files:
         for part in micro_batches(path):
-            batch, _ = token_batch(part)
+            batch, _ = recorded_token_batch(part)
             parts.append(raw_log_ratios(part, batch))
     return pooled_raw(parts)
 

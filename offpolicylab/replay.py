@@ -63,7 +63,7 @@ from offpolicylab.recorded import (
     micro_batches,
     raw_histograms,
     recorded_raw_log_ratios,
-    token_batch,
+    recorded_token_batch,
 )
 from offpolicylab.run_dir import RunDir, write_text_atomically
 from offpolicylab.run_records import sample_update
@@ -161,7 +161,7 @@ def replay(files: list[Path], objectives: dict[str, Objective], own: str | None 
         parts = micro_batches(path)
         for label, objective in objectives.items():
             for index, part in enumerate(parts):
-                batch, logp = token_batch(part)
+                batch, logp = recorded_token_batch(part)
                 if index == 0 and objective.stateful:
                     objective.update(batch)
                 if not (batch.mask > 0).any():  # an all-padding micro-batch: no token to score
@@ -171,7 +171,7 @@ def replay(files: list[Path], objectives: dict[str, Objective], own: str | None 
                 except (ValueError, RuntimeError) as exc:
                     first = " ".join(str(exc).split())
                     raise ReplayError(f"{label} cannot be replayed on {path}: {first}") from None
-                _, reference = gradient_weights(references[objective.agg, objective.agg_norm], *token_batch(part))
+                _, reference = gradient_weights(references[objective.agg, objective.agg_norm], *recorded_token_batch(part))
                 collect(pooled[label], batch, kept, grad, reference, part.get("kept") if label == own else None)
     if not any(p.delta for p in pooled.values()):
         raise ReplayError(f"{files[0].parent if len(files) > 1 else files[0]}: the {len(files)} replayed sample "
@@ -240,7 +240,7 @@ def replay_corrections(files: list[Path], chosen: list[Correction]) -> list[dict
         for part in micro_batches(path):
             if "sampler_log_ratio" not in part:
                 continue
-            batch, logp = token_batch(part)
+            batch, logp = recorded_token_batch(part)
             assert batch.sampler_logp is not None
             valid = batch.mask > 0
             rows = valid.any(dim=1)
@@ -250,7 +250,7 @@ def replay_corrections(files: list[Path], chosen: list[Correction]) -> list[dict
                 label = correction.label()
                 weights, keep = correction(batch.behavior_logp, batch.sampler_logp, batch.mask,
                                            advantages=batch.advantages, current_logp=batch.logp.detach())
-                batch, logp = token_batch(part)
+                batch, logp = recorded_token_batch(part)
                 _, grad = gradient_weights(scorers[label], batch, logp)
                 pool = pools[label]
                 factor = (weights * keep).double()[valid].numpy()

@@ -21,7 +21,7 @@ from offpolicylab.rollouts import Collected, overlong_penalty, overlong_settings
 from offpolicylab.stack import Run
 from offpolicylab.staleness import Schedule
 
-__all__ = ["Step", "batch_columns", "current_reward", "detector_reward", "own_reward", "scalars", "shaping_columns", "step_numbers", "update_rows"]
+__all__ = ["Step", "batch_columns", "detector_reward", "own_reward", "scalars", "shaping_columns", "step_numbers", "update_rows"]
 
 
 @dataclass
@@ -97,15 +97,11 @@ def step_numbers(step: Step, current: Tensor) -> dict[str, Tensor]:
     return named
 
 
-def current_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> float:
-    """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
-    reward, whatever batch the update consumes; NaN when it generated none (between stages, offline data).
-    ``all_current``: every fresh row is the current policy's (no share answered by π_0), so none is filtered."""
-    return float(own_reward(fresh, update, all_current))
-
-
 def own_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> Tensor:
-    """:func:`current_reward` as a 0-d tensor (no host sync)."""
+    """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
+    reward (``reward_current``), whatever batch the update consumes; NaN when it generated none (between stages,
+    offline data); a 0-d tensor (no host sync).  ``all_current``: every fresh row is the current policy's (no share
+    answered by π_0), so none is filtered."""
     rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
     rewards = torch.cat(rewards) if len(rewards) > 1 else rewards[0] if rewards else torch.zeros(0)
     return rewards.mean() if rewards.numel() else torch.full((), math.nan, dtype=rewards.dtype)

@@ -304,7 +304,7 @@ def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Ten
     proximal = [proximal_of(run, own, update) for run, own in zip(runs, own_logp, strict=True)]
     prox_logp = None if all(p is None for p in proximal) else torch.cat(
         [own.detach() if p is None else p for p, own in zip(proximal, own_logp, strict=True)])
-    whole = token_batch(joined, logp, entropy, advantages, update, prox_logp, len(stack))  # S runs
+    whole = rollout_token_batch(joined, logp, entropy, advantages, update, prox_logp, len(stack))  # S runs
     reference = reference_logp(stack.initial, joined, [run.objective for run in runs])  # the KL penalty's π_ref
     return whole if reference is None else whole.replace(ref_logp=reference)
 
@@ -317,7 +317,7 @@ def proximal_of(run: Run, logp: Tensor, update: int) -> Tensor | None:
     return proximal_logp(run.objective, run.schedule, run.buffer, run.policy, update, run.config.updates, logp)
 
 
-def token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int,
+def rollout_token_batch(rollout: Rollout, logp: Tensor, entropy: Tensor, advantages: Tensor, update: int,
                 prox_logp: Tensor | None = None, runs: int = 1) -> TokenBatch:
     """The :class:`~offpolicylab.objectives.TokenBatch` of ``rollout`` (``runs`` runs' rollouts joined) with the given
     log-probs, entropies, advantages (and log π_prox)."""

@@ -85,7 +85,7 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
         return output
 
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> Tensor:
-        batch = self.token_batch(model, inputs)
+        batch = self.inputs_token_batch(model, inputs)
         training = self.model.training
         if training and self._objective_step != self.state.global_step:
             self.objective.update(batch)
@@ -111,7 +111,7 @@ class OffPolicyLabGRPOTrainer(GRPOTrainer):
             normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         return normalizer
 
-    def token_batch(self, model: torch.nn.Module, inputs: dict[str, Any]) -> TokenBatch:
+    def inputs_token_batch(self, model: torch.nn.Module, inputs: dict[str, Any]) -> TokenBatch:
         """Score the completion tokens with ``model`` and build the :class:`TokenBatch` (see module docstring)."""
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)

@@ -288,9 +288,6 @@ def _check_token_field(name: str, value: object, shape: tuple[int, ...], *, requ
         raise ValueError(f"TokenBatch.{name} must have shape [B, T] = {list(shape)}, got {_describe(value)}")
     if not torch.is_floating_point(value):
         raise ValueError(f"TokenBatch.{name} must be floating point, got {value.dtype}")
-    if name == "mask":
-        return
-
 
 
 def _check_sequence_field(name: str, value: object, batch_size: int) -> None:

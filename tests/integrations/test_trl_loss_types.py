@@ -122,7 +122,7 @@ def test_plugin_loss_types_have_trl_scale_under_accumulation(loss_type: str) -> 
     plugin.objective = get_objective("grpo", agg=loss_type, eps_low=0.2, eps_high=0.28)
     plugin.objective.response_limit = plugin.args.max_completion_length  # what the plug-in's __init__ sets
     plugin.state, plugin._objective_step, plugin.recorder = SimpleNamespace(global_step=0), 0, None
-    for name in ("token_batch", "_log_objective_metrics", "_dapo_normalizer"):
+    for name in ("inputs_token_batch", "_log_objective_metrics", "_dapo_normalizer"):
         setattr(plugin, name, getattr(OffPolicyLabGRPOTrainer, name).__get__(plugin))
     ours = OffPolicyLabGRPOTrainer._compute_loss(plugin, None, inputs)
     torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-15)

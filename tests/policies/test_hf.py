@@ -136,7 +136,7 @@ def _nudge_lora(policy, scale: float = 0.3) -> None:
             p.add_(scale * torch.randn(p.shape, generator=gen))
 
 
-def token_batch(policy, rollout, rewards: torch.Tensor) -> TokenBatch:
+def scored_token_batch(policy, rollout, rewards: torch.Tensor) -> TokenBatch:
     logp, entropy = policy.score(rollout)
     groups = rollout.group_ids
     mean = torch.zeros(int(groups.max()) + 1).index_add(0, groups, rewards) / torch.bincount(groups).float()
@@ -153,7 +153,7 @@ def test_only_lora_parameters_change_in_a_step(make_policy, prompts):
     rollout = policy.sample(prompts, 4, 1.0, torch.Generator().manual_seed(0))
     rewards = torch.linspace(0, 1, len(rollout))
     optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
-    get_objective("grpo")(token_batch(policy, rollout, rewards)).loss.backward()
+    get_objective("grpo")(scored_token_batch(policy, rollout, rewards)).loss.backward()
     optimizer.step()
     changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
@@ -166,7 +166,7 @@ def test_every_objective_runs_a_step(make_policy, prompts, name):
     rollout = policy.sample(prompts, 4, 1.0, torch.Generator().manual_seed(0))
     rewards = (torch.arange(len(rollout)) % 3 == 0).float()
     objective = get_objective(name)
-    batch = token_batch(policy, rollout, rewards)
+    batch = scored_token_batch(policy, rollout, rewards)
     if objective.needs_prox:  # π_prox at the batch's first consumption: the current policy, as the trainer does
         batch = batch.replace(prox_logp=batch.logp.detach())
     if objective.stateful:
@@ -313,7 +313,7 @@ def test_four_bit_path_runs_on_cpu(four_bit_policy, prompts):
     assert (logp - rollout.behavior_logp)[mask].abs().max() <= 1e-4
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
-    get_objective("grpo")(token_batch(policy, rollout, torch.linspace(0, 1, len(rollout)))).loss.backward()
+    get_objective("grpo")(scored_token_batch(policy, rollout, torch.linspace(0, 1, len(rollout)))).loss.backward()
     optimizer.step()
     changed = {n for n, p in policy.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)

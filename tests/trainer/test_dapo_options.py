@@ -17,7 +17,7 @@ from offpolicylab.config import TrainConfig, overlong_limit
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.rollouts import overlong_penalty, varied_rows
 from offpolicylab.stack import Run, Stack
-from offpolicylab.step import current_reward, shaping_columns
+from offpolicylab.step import own_reward, shaping_columns
 from tests.small_runs import column, mdp_config, read_rows, train_killed_at
 
 
@@ -102,7 +102,7 @@ def test_dynamic_sampling_keeps_varied_groups_by_hand() -> None:
     batch = trainer.take(run, 0)
     assert batch.rewards.tolist() == [0, 1, 1, 0] and batch.group_ids.tolist() == [0, 0, 1, 1]
     assert (collected.rounds, collected.groups, collected.kept) == (2, 4, 2)
-    assert current_reward(collected.fresh, 0) == pytest.approx(4 / 8)
+    assert float(own_reward(collected.fresh, 0)) == pytest.approx(4 / 8)
     assert shaping_columns(run, collected) == {"dynamic_rounds": 2.0, "dynamic_kept_frac": 0.5}
 
 

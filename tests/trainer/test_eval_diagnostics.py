@@ -13,7 +13,7 @@ from offpolicylab import trainer
 from offpolicylab.build import build, is_enumerable, tracks_kl_init
 from offpolicylab.config import TrainConfig
 from offpolicylab.diagnostics import stats
-from offpolicylab.evaluation import kl_to_initial
+from offpolicylab.evaluation import kl_from_scores
 from offpolicylab.resume import watches_tail
 from offpolicylab.stack import Run
 from offpolicylab.staleness import parse_schedule
@@ -63,6 +63,12 @@ def _moved_policy() -> Run:
     return parts
 
 
+def initial_scores(initial, sampled):
+    """π_0's log-probs of the sampled tokens, as evaluation takes them (one no-grad forward)."""
+    with torch.no_grad():
+        return initial.score(sampled)[0]
+
+
 def test_sampled_kl_matches_numpy_on_the_same_samples() -> None:
     """k1 = mean(log π − log π_0), k3 = mean(π_0/π − 1 − log(π_0/π)) over the valid tokens, π_0 scoring the
     samples of π."""
@@ -75,7 +81,7 @@ def test_sampled_kl_matches_numpy_on_the_same_samples() -> None:
     current = sampled.behavior_logp.double().numpy()
     valid = sampled.response_mask.numpy() > 0
     delta = (initial - current)[valid]  # log π_0/π
-    got = kl_to_initial(parts.initial, sampled)
+    got = kl_from_scores(initial_scores(parts.initial, sampled), sampled)
     assert got["eval_kl_init_k1"] == pytest.approx(np.mean(-delta), rel=1e-5)
     assert got["eval_kl_init_k3"] == pytest.approx(np.mean(np.expm1(delta) - delta), rel=1e-5)
 
@@ -86,7 +92,7 @@ def test_sampled_kl_is_unbiased_for_the_exact_kl() -> None:
     parts = _moved_policy()
     exact = parts.world.exact_kl(parts.policy, parts.initial)
     sampled = parts.policy.sample(parts.world.eval_prompts(), 20_000, 1.0, torch.Generator().manual_seed(1))
-    got = kl_to_initial(parts.initial, sampled)
+    got = kl_from_scores(initial_scores(parts.initial, sampled), sampled)
     length = parts.world.max_response_len
     assert exact > 0.3
     assert length * got["eval_kl_init_k1"] == pytest.approx(exact, rel=0.05)
