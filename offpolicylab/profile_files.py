@@ -9,7 +9,6 @@ malformed one with one line naming what is wrong and what is valid.
 
 from __future__ import annotations
 
-import json
 import math
 from importlib import resources
 from pathlib import Path
@@ -23,6 +22,7 @@ from offpolicylab.diagnostics.profile import (
     Statistic,
     histogram_share,
 )
+from offpolicylab.registry import parse_json
 
 PACKAGED_PROFILES = "data/profiles"
 """Where the committed profiles live inside the ``offpolicylab`` package (written by ``offpolicylab calibrate``)."""
@@ -213,14 +213,7 @@ def _read_json(data: bytes | str, where: str) -> Any:
         except UnicodeDecodeError as exc:
             raise ValueError(f"profile {where}: not UTF-8 text ({exc.reason} at byte {exc.start}); valid: a JSON "
                              "object in UTF-8 (docs/calibration.md)") from None
-    try:
-        return json.loads(data, parse_int=bounded_int)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"profile {where}: not valid JSON ({exc.msg} at line {exc.lineno}); valid: a JSON object "
-                         "(docs/calibration.md)") from None
-    except RecursionError:
-        raise ValueError(f"profile {where}: not valid JSON (nested too deeply); valid: a JSON object "
-                         "(docs/calibration.md)") from None
+    return parse_json(data, f"profile {where}", "a JSON object (docs/calibration.md)", parse_int=bounded_int)
 
 
 def _json_type(value: Any) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import math
 import os
 import sys
@@ -125,6 +126,20 @@ def assign(settings: dict[str, Any], item: str, malformed: str, where: str = "",
     if name in settings:
         raise ValueError(given_twice(f"{where}{name}={settings[name]}", f"{where}{name}={value}", name))
     settings[name] = value
+
+
+def parse_json(text: str, where: str, valid: str, at: str = "line",
+               parse_int: Callable[[str], Any] | None = None) -> Any:
+    """``json.loads(text)``, or one ``ValueError`` line when it is not JSON: "``where``: not valid JSON (its error at
+    ``at`` N); valid: ``valid``", N the line or the column of the error, or "(nested too deeply)" past the parser's
+    recursion limit.  ``parse_int`` as in ``json.loads``."""
+    try:
+        return json.loads(text, parse_int=parse_int)
+    except json.JSONDecodeError as exc:
+        position = exc.lineno if at == "line" else exc.colno
+        raise ValueError(f"{where}: not valid JSON ({exc.msg} at {at} {position}); valid: {valid}") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not valid JSON (nested too deeply); valid: {valid}") from None
 
 
 def numbers(kind: type, value: Any) -> list[float]:

@@ -14,7 +14,6 @@ Data: ``data=PATH`` (a ``.jsonl`` file, or a directory with ``train.jsonl`` / ``
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.contracts import Prompts
+from offpolicylab.registry import parse_json
 
 CORRECT_REWARD = 1.0
 FORMAT_REWARD = 0.1
@@ -111,14 +111,7 @@ def load_problems(data: str | Path, split: str) -> list[Problem]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); valid: one "
-                             "JSON object per line") from None
-        except RecursionError:
-            raise ValueError(f"{path}:{number}: not valid JSON (nested too deeply); valid: one JSON object per "
-                             "line") from None
+        row = parse_json(line, f"{path}:{number}", "one JSON object per line", at="column")
         if not isinstance(row, dict) or "question" not in row or "answer" not in row:
             got = sorted(row) if isinstance(row, dict) else f"a JSON {type(row).__name__}"
             raise ValueError(f"{path}:{number}: a GSM8k row needs 'question' and 'answer', got {got}")
