@@ -9,13 +9,13 @@ rate changed by 0.1 % exceeds it 15 to 20 times (``tests/trainer/test_golden.py`
 
 What they are: **regression snapshots** of this package's own output — they catch a change, not an error that was
 there when they were recorded (they were regenerated from the package's code whenever a change was meant to move
-them, e.g. GRPO's Bessel-corrected std).  One of them is also checked against an independent reference:
-``tabular_token_mdp_grpo`` — every update of the run (its rollouts fixed) re-derived in NumPy from the papers
-(GRPO's advantage, PPO's clipped loss and its gradient by hand, global-norm clipping, Adam), in
-``tests/trainer/test_golden_reference.py``.  The others (``sequence_model_…``, ``bandit_rec_sync``,
-``tabular_ac_mispo_mixture``, ``tabular_mu_grpo_stages``) are snapshots only: no reference re-derives the GRU
-policy's forward pass or those objectives' whole updates (their per-token losses and gradients are checked against
-NumPy in ``tests/objectives/``).
+them, e.g. GRPO's Bessel-corrected std).  Two of them are also checked against independent references, every update
+of the run (its rollouts fixed) re-derived from the papers in ``tests/trainer/test_golden_reference.py``:
+``tabular_token_mdp_grpo`` in NumPy (GRPO's advantage, PPO's clipped loss and its gradient by hand, global-norm
+clipping, Adam) and ``sequence_model_token_mdp_m2po_stale`` in plain torch (the GRU policy's forward pass, M2PO,
+clipping, Adam).  The others (``bandit_rec_sync``, ``tabular_ac_mispo_mixture``, ``tabular_mu_grpo_stages``) are
+snapshots only: no reference re-derives those objectives' whole updates (their per-token losses and gradients are
+checked against NumPy in ``tests/objectives/``), and no golden covers the transformer policy.
 
 Regenerate them only for a change meant to move them, and say so in the commit::
 
