@@ -113,6 +113,12 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
         return write_summary(directory, run, statuses[0])
 
 
+def member_label(run: Run, directory: RunDir | None) -> str:
+    """The console prefix of a stacked member's lines and warnings: its run directory's name (``[seed=1] ``,
+    ``[objective=m2po__seed=0] ``), which names the run among seeds and objectives; ``[seed S] `` without one."""
+    return f"[{directory.path.name}] " if directory is not None else f"[seed {run.config.seed}] "
+
+
 def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str,
                 hooks: Sequence[UpdateHook] = ()) -> list[str]:
     """Updates ``start … updates − 1`` of every member of ``stack``; each member's final status (``completed``, or
@@ -122,7 +128,8 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
     cfg = stack.config
     statuses: list[str | None] = [None] * len(stack)
     active = list(range(len(stack)))  # the original index of each member still in the stack
-    labels = [f"[seed {run.config.seed}] " if stack.stacked else "" for run in stack.runs]
+    labels = [member_label(run, directory) if stack.stacked else ""
+              for run, directory in zip(stack.runs, stack.directories, strict=True)]
     clock = time.perf_counter()
     view = Progress(progress, cfg.updates, start)  # the console (progress.py)
     for update in range(start, cfg.updates):
