@@ -26,10 +26,18 @@ Names: every objective is registered as ``offpolicylab_<name>`` (``offpolicylab_
 verl already owns ``gspo`` and ``cispo`` with different conventions, and one prefix for all keeps configs readable.
 An existing verl loss of that name that is not ours raises ``ValueError`` (no silent overwrite).
 
-Parameters: verl's ``ActorConfig`` / ``PolicyLossConfig`` are strict dataclasses (unknown keys are rejected), so
-parameters are not read from the actor config; they are given once per process, either
-``register_with_verl(params={"m2po": {"tau": 0.04}})`` or the environment variable ``OFFPOLICYLAB_VERL_PARAMS``
-holding the same mapping as JSON (read by :func:`register_with_verl`; explicit ``params`` win).  ``agg`` comes from
+Parameters: as verl config keys, under ``actor_rollout_ref.actor.policy_loss.offpolicylab`` —  verl's
+``PolicyLossConfig`` is a strict dataclass, so the key needs its subclass with that field,
+:class:`offpolicylab.integrations.verl_plugin.PolicyLossConfig`, named as the section's ``_target_``::
+
+    actor_rollout_ref.actor.policy_loss._target_=offpolicylab.integrations.verl_plugin.PolicyLossConfig
+    actor_rollout_ref.actor.policy_loss.loss_mode=offpolicylab_m2po
+    +actor_rollout_ref.actor.policy_loss.offpolicylab.tau=0.04
+
+The adapter reads them from the actor config verl passes to the loss (:func:`config_params`) and builds the
+objective with them at its first call.  Also, once per process: ``register_with_verl(params={"m2po": {"tau": 0.04}})``
+or the environment variable ``OFFPOLICYLAB_VERL_PARAMS`` holding that mapping as JSON (explicit ``params`` win over
+the variable); a config key that gives another value for the same parameter is refused.  ``agg`` comes from
 verl's ``actor.loss_agg_mode`` (``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
 ``seq-mean-token-sum-norm``; for the last, ``agg_norm`` is verl's ``loss_scale_factor`` from
 ``config.global_batch_info`` — where verl's own losses read it — None = the micro-batch's padded length as in verl).
@@ -90,8 +98,12 @@ class VerlPolicyLoss:
     (our ``clip_frac`` when the objective reports one) and ``actor/ppo_kl`` (= our ``kl_k1``), all detached tensors.
     """
 
-    def __init__(self, objective: Objective, *, legacy_return: bool = False) -> None:
+    def __init__(self, objective: Objective, *, legacy_return: bool = False,
+                 params: Mapping[str, Any] | None = None) -> None:
         self.objective = objective
+        self.params = dict(params or {})  # the parameters given at registration (register_with_verl, the env var)
+        self._built_with = dict(objective.config)  # every parameter of the objective as given
+        self._config_params: dict[str, Any] = {}  # the verl config's, once read
         self.legacy_return = legacy_return
         self.update_pending = objective.stateful
         self.recorder: Recorder | None = None
@@ -136,6 +148,7 @@ class VerlPolicyLoss:
                 "the objective's tis_cap or correction parameter (correction={engine: verl, rollout_is: ...} "
                 "reproduces verl's own weights)"
             )
+        self._configure(config_params(config))
         self._set_agg(loss_agg_mode, loss_scale_factor(config))
         mask = response_mask.to(log_prob.dtype)
         if self.objective.needs_prox:  # verl's old_log_prob is the step-start recompute: AReaL's π_prox
@@ -156,6 +169,21 @@ class VerlPolicyLoss:
             recorder.add(batch, out)
         loss = out.loss * global_scale(batch.mask, self.objective.agg, global_batch_info(config))
         return self._verl_return(loss, out.metrics)
+
+    def _configure(self, params: dict[str, Any]) -> None:
+        """Rebuild the objective with the verl config's parameters (``policy_loss.offpolicylab``) when they are new;
+        one that contradicts a parameter given at registration raises ``ValueError`` naming both."""
+        if params == self._config_params:
+            return
+        clash = sorted(key for key in params if key in self.params and self.params[key] != params[key])
+        if clash:
+            key = clash[0]
+            raise ValueError(f"objective parameter {key} is {self.params[key]!r} from register_with_verl / "
+                             f"${PARAMS_ENV} and {params[key]!r} from actor.policy_loss.offpolicylab.{key}; valid: "
+                             "one of them")
+        self.objective = get_objective(self.objective.name, **{**self._built_with, **params})
+        self.update_pending = self.objective.stateful
+        self._config_params = dict(params)
 
     def _set_agg(self, loss_agg_mode: str, scale_factor: float | None = None) -> None:
         """The objective's ``agg`` (and ``agg_norm``: verl's ``loss_scale_factor`` for seq-mean-token-sum-norm,
@@ -184,6 +212,26 @@ class VerlPolicyLoss:
         out["actor/pg_clipfrac"] = clip_frac
         out["actor/ppo_kl"] = ppo_kl
         return loss, out
+
+
+CONFIG_KEY = "offpolicylab"
+
+
+def config_params(config: Any) -> dict[str, Any]:
+    """The objective parameters verl's actor config holds under ``policy_loss.offpolicylab`` (a mapping; ``{}``
+    when absent), as plain values."""
+    if config is None:
+        return {}
+    section = config.get("policy_loss", None) if hasattr(config, "get") else getattr(config, "policy_loss", None)
+    if section is None:
+        return {}
+    params = section.get(CONFIG_KEY, None) if hasattr(section, "get") else getattr(section, CONFIG_KEY, None)
+    if not params:
+        return {}
+    if not hasattr(params, "items"):
+        raise ValueError(f"actor.policy_loss.{CONFIG_KEY} holds {params!r}; valid: a mapping of objective parameters "
+                         f"(+actor_rollout_ref.actor.policy_loss.{CONFIG_KEY}.tau=0.04)")
+    return {str(key): value for key, value in params.items()}
 
 
 def global_batch_info(config: Any) -> Mapping[str, Any]:
@@ -247,7 +295,8 @@ def register_with_verl(
     legacy = not _returns_metrics_dict(core_algos)
     registered = []
     for name in chosen:
-        adapter = VerlPolicyLoss(get_objective(name, **merged.get(name, {})), legacy_return=legacy)
+        adapter = VerlPolicyLoss(get_objective(name, **merged.get(name, {})), legacy_return=legacy,
+                                 params=merged.get(name, {}))
         verl_name = VERL_PREFIX + name
         existing = core_algos.POLICY_LOSS_REGISTRY.get(verl_name)
         if existing is not None and not isinstance(existing, VerlPolicyLoss):
