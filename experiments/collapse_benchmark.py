@@ -4,10 +4,14 @@ every detector of :mod:`offpolicylab.diagnostics.warning` on it.
     python experiments/collapse_benchmark.py build --out experiments/collapse_benchmark \\
         --source gppo_v5=runs/slm_v5 --source smollm2=runs/collapse_benchmark --source toy=runs/staleness_grid
     python experiments/collapse_benchmark.py score experiments/collapse_benchmark [--markdown]
+    python experiments/collapse_benchmark.py synthetic experiments/collapse_benchmark   # relabel the generated runs
+
 
 ``build`` writes ``labels.csv`` (one row per run: id, source, split, updates, falls, fall_update, J₀, peak, final)
-and ``series.csv.gz`` (the detector-visible columns of every real run, per update); the synthetic histories are
-regenerated from their seeds (``warning.synthetic_history``), so only their labels are stored.
+and ``series.csv.gz`` (the detector-visible columns of every real run, per update); the generated histories are
+regenerated from their seeds (:data:`SYNTHETIC`: ``warning.synthetic_history`` and the KL-led
+``warning.synthetic_kl_history``), so only their labels are stored.  ``synthetic`` rewrites their labels in an
+existing benchmark folder, keeping the real runs' rows.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from offpolicylab.diagnostics.warning import (  # noqa: E402
     make_detector,
     score_run,
     synthetic_history,
+    synthetic_kl_history,
 )
 
 VISIBLE = ("reward_mean", "kl_k3", "grad_norm", "ess", "ratio_mean", "ratio_max", "clip_frac", "entropy",
            "response_len")
 SYNTHETIC_RUNS = 200
+#: the generated families: source name → history generator (each SYNTHETIC_RUNS seeds)
+SYNTHETIC = {"synthetic": synthetic_history, "synthetic_kl": synthetic_kl_history}
 FALSE_ALARM_CAP = 0.5  # per 1000 updates
 
 
@@ -81,14 +88,32 @@ def build(out: Path, sources: dict[str, Path]) -> None:
                 for update, row in rows:
                     writer.writerow([run_id, update, *(f"{row[k]:.6g}" if k in row else "" for k in VISIBLE)])
                 labels.append(label_row(run_id, source, rows, evaluations))
-    for seed in range(SYNTHETIC_RUNS):
-        history = synthetic_history(seed)
-        labels.append(label_row(f"synthetic/seed={seed}", "synthetic", history["rows"], history["evaluations"]))
+    write_labels(out, labels + synthetic_labels())
+
+
+def synthetic_labels() -> list[dict[str, Any]]:
+    """The label rows of every generated history (:data:`SYNTHETIC`)."""
+    labels = []
+    for source, generate in SYNTHETIC.items():
+        for seed in range(SYNTHETIC_RUNS):
+            history = generate(seed)
+            labels.append(label_row(f"{source}/seed={seed}", source, history["rows"], history["evaluations"]))
+    return labels
+
+
+def write_labels(out: Path, labels: list[dict[str, Any]]) -> None:
     with open(out / "labels.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(labels[0]))
         writer.writeheader()
         writer.writerows(labels)
-    print(f"{len(labels)} runs ({sum(r['falls'] for r in labels)} fall) -> {out}", file=sys.stderr)
+    print(f"{len(labels)} runs ({sum(int(r['falls']) for r in labels)} fall) -> {out}", file=sys.stderr)
+
+
+def relabel_synthetic(out: Path) -> None:
+    """labels.csv with the real runs' rows kept and the generated histories' rows made again."""
+    with open(out / "labels.csv", newline="") as fh:
+        real = [row for row in csv.DictReader(fh) if row["source"] not in SYNTHETIC]
+    write_labels(out, real + synthetic_labels())
 
 
 def label_row(run_id: str, source: str, rows: list, evaluations: list[tuple[int, float]]) -> dict[str, Any]:
@@ -110,8 +135,8 @@ def load(folder: Path) -> list[dict[str, Any]]:
             series[raw["id"]].append((int(raw["update"]), {k: float(raw[k]) for k in VISIBLE if raw[k] != ""}))
     runs = []
     for label in labels:
-        if label["source"] == "synthetic":
-            rows = synthetic_history(int(label["id"].split("=")[1]))["rows"]
+        if label["source"] in SYNTHETIC:
+            rows = SYNTHETIC[label["source"]](int(label["id"].split("=")[1]))["rows"]
         else:
             rows = series[label["id"]]
         fall = int(label["fall_update"]) if label["fall_update"] else None
@@ -161,8 +186,9 @@ def score(folder: Path) -> list[dict[str, Any]]:
         for source in sorted({r["source"] for r in held}):
             s = evaluate(name, best_params, [r for r in held if r["source"] == source])
             per_source[source] = f"{s.detected}/{s.falls}, {s.false_per_1000:.2f}"
+        real = evaluate(name, best_params, [r for r in runs if r["source"] not in SYNTHETIC])
         table.append({"detector": name, "params": best_params, "train": summary(best), "held_out": summary(held_score),
-                      "held_out_by_source": per_source})
+                      "held_out_by_source": per_source, "real": summary(real), "real_leads": real.leads})
     return table
 
 
@@ -174,13 +200,15 @@ def summary(s: Score) -> dict[str, Any]:
 
 def markdown(table: list[dict[str, Any]]) -> str:
     lines = ["| detector | parameters (chosen on train) | held-out recall | false alarms / 1000 updates | median lead "
-             "(updates) | train recall / false alarms |", "|---|---|---|---|---|---|"]
+             "(updates) | train recall / false alarms | real falls (both splits): recall / false alarms |",
+             "|---|---|---|---|---|---|---|"]
     for row in table:
         h, t = row["held_out"], row["train"]
         params = ", ".join(f"{k}={v}" for k, v in row["params"].items()) or "defaults"
         lines.append(f"| `{row['detector']}` | {params} | {h['detected']}/{h['falls']} | "
                      f"{h['false_alarms_per_1000']:.2f} | {h['median_lead']:.0f} | "
-                     f"{t['detected']}/{t['falls']} / {t['false_alarms_per_1000']:.2f} |")
+                     f"{t['detected']}/{t['falls']} / {t['false_alarms_per_1000']:.2f} | "
+                     f"{row['real']['detected']}/{row['real']['falls']} / {row['real']['false_alarms_per_1000']:.2f} |")
     return "\n".join(lines)
 
 
@@ -190,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build")
     b.add_argument("--out", required=True, type=Path)
     b.add_argument("--source", action="append", default=[], help="NAME=DIR of run directories")
+    g = sub.add_parser("synthetic")
+    g.add_argument("folder", type=Path)
     s = sub.add_parser("score")
     s.add_argument("folder", type=Path)
     s.add_argument("--markdown", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, {k: Path(v) for k, v in (item.split("=", 1) for item in args.source)})
+    elif args.command == "synthetic":
+        relabel_synthetic(args.folder)
     else:
         table = score(args.folder)
         print(markdown(table) if args.markdown else json.dumps(table, indent=1))

@@ -10,7 +10,9 @@ The log is read under our metric names (:mod:`offpolicylab.logs`); the steps are
 not finite is a collapse by itself, as in our trainer.  The status is
 ``collapsed`` when the detector fires — the smoothed reward gives back at least half of what it gained (and at least
 ``margin``) within ``window`` steps of a KL or gradient-norm spike, the collapse signature of "Prosperity before
-Collapse" (Zheng, Zhao, Chen 2025, arXiv:2510.01161, appendix G) — else ``completed``.  Any other value that is missing or
+Collapse" (Zheng, Zhao, Chen 2025, arXiv:2510.01161, appendix G) — or when the reward falls to a fifth of its peak
+and stays there, whatever came before (:class:`~offpolicylab.diagnostics.collapse.SustainedFall`: the median of
+the last 9 rewards), else ``completed``.  Any other value that is missing or
 not finite at a step (``null`` in JSON, NaN, inf: an fp16 loss-scaling overflow logs an infinite gradient norm and
 skips the step) counts as not logged there; the summary counts them.  Steps are the log's own (verl: training
 steps; TRL: optimizer steps; ours: updates), so ``window`` and the smoothing count logged steps.
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from offpolicylab.diagnostics.collapse import CollapseDetector
+from offpolicylab.diagnostics.collapse import CollapseDetector, SustainedFall
 from offpolicylab.diagnostics.warning import (
     CHOSEN_PARAMS,
     DEFAULT_DETECTOR,
@@ -99,7 +101,7 @@ def detect(metrics: dict[str, dict[int, float]], kl_name: str | None, detector: 
     """Feed every step that logs the reward, the KL or the gradient norm to ``detector``, in step order."""
     reward, kl = metrics[REWARD], metrics.get(kl_name, {}) if kl_name else {}
     grad, loss = metrics.get("grad_norm", {}), metrics.get("loss", {})
-    trace = Trace()
+    trace, fall = Trace(), SustainedFall(margin=detector.margin)
     for step in sorted(set(reward) | set(kl) | set(grad) | set(loss)):
         r, k, g = _finite(reward.get(step)), _finite(kl.get(step)), _finite(grad.get(step))
         broken = step in loss and not math.isfinite(loss[step])
@@ -114,7 +116,9 @@ def detect(metrics: dict[str, dict[int, float]], kl_name: str | None, detector: 
         trace.peak.append(detector.peak)
         if detector.last_spike == step:
             trace.spikes.append(step)
-        if reason is not None:
+        if reason is None and r is not None and trace.collapse_step is None:
+            reason = fall.observe(step, r)
+        if reason is not None and trace.collapse_step is None:
             trace.collapse_step, trace.reason = step, reason
     return trace
 
@@ -155,6 +159,7 @@ def summarize(log: Log, metrics: dict[str, dict[int, float]], sources: dict[str,
             "kl_as": kl_name, "grad_norm": sources.get("grad_norm"), "loss": sources.get("loss"), "spike_steps": trace.spikes,
             **{key: getattr(detector, key) for key in ("margin", "gain_fraction", "spike", "window", "alpha",
                                                        "warmup")},
+            "sustained_fall": {"fraction": SustainedFall.fraction, "span": SustainedFall.span},
         },
         "metrics": dict(sorted(sources.items())),
         "not_finite": {name: n for name in sorted(metrics)

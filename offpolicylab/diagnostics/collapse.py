@@ -21,7 +21,8 @@ improves, then a burst of extreme ratios produces a gradient spike and the rewar
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import statistics
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -89,3 +90,40 @@ class CollapseDetector:
             key = "spike" if key == "factor" else key
             current = getattr(self, key)
             setattr(self, key, int(value) if isinstance(current, int) else float(value))
+
+
+@dataclass
+class SustainedFall:
+    """A fall to a small fraction of the peak, whatever the signals before it (analyze's verdict reads it beside
+    :class:`CollapseDetector`, whose drop must follow a spike).  With m_u the median of the last ``span`` logged
+    rewards, P_u = max_{s≤u} m_s its running peak and B = min(m_first, 0) the base, step u is a fall when
+
+        P_u − m_u ≥ max(margin, (1 − fraction) · (P_u − B))
+
+    i.e. the reward is down to ``fraction`` of its peak above the base (0/1 rewards: to a fifth of the peak) and
+    has stayed there for most of the last ``span`` steps: a median of 9 needs 5 steps down, so one bad batch never
+    counts, an abrupt fall counts about 5 steps after it, and a dip that stays above the line never does."""
+
+    margin: float = 0.1
+    fraction: float = 0.2
+    span: int = 9
+    # state
+    recent: list[float] = field(default_factory=list)
+    base: float = math.nan
+    peak: float = -math.inf
+    fell_at: int = -1
+
+    def observe(self, step: int, reward: float) -> str | None:
+        """Feed one logged (finite) reward; the reason at the first step that is a fall, else None."""
+        self.recent = [*self.recent[-(self.span - 1):], reward]
+        if len(self.recent) < self.span or self.fell_at >= 0:
+            return None
+        median = statistics.median(self.recent)
+        if math.isnan(self.base):
+            self.base = min(median, 0.0)
+        self.peak = max(self.peak, median)
+        if self.peak - median >= max(self.margin, (1 - self.fraction) * (self.peak - self.base)):
+            self.fell_at = step
+            return (f"reward fell to {median:.4g} (median of the last {self.span} steps), below {self.fraction:g} of "
+                    f"its peak {self.peak:.4g}")
+        return None

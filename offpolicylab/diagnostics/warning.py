@@ -19,8 +19,8 @@ sources:
 - ``combined``: at least two of {KL rise, low ESS, gradient surge, entropy moved by ≥ ``entropy_change`` of its
   median} within ``window`` updates.
 
-:func:`synthetic_history` generates labelled histories from documented formulas for the collapse-warning
-benchmark (``experiments/collapse_benchmark.md``).
+:func:`synthetic_history` and :func:`synthetic_kl_history` (KL-led falls) generate labelled histories from
+documented formulas for the collapse-warning benchmark (``experiments/collapse_benchmark.md``).
 """
 
 from __future__ import annotations
@@ -261,15 +261,16 @@ PARAMETER_GRIDS: dict[str, list[dict[str, Any]]] = {
 
 
 #: the detector of ``analyze`` and of the live warning in training runs, chosen by the committed rule on the
-#: benchmark's training split (experiments/collapse_benchmark.md; its measured scores: docs/diagnosing.md)
-DEFAULT_DETECTOR = "ess_grad"
+#: benchmark's training split, KL-led falls included (experiments/collapse_benchmark.md; its measured scores:
+#: docs/diagnosing.md)
+DEFAULT_DETECTOR = "kl_slope"
 #: each detector's parameters as chosen on the benchmark's training split (the ones docs/diagnosing.md scores)
 CHOSEN_PARAMS: dict[str, dict[str, Any]] = {
     "reward_spike": {},
-    "verl_ranges": {"patience": 5},
+    "verl_ranges": {"patience": 1},
     "kl_slope": {"rise": 0.3, "patience": 5},
     "ess_grad": {"ess_min": 0.7, "factor": 3.0, "patience": 5},
-    "combined": {"rise": 0.3, "ess_min": 0.7, "factor": 3.0, "entropy_change": 0.4},
+    "combined": {"rise": 0.3, "ess_min": 0.7, "factor": 3.0, "entropy_change": 0.2},
 }
 DEFAULT_PARAMS: dict[str, Any] = CHOSEN_PARAMS[DEFAULT_DETECTOR]
 
@@ -391,5 +392,45 @@ def synthetic_history(seed: int, updates: int = 800, eval_every: int = 25) -> di
     rows = [(int(k), {"reward_mean": float(lagged[k]), "kl_k3": float(kl[k]), "grad_norm": float(grad[k]),
                       "ess": float(np.exp(-20 * kl[k])), "ratio_mean": 1.0, "entropy": float(entropy[k])})
             for k in range(updates)]
+    evaluations = [(int(k), float(clean[k] + rng.normal(0, 0.02))) for k in range(0, updates, eval_every)]
+    return {"rows": rows, "evaluations": evaluations, "falls": falls}
+
+
+def synthetic_kl_history(seed: int, updates: int = 800, eval_every: int = 25) -> dict[str, Any]:
+    """A labelled KL-led history, as a verl log shows one (no ESS or IS mean logged): {"rows", "evaluations", "falls"}.
+
+    J(u) = J₀ + g (1 − e^{−u/τ}) + N(0, 0.02²) as in :func:`synthetic_history`, the consumed reward lagging it by
+    s ∈ {0, 64, 256} updates + N(0, 0.05²), with the same bait (gradient-norm spikes ×10 at rate 1/300, dips of
+    −0.15 for 30 updates at rate 1/400).  Half the runs (seed odd) fall slowly behind a KL that climbs steadily:
+    from D ~ U(0.3, 0.6)·updates, log₁₀ KL grows linearly by d ~ U(1, 2) decades over S ~ U(150, 400) updates (and
+    on at that rate to 1.5 S) — "a sustained, growing mismatch KL is the early-warning sign" (prime-rl's docs;
+    tinker-cookbook #822) — and from D + U(0.2, 0.5)·S the return declines linearly to 0.2·J₀ over U(150, 400)
+    updates; the gradient norm grows at most 2× with the KL, the entropy falls by at most 30 %.  Runs that do not
+    fall carry a KL drifting up 3× over the whole run.  Base KL ~ 10^U(−3.5, −2), gradient norm ~ 0.5·LogNormal(0,
+    0.3)."""
+    rng = np.random.default_rng([seed, 1])
+    j0, gain, tau = rng.uniform(0.1, 0.3), rng.uniform(0.3, 0.6), rng.uniform(100, 300)
+    lag = int(rng.choice([0, 64, 256]))
+    falls = seed % 2 == 1
+    onset = rng.uniform(0.3, 0.6) * updates if falls else updates * 10.0
+    span, decades = rng.uniform(150, 400), rng.uniform(1.0, 2.0)
+    start, length = onset + rng.uniform(0.2, 0.5) * span, rng.uniform(150, 400)
+    kl_base = 10 ** rng.uniform(-3.5, -2.0)
+    u = np.arange(updates)
+    climb = np.clip((u - onset) / span, 0.0, 1.5)
+    grown = np.clip(climb, 0.0, 1.0)
+    clean = j0 + gain * (1 - np.exp(-u / tau))
+    clean = clean - (clean - 0.2 * j0) * np.clip((u - start) / length, 0.0, 1.0)
+    drift = 0.0 if falls else np.log10(3.0) * u / updates
+    kl = kl_base * 10.0 ** (decades * climb + drift) * np.exp(rng.normal(0, 0.3, updates))
+    grad = 0.5 * np.exp(rng.normal(0, 0.3, updates)) * (1.0 + grown)
+    grad = np.where(rng.random(updates) < 1 / 300, grad * 10, grad)
+    dips = np.zeros(updates)
+    for begin in np.flatnonzero(rng.random(updates) < 1 / 400):
+        dips[begin:begin + 30] -= 0.15
+    lagged = np.interp(u - lag, u, clean, left=clean[0]) + dips + rng.normal(0, 0.05, updates)
+    entropy = 0.8 * np.exp(-u / 2000) * (1.0 - 0.3 * grown) * np.exp(rng.normal(0, 0.02, updates))
+    rows = [(int(k), {"reward_mean": float(lagged[k]), "kl_k3": float(kl[k]), "grad_norm": float(grad[k]),
+                      "entropy": float(entropy[k])}) for k in range(updates)]
     evaluations = [(int(k), float(clean[k] + rng.normal(0, 0.02))) for k in range(0, updates, eval_every)]
     return {"rows": rows, "evaluations": evaluations, "falls": falls}

@@ -108,8 +108,11 @@ def test_tensorboard_events_of_trl_and_verl_give_the_trainer_state_verdict(tmp_p
         assert summary["peak_reward"] == pytest.approx(from_state["peak_reward"], rel=1e-6)  # TB stores float32
 
 
-def test_a_drop_without_a_spike_is_not_a_collapse(tmp_path: Path) -> None:
-    """The detector needs both: the collapsing reward curve with its KL and gradient-norm spike taken out."""
+def test_a_sustained_fall_without_a_spike_is_a_collapse_by_the_fall_alone(tmp_path: Path) -> None:
+    """The collapsing reward curve with its KL and gradient-norm spike taken out: no spike, so the spike detector
+    stays silent, but the reward r_s = r_90·e^(−(s − 90)/5), r_90 ≈ 0.77, is below a fifth of its peak from
+    s = 99 on (90 + 5·ln 5 ≈ 98.1); the median of the last 9 falling values is the one 4 steps back, so the verdict
+    is ``collapsed`` at step 103 by the sustained-fall rule."""
     from torch.utils.tensorboard import SummaryWriter
 
     pytest.importorskip("tensorboard")
@@ -120,7 +123,9 @@ def test_a_drop_without_a_spike_is_not_a_collapse(tmp_path: Path) -> None:
             writer.add_scalar(name, calm, row["step"])
     writer.close()
     summary = analyze.analyze(tmp_path).summary
-    assert summary["status"] == "completed" and summary["peak_reward"] - summary["final_reward"] > 0.5
+    assert summary["detector"]["spike_steps"] == []
+    assert summary["status"] == "collapsed" and summary["peak_reward"] - summary["final_reward"] > 0.5
+    assert summary["collapse_step"] == 103 and "below 0.2 of its peak" in summary["collapse_reason"]
 
 
 def test_our_run_directory_gives_the_trainers_own_verdict(tmp_path: Path) -> None:
@@ -292,16 +297,19 @@ def test_non_finite_values_count_as_not_logged(tmp_path: Path) -> None:
 
 def test_analyze_reports_the_collapse_warning_of_the_chosen_detector(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """A verl log whose gradient norm jumps 1 → 10 at step 50: the default warning (ess_grad: 20-step average
-    above 3 × the median for 5 steps) first holds at the k-th high step, (1 − α)^k < 7/9 with α = 2/21, and fires
-    4 steps later; --detector names another detector."""
+    """A verl log whose gradient norm jumps 1 → 10 at step 50: ess_grad (20-step average above 3 × the median for
+    5 steps) first holds at the k-th high step, (1 − α)^k < 7/9 with α = 2/21, and fires 4 steps later; the default
+    (kl_slope) stays silent on a flat KL; --detector names another detector."""
     log = tmp_path / "run.jsonl"
     with open(log, "w") as fh:
         for step in range(100):
             data = {"critic/score/mean": 0.5, "actor/grad_norm": 1.0 if step < 50 else 10.0, "actor/ppo_kl": 0.001}
             fh.write(json.dumps({"step": step, "data": data}) + "\n")
     k = math.floor(math.log(7 / 9) / math.log(1 - 2 / 21)) + 1
-    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "a")]) == 0
+    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "d")]) == 0
+    assert json.loads((tmp_path / "d" / "summary.json").read_text())["warning"]["steps"] == []
+    capsys.readouterr()
+    assert cli.main(["analyze", str(log), "--out", str(tmp_path / "a"), "--detector", "ess_grad"]) == 0
     warned = json.loads((tmp_path / "a" / "summary.json").read_text())["warning"]
     assert warned["detector"] == "ess_grad" and warned["first_step"] == 50 + k - 1 + 4
     assert "gradient norm" in warned["reason"]

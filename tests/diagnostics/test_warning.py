@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from offpolicylab.diagnostics.collapse import CollapseDetector
@@ -119,3 +120,23 @@ def test_every_detector_has_its_chosen_parameters_and_they_build() -> None:
     assert set(CHOSEN_PARAMS) == set(DETECTORS) and DEFAULT_PARAMS == CHOSEN_PARAMS[DEFAULT_DETECTOR]
     for name, params in CHOSEN_PARAMS.items():
         assert make_detector(name, **params).name == name
+
+
+def test_kl_led_histories_are_labelled_as_built_and_show_no_ess() -> None:
+    """The KL-led family: even seeds never fall; odd seeds decline, and the label rule finds the fall unless the
+    slow decline runs past the end (1 of the 6 odd seeds here), with the KL at least 5× its base by then; no ESS or
+    IS mean is logged (a verl log)."""
+    from offpolicylab.diagnostics.warning import synthetic_kl_history
+
+    labelled = []
+    for seed in range(12):
+        history = synthetic_kl_history(seed)
+        fall = fall_update(history["evaluations"])
+        assert history["falls"] == (seed % 2 == 1) and (fall is None or history["falls"]), seed
+        assert all("ess" not in row and "ratio_mean" not in row for _, row in history["rows"])
+        if fall is not None:
+            labelled.append(seed)
+            kl = np.array([row["kl_k3"] for _, row in history["rows"]])
+            assert np.median(kl[fall - 10:fall]) >= 5 * np.median(kl[:50]), seed
+    assert labelled == [1, 3, 5, 7, 9]
+    assert synthetic_kl_history(3)["rows"][:50] == synthetic_kl_history(3)["rows"][:50]
