@@ -10,7 +10,7 @@ import pytest
 from offpolicylab.batched import train_seeds
 from offpolicylab.config import TrainConfig
 from offpolicylab.progress import Progress
-from offpolicylab.runs import RunDir
+from offpolicylab.run_dir import RunDir
 from offpolicylab.trainer import member_label
 
 
