@@ -33,7 +33,14 @@ from offpolicylab.policies.autoregressive import AutoregressivePolicy
 def sample_rollout(policy: Policy, prompts: Prompts, group_size: int, temperature: float,
                    generator: torch.Generator | Sequence[torch.Generator] | None, source: str) -> Rollout:
     """``policy.sample(prompts, group_size, temperature, generator)`` with ``behavior_logp`` from ``source``
-    (:func:`resolve_behavior`); a toy policy whose numbers ``source`` does not use skips computing them."""
+    (:func:`resolve_behavior`); a toy policy whose numbers ``source`` does not use skips computing them.  A policy
+    with ``logp_micro_batch = m > 0`` whose behaviour numbers are the trainer's has them recomputed right after
+    generation by its scoring forward in micro-batches of m rows (:func:`recompute_behavior_logp`), as verl's actor
+    recomputes ``old_log_prob``; the rollout, stored in the stale queue, carries them."""
+    micro_batch = int(getattr(policy, "logp_micro_batch", 0) or 0)
+    if micro_batch and behavior_source(policy, source) == "trainer":
+        rollout = policy.sample(prompts, group_size, temperature, generator, policy_logp=False)
+        return recompute_behavior_logp(policy, rollout, micro_batch)
     if source == "sampler" and isinstance(policy, AutoregressivePolicy):
         rollout = policy.sample(prompts, group_size, temperature, generator, policy_logp=False)
     else:
@@ -77,13 +84,18 @@ def resolve_behavior(policy: Policy, rollout: Rollout, source: str) -> Rollout:
     return rollout if own else recompute_behavior_logp(policy, rollout)
 
 
-def recompute_behavior_logp(policy: Policy, rollout: Rollout) -> Rollout:
+def recompute_behavior_logp(policy: Policy, rollout: Rollout, micro_batch: int = 0) -> Rollout:
     """behavior_logp ← log π(y_t | x, y_<t) from the policy's training forward (``score``, no grad), as verl's
-    recompute of old_log_prob; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
+    recompute of old_log_prob — in consecutive micro-batches of ``micro_batch`` rows (0: one forward of every row),
+    its ``log_prob_micro_batch_size``; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
     reported one).  The objective's log-ratio logp − behavior_logp then measures staleness alone and
     behavior_logp − sampler_logp the sampler/trainer numeric mismatch (Yao et al. 2025, "Your efficient RL framework
     secretly brings you off-policy RL training")."""
+    rows = len(rollout)
+    step = micro_batch if 0 < micro_batch < rows else rows
     with torch.no_grad():
-        logp, _ = policy.score(rollout)
+        parts = [policy.score(rollout if step == rows else rollout.select(torch.arange(start, min(start + step, rows))))
+                 [0] for start in range(0, rows, step)]
+    logp = parts[0] if len(parts) == 1 else torch.cat(parts)
     sampler = rollout.sampler_logp if rollout.sampler_logp is not None else rollout.behavior_logp
     return rollout.with_(behavior_logp=logp.detach() * rollout.response_mask, sampler_logp=sampler)

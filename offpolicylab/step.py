@@ -93,6 +93,7 @@ def step_numbers(step: Step, current: Tensor) -> dict[str, Tensor]:
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
+        named["sampler_kl"] = stats.masked_mean(batch.sampler_logp - batch.behavior_logp, batch.mask)  # k1 KL(μ‖π)
     named["reward_current"] = current
     return named
 

@@ -73,9 +73,19 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
                       sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
-                      lm_head_fp32: bool, **sizes: int | None) -> TransformerPolicy:
+                      lm_head_fp32: bool, logp_micro_batch: int, **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights; scored in
-    ``trainer_precision`` (:mod:`offpolicylab.policies.mixed_precision`)."""
+    ``trainer_precision`` (:mod:`offpolicylab.policies.mixed_precision`); ``logp_micro_batch`` > 0: the behaviour
+    log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`)."""
+    policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, sampler_precision, token_draw,
+                                compiled, trainer_precision, lm_head_fp32, sizes)
+    policy.logp_micro_batch = logp_micro_batch
+    return policy
+
+
+def _build_transformer(world: World, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
+                       sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
+                       lm_head_fp32: bool, sizes: dict[str, int | None]) -> TransformerPolicy:
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
         _check_prompt_len(max_prompt_len, world)
@@ -140,6 +150,9 @@ POLICIES.register("transformer", build_transformer, {
                                    "fp16 with a dynamic loss scale (docs/sampler_precision.md)"),
     "lm_head_fp32": Param(False, bool, doc="compute the LM head in fp32 under a 16-bit trainer_precision "
                                            "(MiniMax-M1's fix)"),
+    "logp_micro_batch": Param(0, int, low=0, doc="> 0: the trainer recomputes the behaviour (old) log-probs right "
+                                                  "after generation in micro-batches of this many rows, as verl does; "
+                                                  "0: they come from the sampling pass (fp32) or one forward"),
 }, doc="a small causal transformer (the synthetic_lm world's π₀ by default)", stack=StackedTransformerPolicy,
     stack_in_sweeps=False)  # its stacked work grows with the rows: ≈ separate runs' cost (benchmarks/README.md)
 POLICIES.register("hf", make_hf_policy, hf_policy_params(),

@@ -62,6 +62,7 @@ class AutoregressivePolicy(ABC):
     sampler_noise_std: float
     sampler_precision: str = "fp32"
     trainer_precision: str = "fp32"  # the precision of score's forward (policies.mixed_precision)
+    logp_micro_batch: int = 0  # > 0: behaviour log-probs recomputed by score in micro-batches of this many rows
     token_draw: str = "race"  # one of TOKEN_DRAWS (module docstring)
 
     def _init_common(self, vocab_size: int, response_len: int, eos_id: int | None, sampler_noise_std: float,

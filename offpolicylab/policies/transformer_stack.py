@@ -132,10 +132,10 @@ class StackedTransformerPolicy(TransformerPolicy):
                              "differently from each seed alone; valid: run the seeds separately (--seed S), or "
                              "compiled=false")
 
-        if any(m.trainer_precision != "fp32" or m.lm_head_fp32 for m in members):
-            raise ValueError("batched transformer seeds need trainer_precision=fp32 and lm_head_fp32=false (one loss "
-                             "scale and one autocast for every seed is not each seed's own run); valid: run the seeds "
-                             "separately (--seed S), or trainer_precision=fp32")
+        if any(m.trainer_precision != "fp32" or m.lm_head_fp32 or m.logp_micro_batch for m in members):
+            raise ValueError("batched transformer seeds need trainer_precision=fp32, lm_head_fp32=false and "
+                             "logp_micro_batch=0 (one loss scale and one autocast for every seed is not each seed's "
+                             "own run, nor are micro-batches across seeds); valid: run the seeds separately (--seed S)")
 
         def key(m: TransformerPolicy) -> tuple[Any, ...]:
             return (m.shape, m.eos_id, m.sampler_noise_std, m.sampler_precision, m.pad_token, m.max_prompt_len,

@@ -125,7 +125,7 @@ def test_docs_list_every_column_a_run_writes(tmp_path: Path) -> None:
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     runs = [(name, {"kl_coef": 0.1}) for name in OBJECTIVES.names()] + [("m2po", {"kl_coef": 0.1, "variant": "cap"})]
-    columns: set[str] = {"sampler_log_ratio_abs_mean", "sampler_log_ratio_abs_max"}
+    columns: set[str] = {"sampler_log_ratio_abs_mean", "sampler_log_ratio_abs_max", "sampler_kl"}
     for index, (name, params) in enumerate(runs):
         out = tmp_path / f"{index}"
         train(mdp_config(objective=name, objective_params=params, updates=1, eval_every=1, sample_every=0), out)
