@@ -21,7 +21,7 @@ from offpolicylab.rollouts import Collected, overlong_penalty, overlong_settings
 from offpolicylab.stack import Run
 from offpolicylab.staleness import Schedule
 
-__all__ = ["Step", "batch_columns", "detector_reward", "own_reward", "scalars", "shaping_columns", "step_numbers", "update_rows"]
+__all__ = ["Step", "batch_columns", "detector_reward", "own_reward", "scalars", "separate_engine", "shaping_columns", "step_numbers", "update_rows"]
 
 
 @dataclass
@@ -51,18 +51,30 @@ def update_rows(runs: list[Run], update: int, steps: list[Step]) -> list[dict[st
     policy's own reward (:func:`scalars`, one host transfer for all)."""
     current = [own_reward(step.collected.fresh, update, run.schedule.other_share == 0)
                for run, step in zip(runs, steps, strict=True)]
-    rows = [{"update": update, **own} for own in scalars(steps, current)]
+    engines = [separate_engine(run.policy) for run in runs]
+    rows = [{"update": update, **own} for own in scalars(steps, current, engines)]
     for run, step, row in zip(runs, steps, rows, strict=True):
         row.update(shaping_columns(run, step.collected, step))
     return rows
 
 
-def scalars(steps: list[Step], current: list[Tensor]) -> list[dict[str, float]]:
+def separate_engine(policy: object) -> bool:
+    """Whether ``policy``'s sampler is an engine of its own arithmetic (a reduced ``sampler_precision`` or
+    ``trainer_precision``, or old log-probs the trainer recomputes), whose per-token KL to the trainer
+    ``sampler_kl`` reports."""
+    return (getattr(policy, "sampler_precision", "fp32") != "fp32" or getattr(policy, "trainer_precision", "fp32")
+            != "fp32" or bool(getattr(policy, "logp_micro_batch", 0)))
+
+
+def scalars(steps: list[Step], current: list[Tensor], engines: list[bool] | None = None) -> list[dict[str, float]]:
     """The per-update numbers of each member's step — the loss, pre-clip gradient norm, the batch's reward,
-    staleness and length (:func:`batch_columns`), the objective's scalar metrics, the sampler/trainer mismatch —
-    and ``current`` (``reward_current``), as Python floats, with one host transfer for all."""
+    staleness and length (:func:`batch_columns`), the objective's scalar metrics, the sampler/trainer mismatch (and
+    ``sampler_kl`` where ``engines`` says the sampler is a separate engine) — and ``current``
+    (``reward_current``), as Python floats, with one host transfer for all."""
     columns = batch_columns(steps[0].joined)
-    named = [step_numbers(step, reward) for step, reward in zip(steps, current, strict=True)]
+    engines = engines or [False] * len(steps)
+    named = [step_numbers(step, reward, engine) for step, reward, engine in zip(steps, current, engines,
+                                                                                  strict=True)]
     tensors = [value if value.dim() == 0 else value.reshape(()) for one in named for value in one.values()]
     parts = list(columns.values())
     if len({tensor.dtype for tensor in tensors + parts}) > 1:  # mixed dtypes: widen (float32 → float64 is exact)
@@ -84,8 +96,9 @@ def batch_columns(batch: TokenBatch) -> dict[str, Tensor]:
             "response_len": batch.mask.sum(-1).reshape(batch.runs, -1).mean(-1)}
 
 
-def step_numbers(step: Step, current: Tensor) -> dict[str, Tensor]:
-    """The numbers :func:`scalars` reports of one member's update other than :func:`batch_columns`, as tensors."""
+def step_numbers(step: Step, current: Tensor, engine: bool = False) -> dict[str, Tensor]:
+    """The numbers :func:`scalars` reports of one member's update other than :func:`batch_columns`, as tensors;
+    ``engine``: the k1 KL ``sampler_kl`` too (:func:`separate_engine`)."""
     named = {"loss": step.output.loss.detach(), "grad_norm": step.grad_norm.detach(),
              **{key: value for key, value in step.output.metrics.items() if value.numel() == 1}}
     if step.joined.sampler_logp is not None:  # trainer vs sampler numbers of the same tokens (not staleness)
@@ -93,7 +106,8 @@ def step_numbers(step: Step, current: Tensor) -> dict[str, Tensor]:
         mismatch = (batch.behavior_logp - batch.sampler_logp).abs()
         named["sampler_log_ratio_abs_mean"] = stats.masked_mean(mismatch, batch.mask)
         named["sampler_log_ratio_abs_max"] = stats.masked_max(mismatch, batch.mask)
-        named["sampler_kl"] = stats.masked_mean(batch.sampler_logp - batch.behavior_logp, batch.mask)  # k1 KL(μ‖π)
+        if engine:  # k1 estimate of KL(μ‖π) on the sampler μ's tokens (Qi et al. 2025, arXiv:2510.26788)
+            named["sampler_kl"] = stats.masked_mean(batch.sampler_logp - batch.behavior_logp, batch.mask)
     named["reward_current"] = current
     return named
 
