@@ -33,7 +33,8 @@ from offpolicylab.tracking import check_installed, parse_report_to
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds.exact import MAX_ENUMERATION
 
-__all__ = ["advantage_used", "build", "check_memory", "check_overlong", "frozen_copy", "is_enumerable", "plan_memory", "tracks_kl_init", "with_stored_plan"]
+__all__ = ["advantage_used", "build", "check_memory", "check_overlong", "frozen_copy", "is_enumerable",
+           "plan_memory", "tracks_kl_init", "with_stored_plan"]
 
 
 def build(config: TrainConfig) -> Run:
@@ -58,8 +59,9 @@ def build(config: TrainConfig) -> Run:
         config=config, world=world, policy=policy, objective=objective, schedule=schedule,
         optimizer=make_optimizer(config, policy.trainable_parameters()),
         generator=torch.Generator().manual_seed(config.seed),
-        detector=CollapseDetector(margin=config.collapse_margin, gain_fraction=config.collapse_gain_fraction,
-                                  spike=config.collapse_spike, window=config.collapse_window),
+        collapse_detector=CollapseDetector(margin=config.collapse_margin,
+                                           gain_fraction=config.collapse_gain_fraction, spike=config.collapse_spike,
+                                           window=config.collapse_window),
         advantage=advantage_used(config, objective),
         initial=frozen_copy(policy) if keep_initial else None, enumerable=enumerable, memory_plan=memory_plan,
     )
@@ -141,7 +143,7 @@ def frozen_copy(policy: Policy) -> Policy:
 
 
 def tracks_kl_init(config: TrainConfig) -> bool:
-    """Whether evaluation estimates KL(π‖π_0) from its samples: ``eval_kl_init`` on, or auto and a policy kind that
+    """Whether evaluation estimates KL(π‖π₀) from its samples: ``eval_kl_init`` on, or auto and a policy kind that
     keeps a frozen copy by default (not a large model, whose copy would double its memory unless asked for)."""
     return config.eval_kl_init == "on" or (
         config.eval_kl_init == "auto" and policy_ability(config.policy, "frozen_copy", True))

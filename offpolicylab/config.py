@@ -126,8 +126,8 @@ class TrainConfig:
     eval_samples: int = _f(Param(None, int, low=1, optional=True,
                                  doc="sampled responses per evaluation prompt (4 for the toy policies, 1 for hf)"))
     eval_kl_init: str = _f(Param("auto", str, choices=KL_INIT_MODES,
-                                 doc="sampled KL(π‖π_0) on the evaluation samples (k1, k3 per token; keeps a frozen "
-                                     "copy of π_0): auto = on except for the hf policy, on, off"))
+                                 doc="sampled KL(π‖π₀) on the evaluation samples (k1, k3 per token; keeps a frozen "
+                                     "copy of π₀): auto = on except for the hf policy, on, off"))
     sample_every: int = _f(Param(25, int, low=0, doc="write ratio/entropy samples for histograms every N updates "
                                                      "(0 = never)"))
     checkpoint_every: int = _f(Param(50, int, low=1, doc="write the checkpoint every N updates and after the last "

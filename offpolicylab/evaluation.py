@@ -1,6 +1,6 @@
 """Phase 3 of the update loop: evaluation every ``eval_every`` updates — the sampled reward on
-``world.eval_prompts()`` with its standard error, the greedy reward, the sampled KL(π‖π_0) and, where the world is
-enumerable, the exact return J(π) and KL(π‖π_0) (:func:`evaluate`).  Evaluation draws from its own generators and
+``world.eval_prompts()`` with its standard error, the greedy reward, the sampled KL(π‖π₀) and, where the world is
+enumerable, the exact return J(π) and KL(π‖π₀) (:func:`evaluate`).  Evaluation draws from its own generators and
 never shifts the training randomness.
 """
 
@@ -24,7 +24,8 @@ from offpolicylab.diagnostics import stats
 from offpolicylab.stack import Run, Stack
 from offpolicylab.worlds.exact import kl_divergence, sequence_logprobs
 
-__all__ = ["enumerated_logprobs", "eval_columns", "eval_generator", "evaluate", "evaluate_due", "exact_diagnostics", "greedy_reward", "kl_from_scores", "sampled_numbers"]
+__all__ = ["enumerated_logprobs", "eval_columns", "eval_generator", "evaluate", "evaluate_due",
+           "exact_diagnostics", "greedy_reward", "kl_from_scores", "sampled_numbers"]
 
 
 def eval_columns(run: Run) -> list[str]:
@@ -48,8 +49,8 @@ def evaluate_due(stack: Stack, update: int, due: list[bool]) -> list[dict[str, A
 def evaluate(stack: Stack, update: int) -> list[dict[str, float]]:
     """Each member's Monte-Carlo J: the mean reward of ``eval_samples`` sampled responses per prompt of
     ``world.eval_prompts()`` and its standard error (:func:`stats.stratified_standard_error`, prompts as strata); the
-    reward of greedy responses; the sampled KL(π‖π_0) (:func:`kl_from_scores`) when tracked; exact J(π) and
-    KL(π‖π_0) when the world can enumerate its responses.  Each member uses its own generator
+    reward of greedy responses; the sampled KL(π‖π₀) (:func:`kl_from_scores`) when tracked; exact J(π) and
+    KL(π‖π₀) when the world can enumerate its responses.  Each member uses its own generator
     (:func:`eval_generator`), so evaluation never shifts the training randomness; the stack's policies sample, decode
     greedily, score and enumerate for all members at once."""
     runs, cfg = stack.runs, stack.config
@@ -111,8 +112,8 @@ def kl_from_scores(initial_logp: Tensor, sampled: Rollout) -> dict[str, float]:
 
 
 def exact_diagnostics(run: Run, logp: Tensor | None = None) -> dict[str, float]:
-    """J(π) = E_x Σ_y π(y|x) R(x, y) and KL(π‖π_0) = E_x Σ_y π(y|x)(log π − log π_0) by enumeration, scoring π once
-    (``logp``: log π(y|x) [N, M] when already computed; π_0's log-probs are computed once per run and cached)."""
+    """J(π) = E_x Σ_y π(y|x) R(x, y) and KL(π‖π₀) = E_x Σ_y π(y|x)(log π − log π₀) by enumeration, scoring π once
+    (``logp``: log π(y|x) [N, M] when already computed; π₀'s log-probs are computed once per run and cached)."""
     enumeration = run.world.enumeration
     logp = enumeration.logprobs(run.policy) if logp is None else logp
     if run.initial_logprobs is None:

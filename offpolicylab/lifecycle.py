@@ -37,7 +37,10 @@ from offpolicylab.staleness import parse_schedule
 from offpolicylab.tracking import Tracker, open_tracker
 from offpolicylab.worlds import WORLDS
 
-__all__ = ["TrainingFailed", "checked_next_update", "checked_resume", "checkpoint_state", "completions", "exact_optimum", "guarded", "open_run", "open_trackers", "policy_device", "record_failure", "replay_warning", "resolve_config", "restore_state", "save_adapter", "write_summary"]
+__all__ = ["checked_next_update", "checked_resume", "checkpoint_state", "completions", "current_key",
+           "exact_optimum", "guarded", "OLD_CHECKPOINT_KEYS", "open_run", "open_trackers", "policy_device",
+           "record_failure", "replay_warning", "resolve_config", "restore_state", "save_adapter",
+           "TrainingFailed", "write_summary"]
 
 
 class TrainingFailed(RuntimeError):
@@ -178,7 +181,7 @@ def checkpoint_state(run: Run, next_update: int, optimizer: dict[str, Any] | Non
         "torch_rng": torch.get_rng_state() if torch_rng is None else torch_rng,
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],  # dropout on a GPU
         "buffer": Rollout.pack(run.buffer),
-        "detector": run.detector.state_dict(),
+        "collapse_detector": run.collapse_detector.state_dict(),
     }
 
 
@@ -186,10 +189,23 @@ def replay_warning(run: Run, rows: list[dict[str, str]]) -> None:
     """Bring the live warning to where it was at the checkpoint: it is a function of the metrics rows recorded,
     so feeding them again (silently) restores it."""
     for row in rows:
-        run.warning.observe(int(row["update"]), row)
+        run.early_warning.observe(int(row["update"]), row)
+
+
+#: Checkpoint keys of earlier versions, by today's key: a checkpoint written before a rename still restores.
+OLD_CHECKPOINT_KEYS = {"collapse_detector": "detector"}
+
+
+def current_key(state: dict[str, Any], key: str) -> str:
+    """``key``, or the name an earlier version wrote it under (:data:`OLD_CHECKPOINT_KEYS`) when only that is in
+    the checkpoint ``state``."""
+    old = OLD_CHECKPOINT_KEYS.get(key)
+    return old if key not in state and old in state else key
 
 
 def restore_state(run: Run, state: dict[str, Any]) -> None:
+    """Continue ``run`` from the checkpoint ``state`` (:func:`checkpoint_state`; a checkpoint of an earlier version
+    too, :data:`OLD_CHECKPOINT_KEYS`); ``RunError`` when it does not match the run."""
     try:
         run.policy.load_state_dict(state["policy"])
         run.optimizer.load_state_dict(state["optimizer"])
@@ -199,7 +215,7 @@ def restore_state(run: Run, state: dict[str, Any]) -> None:
         if state.get("cuda_rng") and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         run.buffer = Rollout.unpack(state["buffer"], device=policy_device(run.policy))
-        run.detector.load_state_dict(state["detector"])
+        run.collapse_detector.load_state_dict(state[current_key(state, "collapse_detector")])
     except (KeyError, RuntimeError, ValueError, TypeError) as exc:
         raise RunError(f"corrupt checkpoint: it does not match this run ({type(exc).__name__}: "
                        f"{str(exc).splitlines()[0][:120] if str(exc) else ''})") from None
@@ -267,7 +283,7 @@ def guarded(directories: list[RunDir], profile: bool, updates: Any, watch: Stopw
 
 
 def write_summary(directory: RunDir, run: Run, status: str) -> dict[str, Any]:
-    return directory.write_summary(status, collapse_update=run.detector.collapsed_at, **exact_optimum(run.world))
+    return directory.write_summary(status, collapse_update=run.collapse_detector.collapsed_at, **exact_optimum(run.world))
 
 
 def record_failure(directory: RunDir, error: str) -> None:

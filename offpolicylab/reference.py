@@ -1,5 +1,5 @@
 """The reference policy of the KL penalty (``kl_coef`` of every objective, :mod:`offpolicylab.objectives.regularization`):
-π_ref = π_0, the frozen copy of the initial policy the trainer keeps.  Each batch the penalty needs is scored by π_0
+π_ref = π₀, the frozen copy of the initial policy the trainer keeps.  Each batch the penalty needs is scored by π₀
 once (no grad) into ``TokenBatch.ref_logp``.
 """
 
@@ -15,7 +15,7 @@ from offpolicylab.objectives import Objective
 
 
 def uses_reference(objectives: Iterable[Objective]) -> bool:
-    """Whether any of ``objectives`` adds the KL penalty (β = ``kl_coef`` > 0), so that π_0 must score its batches."""
+    """Whether any of ``objectives`` adds the KL penalty (β = ``kl_coef`` > 0), so that π₀ must score its batches."""
     return any(getattr(objective, "kl_coef", 0.0) > 0 for objective in objectives)
 
 
@@ -25,7 +25,7 @@ def reference_logp(reference: Policy | None, rollout: Rollout, objectives: Itera
     if not uses_reference(objectives):
         return None
     if reference is None:
-        raise ValueError("kl_coef > 0 needs the frozen initial policy π_0, which this run does not keep")
+        raise ValueError("kl_coef > 0 needs the frozen initial policy π₀, which this run does not keep")
     with torch.no_grad():
         logp, _ = reference.score(rollout)
     return logp.detach().to(rollout.behavior_logp.dtype)

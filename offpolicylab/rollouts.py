@@ -22,8 +22,8 @@ from offpolicylab.objectives.advantages import group_min_max
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.stack import Run, Stack
 
-__all__ = ["INITIAL_VERSION", "Collected", "batch_sources", "dynamic_batch", "first_groups", "generate",
-           "group_count", "overlong_penalty", "overlong_settings", "rewards_joined", "sample",
+__all__ = ["batch_sources", "Collected", "dynamic_batch", "first_groups", "generate", "group_count",
+           "INITIAL_VERSION", "overlong_penalty", "overlong_settings", "rewards_joined", "sample",
            "sample_batches", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
 
 
@@ -125,8 +125,8 @@ def first_groups(rollout: Rollout, count: int) -> Rollout:
 
 
 def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
-    """(answered by π_0, prompts, version tag) of each part of a batch: the current policy answers every prompt
-    but a share ``schedule.other_share``, which the frozen initial policy π_0 answers (version 0)."""
+    """(answered by π₀, prompts, version tag) of each part of a batch: the current policy answers every prompt
+    but a share ``schedule.other_share``, which the frozen initial policy π₀ answers (version 0)."""
     cfg = run.config
     other = round(run.schedule.other_share * cfg.prompts_per_update)
     parts = [(False, cfg.prompts_per_update - other, version), (True, other, INITIAL_VERSION)]

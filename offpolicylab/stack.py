@@ -31,7 +31,8 @@ from offpolicylab.policies import POLICIES, policy_ability
 from offpolicylab.run_dir import RunDir
 from offpolicylab.staleness import Schedule
 
-__all__ = ["Run", "Stack", "check_stackable", "make_optimizer", "member_state", "stack_policies", "stackable", "stacked_state"]
+__all__ = ["check_stackable", "make_optimizer", "member_state", "Run", "Stack", "stack_policies", "stackable",
+           "stacked_state"]
 
 
 @dataclass
@@ -46,15 +47,15 @@ class Run:
     schedule: Schedule
     optimizer: torch.optim.Optimizer
     generator: torch.Generator
-    detector: CollapseDetector
+    collapse_detector: CollapseDetector  # decides a collapse (the run's status; stop_on_collapse stops it)
     advantage: str = "std"  # the advantage estimator used (objectives.advantages.ESTIMATORS), config.advantage resolved
-    initial: Policy | None = None  # π_0, frozen: mixture / offline data, the KL penalty's reference, KL(π‖π_0)
+    initial: Policy | None = None  # π₀, frozen: mixture / offline data, the KL penalty's reference, KL(π‖π₀)
     enumerable: bool = False  # the world can enumerate its responses (exact return and KL at evaluation)
     memory_plan: str | None = None  # the policy's own memory plan (hf: how it scores), printed at the start
     buffer: dict[int, Rollout] = field(default_factory=dict)  # rollouts generated, not yet consumed
-    warning: Detector = field(default_factory=default_warning)  # the live collapse warning (fed the metrics rows)
-    alarm: tuple[int, str] | None = None  # the latest warning: (update, reason)
-    initial_logprobs: Tensor | None = None  # cache of log π_0(y|x) over an enumerable world's responses
+    early_warning: Detector = field(default_factory=default_warning)  # warns before a collapse (fed the rows)
+    last_warning: tuple[int, str] | None = None  # the early warning's latest: (update, reason)
+    initial_logprobs: Tensor | None = None  # cache of log π₀(y|x) over an enumerable world's responses
 
 
 def make_optimizer(config: TrainConfig, params: Any) -> torch.optim.Optimizer:
@@ -129,7 +130,7 @@ def _equal(a: Any, b: Any) -> bool:
 @dataclass
 class Stack:
     """Runs trained as one computation: ``runs[s]`` writes ``directories[s]``; ``policy`` and ``initial`` answer
-    every member's rows (a stacked policy and the stack of the members' frozen π_0 copies when ``stacked``, else the
+    every member's rows (a stacked policy and the stack of the members' frozen π₀ copies when ``stacked``, else the
     one member's own); ``optimizer`` steps ``policy``'s parameters; ``rng_states[s]`` is the global RNG state
     member s's separate run would checkpoint (a stack of one checkpoints the current one)."""
 
@@ -143,7 +144,7 @@ class Stack:
 
     @classmethod
     def one(cls, run: Run, directory: RunDir | None = None) -> Stack:
-        """A single run as a stack of one: its own policy, frozen π_0 and optimizer (``directory`` None: a stack
+        """A single run as a stack of one: its own policy, frozen π₀ and optimizer (``directory`` None: a stack
         that collects, trains or evaluates but records nothing, e.g. for a calibration measurement)."""
         return cls([run], [directory], run.policy, run.initial, run.optimizer, [], stacked=False)
 

@@ -21,7 +21,8 @@ from offpolicylab.rollouts import Collected, overlong_penalty, overlong_settings
 from offpolicylab.stack import Run
 from offpolicylab.staleness import Schedule
 
-__all__ = ["Step", "batch_columns", "detector_reward", "own_reward", "scalars", "separate_engine", "shaping_columns", "step_numbers", "update_rows"]
+__all__ = ["batch_columns", "detector_reward", "own_reward", "scalars", "separate_engine", "shaping_columns", "Step",
+           "step_numbers", "update_rows"]
 
 
 @dataclass
@@ -116,7 +117,7 @@ def own_reward(fresh: list[Rollout], update: int, all_current: bool = False) -> 
     """Mean reward of the responses the current policy (version ``update``) generated at this update — its own
     reward (``reward_current``), whatever batch the update consumes; NaN when it generated none (between stages,
     offline data); a 0-d tensor (no host sync).  ``all_current``: every fresh row is the current policy's (no share
-    answered by π_0), so none is filtered."""
+    answered by π₀), so none is filtered."""
     rewards = [r.rewards if all_current else r.rewards[r.version == update] for r in fresh]
     rewards = torch.cat(rewards) if len(rewards) > 1 else rewards[0] if rewards else torch.zeros(0)
     return rewards.mean() if rewards.numel() else torch.full((), math.nan, dtype=rewards.dtype)

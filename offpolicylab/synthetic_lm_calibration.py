@@ -237,15 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     world_params = parse_assignments(args.world_param, "--world-param")
     world = make_world("synthetic_lm", **world_params)
-    pi0 = world.pretrained_policy()
-    print(seed_scale_table(world, pi0))
-    profile = policy_token_profile(world, pi0)
+    initial = world.pretrained_policy()
+    print(seed_scale_table(world, initial))
+    profile = policy_token_profile(world, initial)
     if args.profile:
         rows = compare_profiles(load_profile(args.profile), profile)
         print(format_comparison(rows, names=("reference", "synthetic_lm π₀")))
     else:
         print(json.dumps({k: v for k, v in profile.items() if not isinstance(v, list)}, indent=1))
-    print("initial success:", json.dumps(initial_success(world, pi0, args.success_samples)))
+    print("initial success:", json.dumps(initial_success(world, initial, args.success_samples)))
     print("degenerate text:", json.dumps(degenerate_scores(world)))
     for lr in [float(x) for x in args.lrs.split(",") if x]:
         config = TrainConfig.from_dict({"world": "synthetic_lm", "world_params": world_params, "objective": "grpo",

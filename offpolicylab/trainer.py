@@ -20,8 +20,8 @@ configuration trained as one computation (:mod:`offpolicylab.batched`).  At upda
                  metrics; backward, global-norm gradient clipping, optimizer step — skipped, and the run stopped, when
                  its loss or gradient is not finite (:func:`train_update`).
 3. **evaluate**  every ``eval_every`` updates the sampled reward on ``world.eval_prompts()`` with its standard
-                 error, the greedy reward, the sampled KL(π‖π_0) and, where the world is enumerable, the exact return
-                 J(π) and KL(π‖π_0) (:mod:`offpolicylab.evaluation`).
+                 error, the greedy reward, the sampled KL(π‖π₀) and, where the world is enumerable, the exact return
+                 J(π) and KL(π‖π₀) (:mod:`offpolicylab.evaluation`).
 4. **record**    collapse detection (:mod:`offpolicylab.diagnostics.collapse`), the metrics row (its numbers:
                  :mod:`offpolicylab.step`), histogram samples, events (:func:`record`) and the atomic checkpoint
                  (:mod:`offpolicylab.lifecycle`, :mod:`offpolicylab.run_dir`).
@@ -66,7 +66,7 @@ from offpolicylab.samples import sample_arrays
 from offpolicylab.stack import Run, Stack
 from offpolicylab.step import Step, detector_reward, update_rows
 
-__all__ = ["Step", "UpdateHook", "collect", "run_updates", "train", "train_update"]
+__all__ = ["collect", "run_updates", "Step", "train", "train_update", "UpdateHook"]
 
 
 class UpdateHook:
@@ -148,8 +148,8 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
         for hook in hooks:
             hook.on_update(update, stack, steps, rows)
         view.update(rows, [labels[i] for i in active],
-                    update_warnings(rows, [run.detector.collapsed_at for run in stack.runs],
-                                    [run.alarm for run in stack.runs]))
+                    update_warnings(rows, [run.collapse_detector.collapsed_at for run in stack.runs],
+                                    [run.last_warning for run in stack.runs]))
         save_checkpoints(stack, update, stopped, watch)
         for index in stopped:
             statuses[active[index]] = "collapsed"
@@ -299,7 +299,7 @@ def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Ten
     ``.split()``): per-token ``logp`` (with grad) and ``entropy`` of the rollouts' tokens (``joined``), the behaviour
     log-probs, each member's group-relative advantages (its run's estimator:
     :func:`~offpolicylab.objectives.advantages.group_advantages`), each sequence's staleness at ``update``, log π_prox
-    for an objective that reads it (:func:`proximal_of`) and, when an objective has a KL penalty, π_0's log-probs of
+    for an objective that reads it (:func:`proximal_of`) and, when an objective has a KL penalty, π₀'s log-probs of
     the tokens (:func:`~offpolicylab.reference.reference_logp`)."""
     runs, own_logp = stack.runs, stack.split(logp)
     estimators = {run.advantage for run in runs}
@@ -353,14 +353,14 @@ def record(run: Run, directory: RunDir, update: int, row: dict[str, Any], step: 
     with watch("other"):
         now = time.perf_counter()
         row.update(time_update_s=now - tick, time_elapsed_s=now - clock)
-        reason = (run.detector.non_finite(update) if not finite else
-                  run.detector.observe(update, detector_reward(row, run.schedule), row.get("kl_k3"),
+        reason = (run.collapse_detector.non_finite(update) if not finite else
+                  run.collapse_detector.observe(update, detector_reward(row, run.schedule), row.get("kl_k3"),
                                        row["grad_norm"]))
         directory.append_metrics(row)
-        alarm = run.warning.observe(update, row) if finite else None
+        alarm = run.early_warning.observe(update, row) if finite else None
         if alarm is not None:
-            run.alarm = (update, alarm)
-            directory.event("warning", update, detector=run.warning.name, reason=alarm)
+            run.last_warning = (update, alarm)
+            directory.event("warning", update, detector=run.early_warning.name, reason=alarm)
         if not finite:
             directory.event("non_finite_loss", update, loss=row["loss"], grad_norm=row["grad_norm"])
         if reason is not None:
@@ -377,7 +377,7 @@ def is_checkpoint_due(config: TrainConfig, update: int) -> bool:
 
 
 def final_status(run: Run) -> str:
-    return "collapsed" if run.detector.collapsed_at >= 0 else "completed"
+    return "collapsed" if run.collapse_detector.collapsed_at >= 0 else "completed"
 
 
 def is_due(update: int, every: int, total: int) -> bool:

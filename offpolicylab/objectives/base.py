@@ -48,7 +48,7 @@ COMMON_PARAMS: dict[str, Param] = {
             "tis_clip: C}",
     ),
     "kl_coef": Param(0.0, float, low=0.0, high=math.inf, high_open=True, doc="β of the KL penalty β·agg(k(π_θ‖π_ref)) added to the loss; π_ref is the "
-                                               "frozen initial policy π_0 (0 = no penalty; verl kl_loss_coef, TRL beta)"),
+                                               "frozen initial policy π₀ (0 = no penalty; verl kl_loss_coef, TRL beta)"),
     "kl_estimator": Param("k3", str, choices=KL_ESTIMATORS,
                           doc="per-token KL estimator of the penalty (Schulman 2020): k1 = log π_θ − log π_ref, "
                               "k2 = ½(log π_θ − log π_ref)², k3 = π_ref/π_θ − 1 − log(π_ref/π_θ); verl's kl, mse, "

@@ -11,7 +11,7 @@ sampled from π_θ (J. Schulman, "Approximating KL divergence", 2020, joschu.net
     k2 = ½ δ²               biased, low variance, its gradient is KL's      (verl: ``k2`` / ``mse``)
     k3 = e^δ − 1 − δ ≥ 0    unbiased, low variance                          (verl: ``k3`` / ``low_var_kl``)
 
-The reference π_ref is the frozen initial policy π_0 (the trainer scores each batch with it when β > 0;
+The reference π_ref is the frozen initial policy π₀ (the trainer scores each batch with it when β > 0;
 ``TokenBatch.ref_logp``).  k3 is :func:`offpolicylab.formulas.k3` with its one clamp (the exponent capped at 80, no
 value float32 can hold changed); verl clamps δ to [−20, 20] and k3 to [−10, 10], which changes the penalty and
 removes its gradient on the tokens furthest from π_ref, so we do not.

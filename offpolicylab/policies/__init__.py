@@ -26,7 +26,7 @@ POLICIES: Registry[Policy] = Registry("policy", plugins="offpolicylab.policies")
 """Policy kinds.  An entry's metadata declares optional abilities: ``stack`` (a class whose constructor takes the
 members' policies and answers row block s of a batch with member s: batched seeds), ``stack_in_sweeps`` (stacking
 saves time, so a sweep trains such cells together), ``planned_params`` (the options the policy's memory plan fills
-in), ``frozen_copy`` (whether evaluation keeps a frozen copy of π_0 by default: not for a large model)."""
+in), ``frozen_copy`` (whether evaluation keeps a frozen copy of π₀ by default: not for a large model)."""
 
 MAX_LOGIT_SCALE = 1000.0  # logit_scale and sampler_noise_std: beyond it float32 logits need not stay finite
 _SAMPLER_NOISE = Param(0.0, float, low=0.0, high=MAX_LOGIT_SCALE,

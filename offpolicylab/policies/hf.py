@@ -414,7 +414,7 @@ class HFPolicy:
             yield
 
     def initial_policy(self) -> BaseModelPolicy:
-        """The initial policy π_0 of a LoRA run: the base model without the adapter, as a Policy sharing this one's
+        """The initial policy π₀ of a LoRA run: the base model without the adapter, as a Policy sharing this one's
         weights (no copy)."""
         return BaseModelPolicy(self)
 

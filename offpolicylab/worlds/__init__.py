@@ -73,9 +73,9 @@ WORLDS.register(
                             "(SmolLM2-135M's) or seed_scale_v6 (recipe v6, a chain of forks with EOS; under it a "
                             "parameter at its default below means the preset's value); the parameters below "
                             "override it"),
-        "cache_dir": Param(None, str, optional=True, doc="pi0 cache folder (default: the user cache folder)"),
+        "cache_dir": Param(None, str, optional=True, doc="π₀ cache folder (default: the user cache folder)"),
     },
-    doc="calibrated synthetic LM: random teacher, distilled transformer pi0, key -> digit reward (1/0.1/0)",
+    doc="calibrated synthetic LM: random teacher, distilled transformer π₀, key -> digit reward (1/0.1/0)",
     train_defaults={"optimizer": "adamw", "lr": 3e-5, "advantage": "std", "grad_clip": 1.0,
                     "prompts_per_update": 8, "group_size": 8, "temperature": 1.0, "policy": "transformer"},
 

@@ -137,7 +137,7 @@ RECIPE_PARAMS: dict[str, Param] = {
                        doc="teacher tail share: weight of the broad softmax in p_T (default: the preset's, "
                            "0 / 0.125)"),
         "pi0_temperature": Param(None, float, low=0.05, high=10.0, optional=True,
-                                 doc="pi0 = the distilled student at this temperature (< 1 sharpens; default: the "
+                                 doc="π₀ = the distilled student at this temperature (< 1 sharpens; default: the "
                                      "preset's, 0.8 / 1)"),
         "sharpness_spread": Param(Recipe.sharpness_spread, float, low=0.0, high=MAX_SHARPNESS_SPREAD,
                                   doc="gamma: spread of the per-position sharpness exp(gamma u.h)"),
@@ -147,12 +147,12 @@ RECIPE_PARAMS: dict[str, Param] = {
                              doc="teacher digit logits: context part scale"),
         "key_scale": Param(Recipe.key_scale, float, low=0.0, high=MAX_TEACHER_SCALE,
                            doc="teacher digit logits: key part scale"),
-        "d_model": Param(Recipe.d_model, int, low=1, doc="pi0 transformer width (a multiple of num_heads)"),
-        "num_layers": Param(Recipe.num_layers, int, low=1, doc="pi0 transformer layers"),
-        "num_heads": Param(Recipe.num_heads, int, low=1, doc="pi0 attention heads"),
-        "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="pi0 distillation steps"),
+        "d_model": Param(Recipe.d_model, int, low=1, doc="π₀ transformer width (a multiple of num_heads)"),
+        "num_layers": Param(Recipe.num_layers, int, low=1, doc="π₀ transformer layers"),
+        "num_heads": Param(Recipe.num_heads, int, low=1, doc="π₀ attention heads"),
+        "distill_steps": Param(Recipe.distill_steps, int, low=0, doc="π₀ distillation steps"),
         "distill_batch": Param(Recipe.distill_batch, int, low=1, doc="teacher sequences per distillation step"),
-        "seed": Param(Recipe.seed, int, low=0, high=MAX_SEED, doc="world seed (teacher, prompts, table, pi0)"),
+        "seed": Param(Recipe.seed, int, low=0, high=MAX_SEED, doc="world seed (teacher, prompts, table, π₀)"),
 }
 """The recipe fields a user may set as world parameters, with their valid ranges (``alpha``, ``delta`` and
 ``pi0_temperature`` default to None: the preset's value); :class:`Recipe` checks its fields with them."""

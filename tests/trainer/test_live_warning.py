@@ -34,7 +34,7 @@ def test_replaying_the_recorded_rows_restores_the_warning() -> None:
     """A detector fed rows 0–59 silently and then 60–199 alarms exactly where one fed all 200 does after 59."""
     rows = [(u, {"kl_k3": 1e-3 if u < 100 else 1e-1, "ess": 0.9, "grad_norm": 1.0}) for u in range(200)]
     whole = [u for u, _ in warning.alarms(warning.KlSlope(rise=1.0, patience=3), rows)]
-    run = SimpleNamespace(warning=warning.KlSlope(rise=1.0, patience=3))
+    run = SimpleNamespace(early_warning=warning.KlSlope(rise=1.0, patience=3))
     replay_warning(run, [{"update": str(u), **{k: str(v) for k, v in row.items()}} for u, row in rows[:60]])
-    resumed = [u for u, _ in warning.alarms(run.warning, rows[60:])]
+    resumed = [u for u, _ in warning.alarms(run.early_warning, rows[60:])]
     assert resumed == whole == [106 + 2]
