@@ -76,7 +76,15 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
                       lm_head_fp32: bool, logp_micro_batch: int, **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights; scored in
     ``trainer_precision`` (:mod:`offpolicylab.policies.mixed_precision`); ``logp_micro_batch`` > 0: the behaviour
-    log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`)."""
+    log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`).  A
+    pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the options left at
+    their defaults (fp32, fp32, 0)."""
+    suggested = getattr(world, "policy_defaults", {}) if init == "pretrained" else {}  # a preset's engines
+    trainer_precision = str(suggested.get("trainer_precision", trainer_precision)) if trainer_precision == "fp32" \
+        else trainer_precision
+    sampler_precision = str(suggested.get("sampler_precision", sampler_precision)) if sampler_precision == "fp32" \
+        else sampler_precision
+    logp_micro_batch = int(suggested.get("logp_micro_batch", 0)) if logp_micro_batch == 0 else logp_micro_batch
     policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, sampler_precision, token_draw,
                                 compiled, trainer_precision, lm_head_fp32, sizes)
     policy.logp_micro_batch = logp_micro_batch

@@ -88,7 +88,12 @@ class ChainRecipe(v5.RecipeBase):
                              f"[0, {v5.MAX_SHARPNESS_SPREAD:g}]")
 
 
-CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe()}
+CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe(), "seed_scale_v7": ChainRecipe()}
+#: the policy options a preset suggests (a transformer option left at its default takes the preset's): recipe v7 is
+#: v6's world (π₀ of the shape its depth screen chose: v6's own) trained as the seeds' engines run it — bf16 trainer
+#: and sampler, the old log-probs recomputed in 16-row micro-batches (docs/synthetic_lm_v7.md)
+PRESET_POLICY: dict[str, dict[str, object]] = {
+    "seed_scale_v7": {"trainer_precision": "bf16", "sampler_precision": "bf16", "logp_micro_batch": 16}}
 
 
 def _standardise(z: Tensor) -> Tensor:
@@ -269,6 +274,7 @@ class ChainLM(v5.KeyedLM):
     """The ``synthetic_lm`` world at preset ``seed_scale_v6`` (module docstring)."""
 
     eos_id: int | None = EOS
+    policy_defaults: dict[str, object] = {}  # noqa: RUF012 - replaced per world, never mutated (PRESET_POLICY)
 
     def __init__(self, recipe: ChainRecipe | None = None, cache_dir: str | Path | None = None) -> None:
         self.recipe = recipe or ChainRecipe()
@@ -368,4 +374,6 @@ def build_chain(preset: str, cache_dir: str | None, given: dict[str, Any], regis
         if name in V5_ONLY or not hasattr(recipe, name):
             raise ValueError(f"{name}={value!r} is not a parameter of preset {preset!r}; valid: leave it unset")
         changes[name] = value
-    return ChainLM(replace(recipe, **changes), cache_dir=cache_dir)
+    world = ChainLM(replace(recipe, **changes), cache_dir=cache_dir)
+    world.policy_defaults = dict(PRESET_POLICY.get(preset, {}))
+    return world
