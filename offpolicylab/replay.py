@@ -453,19 +453,26 @@ def corrections_figure(rows: list[dict[str, Any]], raw: list[dict[str, Any]], ti
 
     fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.2))
     draw_raw_log_ratios(axes[0], raw, "raw log-ratios, before any truncation or mask")
-    labels = [row["correction"] if len(row["correction"]) <= 28 else row["correction"][:26] + "…" for row in rows]
+    labels = [correction_label(row["correction"]) for row in rows]
     x = np.arange(len(rows))
     axes[1].bar(x - 0.2, [row["tokens_dropped"] for row in rows], width=0.4, label="share of tokens dropped")
     axes[1].bar(x + 0.2, [row["ess"] for row in rows], width=0.4, label="ESS of w·keep")
     axes[1].axhline(VERL_MIN_ESS, color="red", lw=0.8, ls="--", label=f"verl's ESS floor {VERL_MIN_ESS:g}")
-    axes[1].set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
+    axes[1].set_xticks(x, labels, fontsize=7)  # whole, one engine parameter per line (no label is cut)
     axes[1].set(ylim=(0, 1.05), title="what each correction does here")
-    axes[1].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False,
+                   bbox_transform=axes[1].transAxes).set_in_layout(True)
+    axes[1].set_ylim(0, 1.2)  # room for the legend above the bars
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def correction_label(spec: str) -> str:
+    """A correction's tick label, whole: ``engine:key=value:...`` with one ``key=value`` per line."""
+    return "\n".join(spec.split(":"))
 
 
 def _json_number(value: Any) -> Any:
