@@ -16,8 +16,8 @@ their name                      ours                    where it comes from
                                                         ``actor.grad_clip`` is ``grad_clip`` already)
 ``eval_steps`` / ``test_freq``  ``eval_every``          TRL ``eval_steps``, verl ``trainer.test_freq``
 ``save_steps`` / ``save_freq``  ``checkpoint_every``    TRL ``save_steps``, verl ``trainer.save_freq``
-``scale_rewards``               ``advantage``           TRL ``GRPOConfig.scale_rewards``: true / group → std,
-                                                        false / none → mean
+``scale_rewards``               ``advantage``           TRL ``GRPOConfig.scale_rewards``: true / group →
+                                                        std_trl, false / none → mean
 ``norm_adv_by_std_in_grpo``     ``advantage``           verl ``algorithm.norm_adv_by_std_in_grpo``: true →
                                                         std, false → mean
 ``max_num_gen_batches``         ``dynamic_sampling_     verl ``algorithm.filter_groups.max_num_gen_batches``
@@ -95,7 +95,7 @@ PARAM_ALIASES: dict[str, str] = {
 #: Aliases that also set a second parameter unless it is given (TRL's ``epsilon_high`` defaults to ``epsilon``;
 #: verl's ``clip_ratio`` is both bounds unless ``clip_ratio_high`` is given).
 _ALSO_SETS: dict[str, str] = {"epsilon": "eps_high", "clip_ratio": "eps_high"}
-_ADVANTAGE = {"true": "std", "group": "std", "false": "mean", "none": "mean"}
+_ADVANTAGE = {"true": "std_trl", "group": "std_trl", "false": "mean", "none": "mean"}  # TRL's std + 1e-4
 #: Aliases whose values are spelled differently: {alias: {their value (lower case): ours}}; a value not listed is
 #: passed on as it is (our own check then names what is valid).
 VALUE_MAPS: dict[str, dict[str, str]] = {

@@ -43,7 +43,7 @@ RUN_FIELDS = [
     ("save_steps", "9", "checkpoint_every", 9),
     ("save_freq", "9", "checkpoint_every", 9),
     ("scale_rewards", "false", "advantage", "mean"),  # TRL: no scaling by the group std
-    ("scale_rewards", "group", "advantage", "std"),
+    ("scale_rewards", "group", "advantage", "std_trl"),  # TRL's nanstd + 1e-4
     ("norm_adv_by_std_in_grpo", "false", "advantage", "mean"),  # verl: Dr. GRPO's advantage
     ("norm_adv_by_std_in_grpo", "true", "advantage", "std"),
     ("max_num_gen_batches", "3", "dynamic_sampling_max_batches", 3),
