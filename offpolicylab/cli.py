@@ -352,7 +352,8 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
     if args.resume and stored.config_path.exists():
         data = stored.read_config()
     elif args.config:
-        data = read_mapping(args.config, f"--config {args.config}", "config fields")
+        data = without_environment(read_mapping(args.config, f"--config {args.config}", "config fields"),
+                                   args.config)
     elif (args.world is None or args.objective is None) and not defaults and not getattr(args, "overrides", None):
         raise ValueError("run needs --world W and --objective O (or --config FILE, or --resume)")
     source = f"--config {args.config}" if args.config else str(stored.config_path)
@@ -412,6 +413,19 @@ def _module_names(value: Any) -> list[str]:
 
 
 PATH_PARAMS = ("model", "data")
+
+
+def without_environment(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A config file's fields without the ``environment`` record a run's own config.json carries (the package
+    versions and git commit it ran with, not settings), said in a note: ``run --config RUN/config.json`` runs that
+    run's settings again."""
+    from offpolicylab.run_dir import ENVIRONMENT_KEY
+
+    if not isinstance(data.get(ENVIRONMENT_KEY), dict):
+        return data
+    print(f"offpolicylab: note: --config {source} is a run's config.json; its {ENVIRONMENT_KEY} record (the "
+          "versions it ran with) is not a setting and is ignored", file=sys.stderr)
+    return {key: value for key, value in data.items() if key != ENVIRONMENT_KEY}
 
 
 def absolute_paths(params: dict[str, Any]) -> dict[str, Any]:

@@ -239,3 +239,35 @@ def test_profiles_show_refuses_a_sampling_that_is_a_string(tmp_path: Path,
     (tmp_path / "p.json").write_text(json.dumps({**doc, "sampling": "temperature 1"}))
     err = refused(["profiles", "show", str(tmp_path / "p.json")], capsys)
     assert "sampling='temperature 1'; valid: a JSON object of the sampling settings" in err, err
+
+
+# ------------------------------------------------------------------------------- a run's own config.json reused
+def test_run_config_accepts_a_runs_own_config_json_and_reruns_it(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """config.json = the run's settings + an environment record (package versions, git commit): --config takes it,
+    ignores the record with a note, and the run it starts is the same run (same settings, same metrics)."""
+    import json
+
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert cli.main([*RUN, "--seed", "3", "--out", str(first)]) == 0
+    capsys.readouterr()
+    assert cli.main(["run", "--config", str(first / "config.json"), "--out", str(again)]) == 0
+    err = capsys.readouterr().err
+    assert (f"offpolicylab: note: --config {first / 'config.json'} is a run's config.json; its environment record "
+            "(the versions it ran with) is not a setting and is ignored") in err
+    settings = [json.loads((run / "config.json").read_text()) for run in (first, again)]
+    assert "environment" in settings[0] and "environment" in settings[1]
+    same = [{k: v for k, v in s.items() if k != "environment"} for s in settings]
+    assert same[0] == same[1]
+    import csv
+
+    rows = [[{k: v for k, v in row.items() if not k.startswith("time_")}  # the clock differs, nothing else
+             for row in csv.DictReader((run / "metrics.csv").open())] for run in (first, again)]
+    assert rows[0] == rows[1] and len(rows[0]) == 2
+
+
+def test_an_environment_key_that_is_no_record_is_still_an_unknown_key(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "c.json").write_text('{"world": "three_arm_pitfall", "objective": "grpo", "environment": "gpu"}')
+    err = refused(["run", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "out")], capsys)
+    assert "unknown config key(s) environment" in err, err
