@@ -66,7 +66,7 @@ def trust_region_mask(log_ratio: Tensor, advantages: Tensor, mask: Tensor) -> Te
     return (clipped(log_ratio, advantages, 0.0, 0.0) & (mask > 0)).to(mask.dtype)
 
 
-def effective_sample_size(log_ratio: Tensor, mask: Tensor, blocks: int = 1) -> Tensor:
+def effective_sample_size(log_ratio: Tensor, mask: Tensor, blocks: int = 1, *, zero_padded: bool = False) -> Tensor:
     """ESS = (Σ w)² / (n · Σ w²), w = r over the n valid tokens (:func:`~offpolicylab.formulas.kish_ess`); 1 for
     uniform ratios, → 1/n when one dominates.
 
@@ -74,20 +74,29 @@ def effective_sample_size(log_ratio: Tensor, mask: Tensor, blocks: int = 1) -> T
     e^((Δ − max Δ)·m)·m, max Δ over the valid tokens, exactly 0 on padding.  (The padding never reaches ``exp`` as
     a huge negative number: CPU ``exp`` takes a slow path for arguments far below its range; benchmarks/README.md.)
     ``blocks`` > 1: the ESS of each of ``blocks`` equal consecutive row blocks (several runs' batches joined
-    row-wise), shape [blocks], each reduced exactly as its block alone.  Source: Kish (1965), Kong (1992); P3O "Trust the Batch"
-    (FeynRL).
+    row-wise), shape [blocks], each reduced exactly as its block alone.  ``zero_padded``: ``log_ratio`` is already
+    finite and 0 on padded tokens (a :class:`~offpolicylab.objectives.TokenBatch`'s Δ), so it is not masked again
+    (the same result, one pass less).  Source: Kish (1965), Kong (1992); P3O "Trust the Batch" (FeynRL).
     """
     if log_ratio.numel() == 0:
         return log_ratio.new_ones(() if blocks == 1 else (blocks,))
     mask = mask.to(log_ratio.dtype).reshape(blocks, -1)
-    delta = _masked(log_ratio.detach().reshape(blocks, -1), mask)
+    delta = log_ratio.detach().reshape(blocks, -1)
+    delta = delta if zero_padded else _masked(delta, mask)
+    return _shaped(_ess_rows(delta, mask, torch.empty_like(delta)), blocks)
+
+
+def _ess_rows(delta: Tensor, mask: Tensor, work: Tensor) -> Tensor:
+    """[blocks] :func:`effective_sample_size` of each row of a [blocks, N] ``delta`` that is finite and 0 on padding,
+    every elementwise step written into the scratch buffer ``work`` (no allocation of its own)."""
     tokens = mask.sum(-1)
     floor = torch.finfo(delta.dtype).max
-    top = ((mask - 1.0) * floor + delta).amax(-1, keepdim=True)  # Δ on valid tokens, −finfo.max on padding
+    # Δ on valid tokens, −finfo.max on padding: (m − 1)·floor + Δ
+    top = torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta).amax(-1, keepdim=True)
     top = torch.where(top > -floor, top, delta.new_zeros(()))  # no valid token: weights 0
-    weights = ((delta - top) * mask).exp() * mask
+    weights = torch.sub(delta, top, out=work).mul_(mask).exp_().mul_(mask)  # e^((Δ − max Δ)·m)·m
     ess = kish_ess(weights, tokens.clamp_min(1.0))
-    return _shaped(torch.where(tokens > 0, ess, delta.new_ones(())), blocks)
+    return torch.where(tokens > 0, ess, delta.new_ones(()))
 
 
 def _shaped(values: Tensor, blocks: int) -> Tensor:
@@ -136,6 +145,7 @@ def fused_ratio_summary(
     tokens = mask.sum(-1)
     count = tokens.clamp_min(1.0)
     work = torch.empty_like(delta)
+    ess = _ess_rows(delta, mask, work) if ess is None else ess.reshape(blocks)
     if ratio is None:
         torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
     else:
@@ -145,7 +155,7 @@ def fused_ratio_summary(
     metrics = {"ratio_mean": work.sum(-1) / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
     metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum(-1) / count
     metrics["m2"] = torch.mul(delta, delta, out=work).sum(-1) / count
-    metrics["ess"] = effective_sample_size(delta, mask, blocks).reshape(blocks) if ess is None else ess.reshape(blocks)
+    metrics["ess"] = ess
     metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work)
     return {key: _shaped(value, blocks) for key, value in metrics.items()}
 

@@ -121,7 +121,8 @@ class Objective:
 
     # ----------------------------------------------------------------------------------------------- the loss
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        """Return (per-token loss ℓ [B, T], token mask [B, T] of tokens that carry gradient, extra metrics).
+        """Return (per-token loss ℓ [B, T], token mask [B, T] of tokens that carry gradient, extra metrics); an
+        objective that removes no token returns ``batch.mask`` itself (no copy to multiply by the mask).
 
         ℓ must be finite on padded tokens (every token field of the batch is 0 there): it is aggregated by
         multiplying with the mask."""
@@ -136,7 +137,7 @@ class Objective:
             raise ValueError(f"objective {self.name!r} cannot score {batch.runs} runs' batches in one call: it is not "
                              "row-wise, keeps state or corrects the sampler mismatch")
         per_token, token_mask, extra = self.token_loss(batch)
-        token_mask = token_mask * batch.mask
+        token_mask = token_mask if token_mask is batch.mask else token_mask * batch.mask
         loss_mask = batch.mask
         factor = None
         if self.tis_cap is not None and batch.sampler_logp is not None:

@@ -145,17 +145,19 @@ class TokenBatch:
         """ESS = (Σ r)² / (n Σ r²) over the valid tokens (:func:`~offpolicylab.diagnostics.stats.effective_sample_size`),
         per run, detached; computed once per batch and shared by the objective (P3O) and its metrics."""
         if self._ess is None:
-            self._ess = (stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs) if self._block is None
-                         else self._block[0].run_ess()[self._block[1]])
+            self._ess = (stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs, zero_padded=True)
+                         if self._block is None else self._block[0].run_ess()[self._block[1]])
         return self._ess
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
-        :meth:`delta`, :meth:`ratio`, :meth:`ess`), per run, computed once per batch."""
+        :meth:`delta`, with :meth:`ratio` and :meth:`ess` where the objective already computed them; the summary's
+        ESS is kept as :meth:`ess`), per run, computed once per batch."""
         if self._summary is None:
             if self._block is None:
-                self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), self.ess(),
+                self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self._ratio, self._ess,
                                                           blocks=self.runs)
+                self._ess = self._summary["ess"] if self._ess is None else self._ess
             else:
                 joined, index = self._block
                 self._summary = {key: value[index] for key, value in joined.run_summaries().items()}
@@ -164,7 +166,8 @@ class TokenBatch:
     def run_ess(self) -> Tensor:
         """[runs] the ESS of each run's rows, in one call (what :meth:`split` blocks and :meth:`part` read)."""
         if self._blocks is None:
-            ess = stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs).reshape(self.runs)
+            ess = stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs,
+                                              zero_padded=True).reshape(self.runs)
             self._blocks = (ess, {})
         return self._blocks[0]
 

@@ -39,7 +39,7 @@ class CISPO(Objective):
         weight = clip_ratio(ratio, self.eps_low, self.eps_high)
         loss = -weight * batch.advantages * batch.logp
         clipped = stats.indicator(torch.ne, weight, ratio)
-        return loss, torch.ones_like(batch.mask), {"clip_frac": stats.fraction(clipped, batch.mask)}
+        return loss, batch.mask, {"clip_frac": stats.fraction(clipped, batch.mask)}
 
 
 TOPR_LEVELS = ("sequence", "token")
@@ -73,4 +73,4 @@ class TOPR(Objective):
         weight = torch.where(negative, torch.exp(log_ratio.clamp(max=0.0)), torch.ones_like(log_ratio))
         loss = -weight * batch.advantages * batch.logp
         truncated = negative & (log_ratio > 0)
-        return loss, torch.ones_like(batch.mask), {"clip_frac": stats.fraction(truncated, batch.mask)}
+        return loss, batch.mask, {"clip_frac": stats.fraction(truncated, batch.mask)}

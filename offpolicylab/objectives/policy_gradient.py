@@ -27,7 +27,7 @@ class Reinforce(Objective):
     rowwise = True
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        return -batch.advantages * batch.logp, torch.ones_like(batch.mask), {}
+        return -batch.advantages * batch.logp, batch.mask, {}
 
 
 def straight_through(value: Tensor, logp: Tensor, coefficient: Tensor, slope: Tensor) -> Tensor:

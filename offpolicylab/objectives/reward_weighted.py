@@ -68,7 +68,7 @@ class OPMD(Objective):
         else:
             regulariser = 0.5 * self.beta * log_ratio.square()
         loss = -batch.advantages * batch.logp + regulariser
-        return loss, torch.ones_like(batch.mask), {"opmd_reg": stats.masked_mean(regulariser.detach(), batch.mask)}
+        return loss, batch.mask, {"opmd_reg": stats.masked_mean(regulariser.detach(), batch.mask)}
 
 
 @register("asymre")
@@ -89,7 +89,7 @@ class AsymRE(Objective):
         _require_finite("beta", self.beta)
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-        return -(batch.advantages + self.beta) * batch.logp, torch.ones_like(batch.mask), {}
+        return -(batch.advantages + self.beta) * batch.logp, batch.mask, {}
 
 
 def red_drop_advantages(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -155,7 +155,7 @@ class REDDrop(Objective):
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         """−A'·log π on a batch whose ``advantages`` and ``mask`` :meth:`__call__` has already set to RED-Drop's."""
-        return -batch.advantages * batch.logp, torch.ones_like(batch.mask), {}
+        return -batch.advantages * batch.logp, batch.mask, {}
 
 
 @register("red_weight")
@@ -175,4 +175,4 @@ class REDWeight(Objective):
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         weight = torch.exp(batch.advantages / self.temperature)
         loss = -weight * batch.advantages * batch.logp
-        return loss, torch.ones_like(batch.mask), {"weight_mean": stats.masked_mean(weight, batch.mask)}
+        return loss, batch.mask, {"weight_mean": stats.masked_mean(weight, batch.mask)}

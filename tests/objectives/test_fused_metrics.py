@@ -123,6 +123,65 @@ def test_fused_metrics_are_bit_identical_to_the_unfused_computation(
         assert torch.equal(value, unfused[key]), key
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shared", ["ratio", "ess", "both"])
+def test_metrics_from_what_the_loss_computed_equal_the_unfused_computation(
+    seed: int, dtype: torch.dtype, shared: str
+) -> None:
+    """An objective's loss may compute the batch's ratio r = e^Δ (PPO clip, CISPO) or its ESS (P3O) before the
+    metrics: the summary then reads them instead of computing its own exp and ESS pass; every metric is the unfused
+    definition's bit for bit either way, and the ESS the loss read is the one the metrics report."""
+    fields = ragged_batch(seed, rows=16, length=48, dtype=dtype)
+    batch = TokenBatch(**fields)
+    token_mask = (torch.rand(batch.mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.7).to(dtype)
+    token_mask = token_mask * batch.mask
+    ess = batch.ess() if shared in ("ess", "both") else None
+    if shared in ("ratio", "both"):
+        batch.ratio()
+    fused = standard_metrics(batch, token_mask)
+    unfused = unfused_metrics(batch, token_mask)
+    for key in unfused:
+        assert torch.equal(fused[key], unfused[key]), (key, fused[key], unfused[key])
+    assert ess is None or torch.equal(fused["ess"], ess)
+    assert torch.equal(batch.ess(), unfused["ess"])  # the summary's ESS is the batch's from then on
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("blocks", [1, 2, 4])
+def test_ess_of_a_zero_padded_log_ratio_skips_the_mask_and_equals_the_masked_form(seed: int, blocks: int) -> None:
+    """``effective_sample_size(..., zero_padded=True)`` on Δ that is 0 on padding (a TokenBatch's) equals the masked
+    computation of the same values with garbage in the padding, per row block, bit for bit (empty rows and a block
+    with no valid token included)."""
+    fields = ragged_batch(seed, rows=16, length=30, dtype=torch.float32)
+    mask = fields["mask"].clone()
+    mask[:4] = 0.0  # the first block of 4 rows has no valid token
+    delta = fields["logp"] - fields["behavior_logp"]
+    zeroed = torch.where(mask > 0, delta, 0.0)
+    garbage = torch.where(mask > 0, delta, torch.tensor(math.nan))
+    want = stats.effective_sample_size(garbage, mask, blocks)
+    got = stats.effective_sample_size(zeroed, mask, blocks, zero_padded=True)
+    assert torch.equal(got, want)
+    rows = mask.shape[0] // blocks
+    for block in range(blocks):  # Kish's formula in NumPy, float64, on each block's valid tokens
+        valid = mask[block * rows:(block + 1) * rows].numpy() > 0
+        values = zeroed[block * rows:(block + 1) * rows].double().numpy()[valid]
+        weights = np.exp(values - values.max()) if values.size else values
+        want_block = weights.sum() ** 2 / (values.size * np.sum(weights**2)) if values.size else 1.0
+        assert float(got.reshape(blocks)[block]) == pytest.approx(want_block, rel=2e-5)
+
+
+def test_an_objective_that_removes_no_token_reports_the_batch_mask() -> None:
+    """Objectives that keep every token return ``batch.mask`` itself as their token mask (no product with the mask):
+    mask_frac is 0 and the output's mask is the batch's, as the product form ones · mask gives."""
+    fields = ragged_batch(1, dtype=torch.float32)
+    for name in ("reinforce", "cispo", "topr", "opmd"):
+        batch = TokenBatch(**{**fields, "logp": fields["logp"].clone().requires_grad_(True)})
+        out = get_objective(name)(batch)
+        assert torch.equal(out.token_mask, torch.ones_like(batch.mask) * batch.mask), name
+        assert float(out.metrics["mask_frac"]) == 0.0, name
+
+
 @pytest.mark.parametrize("valid", [0, 1, 2, 999, 1000, 1001, 2500])
 def test_tail_quantile_from_topk_equals_the_sorted_quantile(valid: int) -> None:
     """The top-k read of the 99.9th percentile at the edges of k: n valid tokens among N = 3000, ties included."""
