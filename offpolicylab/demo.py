@@ -2,15 +2,19 @@
 dispatches here).
 
 ``synthetic_lm`` (the default): ε-clipped grpo (ε = 0.2) and m2po (τ = 0.04) at staleness 256, with on-policy grpo
-(ε = 0.2) as the reference the README's claim is about ("m2po keeps pace with on-policy"), seeds 0–2.
-``token_mdp``: grpo (ε = 0.2), grpo without a trust region and m2po, each on-policy and at staleness 32 on a
-4-prompt token MDP (tabular policy, exact return; under a minute; ``--updates 20`` is its small mode, seconds).
+(ε = 0.2) as the reference the README's claim is about ("m2po keeps pace with on-policy"), seeds 0–2, on three
+worker processes (nine runs of one length end together on two cores), tokens drawn by inverse CDF (one uniform per
+token: the transformer's faster draw), evaluated every 25 updates.
+``token_mdp``: grpo (ε = 0.2), grpo without a trust region and m2po at staleness K, and on-policy grpo as the
+reference, on a 4-prompt token MDP (tabular policy, exact return; seconds).  K is 32, or a quarter of a shorter run
+(``--updates 20``: K = 5), so that every stale run also trains on stale data of its own policy, not only on π₀'s.
 
-What a user sees: at once, what runs and how long it should take; then the sweep's progress with an ETA every few
-seconds (:class:`offpolicylab.progress.SweepProgress`); at the end a table of each run's summary (the names of
-``summary.json`` and ``sweep_results.csv``, docs/metrics.md) and ``demo.png``: one line per configuration
-(objective with its parameters × schedule), the mean over seeds with a ± 1 sd band kept within the seeds' range,
-on-policy runs dashed, the collapse detector's flags as ✕.
+What a user sees: at once, what runs, how long it should take and what the stale runs train on; then the sweep's
+progress with an ETA every few seconds (:class:`offpolicylab.progress.SweepProgress`); at the end a table of each
+run's summary (the names of ``summary.json`` and ``sweep_results.csv``, docs/metrics.md) and ``demo.png``: one line
+per configuration (objective with its parameters × schedule), the mean over seeds with a ± 1 sd band kept within the
+seeds' range, the on-policy reference dashed, the collapse detector's flags as ✕ — drawn from the runs this demo
+wrote, never from other runs in ``--out``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,10 @@ from offpolicylab.config import TrainConfig
 
 DEMO_STALENESS = {"token_mdp": 32, "synthetic_lm": 256}
 DEMO_WORLDS = tuple(DEMO_STALENESS)
+#: updates per run when ``--updates`` is not given
+DEMO_UPDATES = {"token_mdp": 128, "synthetic_lm": 350}
+#: worker processes when ``--workers`` is not given: the LM demo's nine runs as three rounds of three
+DEMO_WORKERS = 3
 #: the return a figure shows, in order of preference, with its axis label
 RETURNS = {"exact_return": "exact return J(π)", "eval_reward_sampled": "evaluation return (Monte Carlo)"}
 #: the columns of the table printed at the end (summary.json names; a column no run has is left out)
@@ -38,44 +47,61 @@ PARAM_SYMBOLS = {"eps": "ε", "tau": "τ"}
 def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
               world_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The demo's runs.  ``synthetic_lm``: ε-clipped grpo (ε = 0.2) and m2po (τ = 0.04) at staleness 256 and
-    on-policy ε-clipped grpo, seeds 0–2, 350 updates, evaluated every 10 updates (36 points), with the world's
+    on-policy ε-clipped grpo, seeds 0–2, 350 updates, evaluated every 25 updates (15 points), with the world's
     transformer π₀ and training defaults (the seeds' drift: grpo clips ≈ 1 % of the tokens at s = 256, as in the
-    M2PO paper) and its Monte-Carlo return — the clip removes the tokens that moved, the answer tokens where
-    learning happens, and ε-clipped grpo gains a fraction of what m2po gains (``experiments/RESULTS.md`` §4).
-    ``token_mdp``: grpo (ε = 0.2), grpo without trust region and m2po on-policy and at staleness 32 on a 4-prompt
-    token MDP (tabular policy, exact return)."""
+    M2PO paper) and its Monte-Carlo return, tokens drawn by inverse CDF (``token_draw=inverse_cdf``: one uniform per
+    token) — the clip removes the tokens that moved, the answer tokens where learning happens, and ε-clipped grpo
+    gains a fraction of what m2po gains (``experiments/RESULTS.md`` §4).
+    ``token_mdp``: grpo (ε = 0.2), grpo without trust region and m2po at staleness :func:`toy_staleness` and
+    on-policy grpo (ε = 0.2) as the reference (on-policy the three objectives coincide: ratio 1, nothing to clip or
+    mask), on a 4-prompt token MDP (tabular policy, exact return)."""
     if world not in DEMO_STALENESS:
         raise ValueError(f"demo world {world!r} is unknown; valid: {', '.join(DEMO_WORLDS)}")
+    updates = DEMO_UPDATES[world] if updates is None else updates
     clipped = {"label": "grpo", "objective": "grpo", "objective_params": {"eps_low": 0.2, "eps_high": 0.2}}
-    stale = f"stale_k:{DEMO_STALENESS[world]}"
+    reference = {**clipped, "label": "grpo_on_policy", "schedule": "on_policy"}
     if world == "token_mdp":
         objectives: list[dict[str, Any]] = [
             clipped,
             {"label": "grpo_no_trust_region", "objective": "grpo",
              "objective_params": {"eps_low": float("inf"), "eps_high": float("inf")}},
             {"label": "m2po", "objective": "m2po"},
+            reference,
         ]
         base: dict[str, Any] = {
             "world": "token_mdp", "world_params": {"family": "target", "vocab_size": 4, "length": 5,
                                                    "num_prompts": 4},
-            "policy": "tabular", "updates": 120 if updates is None else updates, "prompts_per_update": 4,
-            "group_size": 8, "lr": 0.1, "eval_every": 5, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
+            "policy": "tabular", "updates": updates, "prompts_per_update": 4, "group_size": 8, "lr": 0.1,
+            "eval_every": 5, "sample_every": 20, "checkpoint_every": 20, "seed": 0,
+            "schedule": f"stale_k:{toy_staleness(updates)}",
         }
-        return {"base": base, "axes": {"objective": objectives, "schedule": ["stale_k:0", stale]}}
-    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}),
-            "updates": 350 if updates is None else updates, "eval_every": 10, "sample_every": 0,
-            "checkpoint_every": 350, "schedule": stale}
+        return {"base": base, "axes": {"objective": objectives}}
+    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates,
+            "eval_every": 25, "sample_every": 0, "checkpoint_every": 350,
+            "schedule": f"stale_k:{DEMO_STALENESS[world]}", "policy_params": {"token_draw": "inverse_cdf"}}
     m2po = {"label": "m2po", "objective": "m2po", "objective_params": {"tau": 0.04}}
-    reference = {**clipped, "label": "grpo_on_policy", "schedule": "on_policy"}
     return {"base": base, "axes": {"objective": [clipped, m2po, reference], "seed": [0, 1, 2]}}
 
 
+def toy_staleness(updates: int) -> int:
+    """K of the token-MDP demo's ``stale_k:K``: 32, at most a quarter of the run (at least 1), so that the updates
+    after the first K train on stale data of the run's own policy, not only on π₀'s."""
+    return max(1, min(DEMO_STALENESS["token_mdp"], updates // 4))
+
+
 def describe(grid: dict[str, Any], workers: int) -> str:
-    """The first line the demo prints: what runs, how many updates, on how many workers."""
+    """The first lines the demo prints: what runs, how many updates, on how many workers, and what the stale runs
+    train on (stale_k:K: updates 0 … K on π₀'s batches, the rest on batches of their own policy K updates old)."""
     base, axes = grid["base"], grid["axes"]
     runs = math.prod(len(values) for values in axes.values())
+    lag = int(str(base["schedule"]).split(":")[1])
+    first = min(lag + 1, base["updates"])  # updates 0 … K consume π₀'s batches (version max(u − K, 0) = 0)
+    own = base["updates"] - first
+    stale = (f"the stale runs ({base['schedule']}) train on π₀'s data for their first {first} updates, then {own} "
+             f"on data of their own policy {lag} updates old")
     return (f"demo: {runs} runs of {base['updates']} updates on {base['world']} ({workers} worker"
-            f"{'s' if workers != 1 else ''}); π₀ is built or loaded first, then progress with an ETA follows")
+            f"{'s' if workers != 1 else ''}); π₀ is built or loaded first, then progress with an ETA follows\n"
+            f"demo: {stale}")
 
 
 # ============================================================================================ the command
@@ -85,7 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="synthetic_lm (default: grpo vs m2po at stale_k:256 and on-policy grpo, 3 seeds, on the "
                              "seed-scale LM world) or token_mdp (exact returns, under a minute)")
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
-    parser.add_argument("--workers", type=int, default=2, help="parallel processes (default 2)")
+    parser.add_argument("--workers", type=int, default=DEMO_WORKERS,
+                        help=f"parallel processes (default {DEMO_WORKERS}: the nine LM runs end together on 2 cores)")
     parser.add_argument("--updates", type=int, default=None, help="updates per run (default: the demo's budget)")
     parser.add_argument("--rerun-changed", action="store_true",
                         help="run again the cells in --out that were run with another config (else refused)")
@@ -108,7 +135,7 @@ def run_command(args: argparse.Namespace) -> int:
     make_world(grid["base"]["world"], **grid["base"]["world_params"])  # a cached π₀ is built once, not per worker
     rows = run_sweep(grid, args.out, workers=args.workers, progress="bar" if sys.stderr.isatty() else "lines",
                      rerun_changed=args.rerun_changed)
-    figure = demo_figure(args.out, Path(args.out) / "demo.png")
+    figure = demo_figure([Path(args.out) / row["cell"] for row in rows], Path(args.out) / "demo.png")
     print_table(rows, TABLE_COLUMNS)
     print(f"figure: {figure}")
     return 1 if any(row["status"] == "failed" for row in rows) else 0
@@ -141,8 +168,9 @@ def _symbol_value(value: Any) -> str:
     return "∞" if math.isinf(number) else f"{number:g}"
 
 
-def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
-    """Return per update, one line per configuration of the demo sweep (objective label and parameters ×
+def demo_figure(run_dirs: Sequence[str | Path], path: Path) -> Path:
+    """Return per update, one line per configuration of the demo's runs ``run_dirs`` (the cells its sweep wrote:
+    other runs in the folder are not drawn) (objective label and parameters ×
     schedule): the mean over its seeds with a band of ± 1 sd over seeds (where there are several; kept within the
     seeds' own range, so an exact return's band stays in [0, 1]); on-policy runs dashed (the reference), an ✕ on
     the line wherever the collapse detector flagged a run.  The return is the exact return where the world
@@ -162,7 +190,7 @@ def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
     flags: list[tuple[str, int]] = []
     used: set[str] = set()
     seeds: set[int] = set()
-    for run in load_runs([sweep_dir]):
+    for run in load_runs(run_dirs):
         frame = run.metrics
         column = next((c for c in (*RETURNS, *REWARD_COLUMNS) if c in frame and frame[c].notna().any()), None)
         if column is None:
@@ -193,11 +221,6 @@ def demo_figure(sweep_dir: str | Path, path: Path) -> Path:
             if flagged == label:
                 ax.plot(update, float(np.interp(update, mean.index, mean.values)), marker="X", markersize=9,
                         color=color, markeredgecolor="black", linestyle="none")
-    references = [pd.concat(curves[label], axis=1).mean(axis=1) for label in order if dashed[label]]
-    if len(references) > 1 and all(r.shape == references[0].shape and np.allclose(r.values, references[0].values)
-                                   for r in references):
-        ax.text(0.99, 0.02, "on-policy, the objectives' curves coincide (ratio 1: nothing to clip or mask)",
-                transform=ax.transAxes, ha="right", va="bottom", fontsize="small", color="dimgrey")
     if flags:
         ax.plot([], [], marker="X", color="grey", markeredgecolor="black", linestyle="none",
                 label="collapse detector flag")

@@ -18,9 +18,50 @@ SMALL_LM = json.loads((Path(__file__).resolve().parents[2] / "experiments" / "sy
 def test_token_mdp_demo_from_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "demo"
     assert cli.main(["demo", "--world", "token_mdp", "--out", str(out), "--updates", "4", "--workers", "1"]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("completed") == 6 and "peak_exact_return" in printed
+    captured = capsys.readouterr()
+    assert captured.out.count("completed") == 4 and "peak_exact_return" in captured.out
     assert (out / "demo.png").stat().st_size > 10_000
+    assert "the stale runs (stale_k:1) train on π₀'s data for their first 2 updates, then 2 on data of their own " \
+           "policy 1 updates old" in captured.err
+
+
+@pytest.mark.parametrize(("updates", "lag"), [(1, 1), (4, 1), (20, 5), (127, 31), (128, 32), (1000, 32)])
+def test_the_toy_demos_stale_runs_train_on_their_own_stale_data(updates: int, lag: int) -> None:
+    """At K = 32, or a quarter of a shorter run, the updates after the first K consume batches that the run's own
+    policy generated K updates before (version u − K > 0), not π₀'s alone (version 0); from 8 updates on, at least
+    half of them."""
+    from offpolicylab.staleness import parse_schedule
+
+    grid = demo.demo_grid(updates, "token_mdp")
+    assert grid["base"]["schedule"] == f"stale_k:{lag}"
+    schedule = parse_schedule(grid["base"]["schedule"])
+    own = [u for u in range(updates) if schedule.version(u) > 0]
+    assert updates < 8 or len(own) >= updates / 2
+    assert own == list(range(lag + 1, updates))  # version u − K: π₀'s batches up to u = K, own ones after
+
+
+def test_the_demo_draws_only_the_runs_it_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """An unrelated run in ``--out`` (another world, objective and schedule) stays out of demo.png: the figure's lines
+    are the demo's four configurations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = tmp_path / "demo"
+    other = {"base": {"world": "bandit", "policy": "tabular", "updates": 6, "eval_every": 2, "lr": 0.1,
+                      "objective": "reinforce"}, "axes": {"seed": [7]}}
+    run_sweep(other, tmp_path / "other", workers=1)
+    (tmp_path / "other" / "seed=7").rename(out.mkdir() or out / "someone_elses_run")
+    figures: list = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    assert cli.main(["demo", "--world", "token_mdp", "--out", str(out), "--updates", "4", "--workers", "1"]) == 0
+    capsys.readouterr()
+    labels = {line.get_label() for line in figures[0].axes[0].lines if not line.get_label().startswith("_")}
+    assert labels == {"grpo (ε = 0.2), stale_k:1", "grpo no trust region (ε = ∞), stale_k:1",
+                      "m2po (τ = 0.04), stale_k:1", "grpo (ε = 0.2), on-policy"}
+    assert (out / "someone_elses_run" / "metrics.csv").is_file()  # left as it was
 
 
 def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,6 +75,7 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
     grid = demo.demo_grid(4, world_params=SMALL_LM)
+    assert grid["base"]["eval_every"] == 25 and grid["base"]["policy_params"] == {"token_draw": "inverse_cdf"}
     grid["base"].update(eval_every=2, prompts_per_update=2, group_size=2)
     rows = run_sweep(grid, tmp_path / "demo", workers=1)
     assert [row["status"] for row in rows] == ["completed"] * 9
@@ -48,7 +90,7 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
         assert rows[0][key] == summary[key]  # sweep_results.csv and the demo's table name them as summary.json
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)
-    figure = demo.demo_figure(tmp_path / "demo", tmp_path / "demo.png")
+    figure = demo.demo_figure([tmp_path / "demo" / row["cell"] for row in rows], tmp_path / "demo.png")
     assert figure.stat().st_size > 10_000
     ax = figures[0].axes[0]
     lines = {line.get_label(): line for line in ax.lines if not line.get_label().startswith("_")}
@@ -58,18 +100,21 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_token_mdp_figure_has_one_line_per_configuration_and_bands_in_range(tmp_path: Path) -> None:
-    """``demo --world token_mdp`` (small): six configurations (three objectives on-policy and at stale_k:32), each
-    its own line, with evaluation points every 5 updates; a band is never wider than its seeds' range."""
+    """``demo --world token_mdp`` (small): three objectives at stale_k:2 (a quarter of 10 updates) and one on-policy
+    reference, each its own line (one dashed), with evaluation points every 5 updates; a band is never wider than
+    its seeds' range."""
     grid = demo.demo_grid(10, "token_mdp")
     grid["axes"]["seed"] = [0, 1]
-    run_sweep(grid, tmp_path / "demo", workers=1)
-    figures = drawn_figures(tmp_path / "demo", tmp_path / "demo.png")
+    rows = run_sweep(grid, tmp_path / "demo", workers=1)
+    figures = drawn_figures([tmp_path / "demo" / row["cell"] for row in rows], tmp_path / "demo.png")
     ax = figures[0].axes[0]
     labels = [line.get_label() for line in ax.lines if not line.get_label().startswith("_")]
-    assert sorted(labels) == sorted(f"{name}, {schedule}" for name in ("grpo (ε = 0.2)",
-                                                                        "grpo no trust region (ε = ∞)",
-                                                                        "m2po (τ = 0.04)")
-                                    for schedule in ("on-policy", "stale_k:32"))
+    assert sorted(labels) == sorted([*(f"{name}, stale_k:2" for name in ("grpo (ε = 0.2)",
+                                                                         "grpo no trust region (ε = ∞)",
+                                                                         "m2po (τ = 0.04)")),
+                                     "grpo (ε = 0.2), on-policy"])
+    dashed = [line.get_label() for line in ax.lines if line.get_linestyle() == "--"]
+    assert dashed == ["grpo (ε = 0.2), on-policy"]
     assert all(len(line.get_xdata()) == 3 for line in ax.lines if not line.get_label().startswith("_"))  # 0, 5, 9
     for band in ax.collections:
         top = max(path.vertices[:, 1].max() for path in band.get_paths())
@@ -85,7 +130,7 @@ def test_demo_figure_marks_the_detectors_flags(tmp_path: Path) -> None:
     flagged = RunDir(tmp_path / "demo" / rows[1]["cell"])
     with open(flagged.path / "events.jsonl", "a") as fh:
         fh.write(json.dumps({"event": "collapse", "update": 3}) + "\n")
-    figures = drawn_figures(tmp_path / "demo", tmp_path / "demo.png")
+    figures = drawn_figures([tmp_path / "demo" / row["cell"] for row in rows], tmp_path / "demo.png")
     markers = [line for line in figures[0].axes[0].lines if line.get_marker() == "X" and len(line.get_xdata())]
     assert len(markers) == 1 and list(markers[0].get_xdata()) == [3]
 
@@ -99,7 +144,7 @@ def test_unknown_demo_world_is_a_one_line_error(capsys: pytest.CaptureFixture[st
         demo.demo_grid(world="gsm8k")
 
 
-def drawn_figures(runs: Path, out: Path) -> list:
+def drawn_figures(runs: list[Path], out: Path) -> list:
     """The matplotlib figures ``demo.demo_figure`` draws for ``runs`` (kept open: ``plt.close`` is intercepted)."""
     import matplotlib
 

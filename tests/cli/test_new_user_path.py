@@ -41,9 +41,9 @@ def test_demo_analyze_replay_plot_run_without_warnings_and_with_one_reward(tmp_p
     out, err = offpolicylab("demo", "--world", "token_mdp", "--updates", "10", "--workers", "1", "--out", "demo",
                             "--report-to", "tensorboard", cwd=tmp_path)
     no_warnings(err, "demo")
-    assert err.splitlines()[0].startswith("demo: 6 runs of 10 updates on token_mdp")  # said before anything runs
+    assert err.splitlines()[0].startswith("demo: 4 runs of 10 updates on token_mdp")  # said before anything runs
     assert "figure: demo/demo.png" in out and (tmp_path / "demo" / "demo.png").is_file()
-    cell = "objective=m2po__schedule=stale_k-32"
+    cell = "objective=m2po"
     run = tmp_path / "demo" / cell
     summary = json.loads((run / "summary.json").read_text())
     final = summary["final_reward"]
@@ -74,10 +74,10 @@ def test_demo_analyze_replay_plot_run_without_warnings_and_with_one_reward(tmp_p
 
     out, err = offpolicylab("run", "--world", "token_mdp", "--world-param", "family=target", "--world-param",
                             "vocab_size=4", "--world-param", "length=5", "--world-param", "num_prompts=4", "--policy",
-                            "tabular", "--objective", "m2po", "--schedule", "stale_k:32", "--updates", "10",
+                            "tabular", "--objective", "m2po", "--schedule", "stale_k:2", "--updates", "10",
                             "--prompts-per-update", "4", "--group-size", "8", "--lr", "0.1", "--eval-every", "5",
                             "--sample-every", "20", "--checkpoint-every", "20", "--seed", "0", "--out", "again",
-                            cwd=tmp_path)  # the demo's m2po stale_k:32 cell, as one run
+                            cwd=tmp_path)  # the demo's m2po cell (stale_k:2 at 10 updates), as one run
     no_warnings(err, "run")
     again = json.loads((tmp_path / "again" / "summary.json").read_text())
     assert again["final_reward"] == final  # the same config gives the same run
