@@ -38,28 +38,30 @@ from offpolicylab.tracking import Tracker, open_tracker
 from offpolicylab.worlds import WORLDS
 
 __all__ = ["checked_next_update", "checked_resume", "checkpoint_state", "completions", "current_key",
-           "exact_optimum", "guarded", "OLD_CHECKPOINT_KEYS", "open_run", "open_trackers", "policy_device",
-           "record_failure", "replay_warning", "resolve_config", "restore_state", "save_adapter",
-           "TrainingFailed", "write_summary"]
+           "exact_optimum", "guarded", "OLD_CHECKPOINT_KEYS", "open_run", "open_trackers", "Opening",
+           "policy_device", "record_failure", "replay_warning", "resolve_config", "restore_state",
+           "save_adapter", "TrainingFailed", "write_summary"]
 
 
 class TrainingFailed(RuntimeError):
     """Training raised after the run directory was created (summary.json then says ``failed``)."""
 
 
-def open_run(directory: RunDir, run: Run, resume: bool, tracker: Tracker | None | bool = True) -> int:
+Opening = tuple[Tracker | None, dict[str, Any] | None]
+"""What :func:`open_trackers` found for a run: its opened tracker and, for a resume, the checked checkpoint state."""
+
+
+def open_run(directory: RunDir, run: Run, resume: bool, opening: Opening | None = None) -> int:
     """Create the run directory (fresh run) or restore the checkpoint (resume); returns the first update to do.
-    The run's trackers (``--report-to``) are opened first, before any file is written, unless ``tracker`` gives
-    them already opened (:func:`open_trackers`; None: no tracker)."""
-    if tracker is True:
-        tracker = open_trackers([directory], [run], resume)[0]
+    The resume checks and the run's trackers (``--report-to``) come first, before any file is written, once:
+    ``opening`` is what :func:`open_trackers` found (done here when not given)."""
+    tracker, state = opening or open_trackers([directory], [run], resume)[0]
     resolved = resolve_config(run.config, run.objective)
     if not resume:
         directory.create(resolved)
         directory.tracker = tracker
         return 0
     stored = directory.read_config()
-    state = checked_resume(directory, resolved, run.config)
     start = 0 if state is None else int(state["next_update"])
     if state is None:  # killed before the first checkpoint: start over
         directory.truncate_metrics(0)
@@ -79,29 +81,30 @@ def open_run(directory: RunDir, run: Run, resume: bool, tracker: Tracker | None 
     return start
 
 
-def open_trackers(directories: list[RunDir], runs: list[Run], resume: bool) -> list[Tracker | None]:
-    """The trackers of every run (``--report-to``), opened before any run file is written — after the checks
-    that refuse a fresh run in a folder that holds one, or a resume — so that a tracker that cannot be opened
-    leaves every run directory as it was (one line, :class:`~offpolicylab.tracking.TrackerError`).  On a failure
-    the trackers already opened are closed."""
-    trackers: list[Tracker | None] = []
+def open_trackers(directories: list[RunDir], runs: list[Run], resume: bool) -> list[Opening]:
+    """Each run's :data:`Opening`: the checks that refuse a fresh run in a folder that holds one, or a resume
+    (:func:`checked_resume`, its checkpoint state kept for :func:`open_run`), then the run's trackers
+    (``--report-to``), opened before any run file is written so that a tracker that cannot be opened leaves every
+    run directory as it was (one line, :class:`~offpolicylab.tracking.TrackerError`).  On a failure the trackers
+    already opened are closed."""
+    openings: list[Opening] = []
     try:
         for directory, run in zip(directories, runs, strict=True):
             resolved = resolve_config(run.config, run.objective)
-            start = 0
+            state = None
             if resume:
                 state = checked_resume(directory, resolved, run.config)
-                start = 0 if state is None else int(state["next_update"])
             elif directory.holds_run():
                 directory.create(resolved)  # refuses it, naming --resume
-            trackers.append(open_tracker(run.config.report_to, directory.path, resolved, start))
+            start = 0 if state is None else int(state["next_update"])
+            openings.append((open_tracker(run.config.report_to, directory.path, resolved, start), state))
     except BaseException:
-        for opened in trackers:
+        for opened, _ in openings:
             if opened is not None:
                 with contextlib.suppress(Exception):
                     opened.close({"status": "failed"})
         raise
-    return trackers
+    return openings
 
 
 def checked_resume(directory: RunDir, resolved: dict[str, Any], config: TrainConfig) -> dict[str, Any] | None:

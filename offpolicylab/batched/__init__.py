@@ -76,10 +76,10 @@ def train_together(configs: list[TrainConfig], run_dirs: list[str | Path], *, re
     with contextlib.ExitStack() as locks:
         for directory in directories:
             locks.enter_context(directory.locked())
-        trackers = open_trackers(directories, runs, resume)  # every seed's, before any seed's file is written
+        openings = open_trackers(directories, runs, resume)  # every seed's, before any seed's file is written
         starts = []
         for index, (directory, run) in enumerate(zip(directories, runs, strict=True)):
-            starts.append(open_run(directory, run, resume, trackers[index]))
+            starts.append(open_run(directory, run, resume, openings[index]))
             if resume:  # the global RNG state its checkpoint recorded
                 rng_states[index] = torch.get_rng_state()
         if progress:
