@@ -63,6 +63,12 @@ CASES = [
      "unknown correction engine 'vllm'; valid: verl, trl, openrlhf, slime, skyrl, areal"),
     ([*RUN, "--param", "correction=verl:rollout_iss=token", "--out", "{tmp}/out"],
      "correction engine 'verl' has no parameter rollout_iss; valid: rollout_is, rollout_is_threshold"),
+    ([*RUN, "--param", "correction=openrlhf:is_correction_level=seq:is_correction_mode=clip", "--out", "{tmp}/out"],
+     "openrlhf: is_correction_mode=clip requires is_correction_level=token"),
+    ([*RUN, "--param", "correction=openrlhf:is_correction_mode=clip", "--out", "{tmp}/out"],
+     "openrlhf: is_correction_mode needs is_correction_level; valid: is_correction_level off, token or seq"),
+    ([*RUN, "--param", "correction=openrlhf:is_correction_level=token:vllm_is_correction_type=seq-mask-tis", "--out",
+      "{tmp}/out"], "is icepop, but vllm_is_correction_type=seq-mask-tis; valid: one of the two spellings"),
     ([*RUN, "--param", "correction=trl", "--param", "tis_cap=2", "--out", "{tmp}/out"],
      "give tis_cap or correction, not both"),
 ]

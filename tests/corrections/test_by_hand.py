@@ -61,6 +61,19 @@ def test_openrlhf_threshold_and_off() -> None:
     check("openrlhf", ALL, ALL, enable_vllm_is_correction=False)
 
 
+@pytest.mark.parametrize(("level", "mode", "kind"), [("token", "clip", "tis"), ("token", None, "icepop"),
+                                                     ("token", "mask", "icepop"), ("seq", "mask", "seq-mask-tis")])
+def test_openrlhf_0_11_spelling(level: str, mode: str | None, kind: str) -> None:
+    """OpenRLHF 0.11.2's ``is_correction_level`` / ``is_correction_mode`` (mode defaults to mask there): the same
+    factors as the earlier ``vllm_is_correction_type``; level off switches it off."""
+    params = {"is_correction_level": level} | ({} if mode is None else {"is_correction_mode": mode})
+    got = corrections.apply("openrlhf", LOGP, SAMPLER, MASK, **params)
+    want = corrections.apply("openrlhf", LOGP, SAMPLER, MASK, vllm_is_correction_type=kind)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    check("openrlhf", ALL, ALL, is_correction_level="off")
+
+
 # ------------------------------------------------------ slime: slime/backends/megatron_utils/loss.py, ppo_utils.py
 def test_slime_tis() -> None:
     """vanilla_tis_function: clamp(exp(old − rollout), tis_clip_low = 0, tis_clip = 2)."""

@@ -9,8 +9,8 @@ imports; ``openrlhf/models/__init__.py`` imports the actor and ``flash_attn``, s
 
 OpenRLHF 0.11.2 spells the correction ``is_correction_level`` (token / seq), ``is_correction_mode`` (clip / mask) and
 ``is_correction_threshold``; our names are the earlier ``vllm_is_correction_type``: ``tis`` = token + clip,
-``icepop`` = token + mask, ``seq-mask-tis`` = seq + mask (its ``is_correction_gating`` binary_kl / tv gates are not
-re-implemented).  ``PolicyLoss.forward`` returns the aggregated loss, not the factor, so the factor w·keep is read
+``icepop`` = token + mask, ``seq-mask-tis`` = seq + mask, and ours accepts both spellings (its
+``is_correction_gating`` binary_kl / tv gates are not re-implemented).  ``PolicyLoss.forward`` returns the aggregated loss, not the factor, so the factor w·keep is read
 from OpenRLHF's own gradient at π_θ = π_old with A = 1: there ∂L/∂log π_θ(y_t) = −coef_t / N (token-level loss).
 """
 
@@ -75,8 +75,9 @@ def test_aggregated_loss_equals_openrlhfs(name: str, kind: str, dtype: torch.dty
     loss.backward()
     data = {"logp": current, "behavior_logp": old, "sampler_logp": sampler, "advantages": adv.to(dtype),
             "mask": mask}
+    level, mode = TYPES[kind]  # OpenRLHF 0.11.2's own spelling, pasted
     ours, grad, _ = run("grpo", data, dtype=dtype, agg="token-mean", eps_low=0.2, eps_high=0.2,
-                        correction={"engine": "openrlhf", "vllm_is_correction_type": kind})
+                        correction={"engine": "openrlhf", "is_correction_level": level, "is_correction_mode": mode})
     tolerance = 1e-5 if dtype == torch.float32 else 1e-10
     assert ours == pytest.approx(float(loss.detach()), rel=tolerance, abs=1e-9)
     torch.testing.assert_close(torch.as_tensor(grad, dtype=torch.float64), logp.grad.to(torch.float64),
