@@ -379,13 +379,7 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
                 data[name] = {**data.get(name, {}), **given}
         else:
             data[name] = value
-    overrides = getattr(args, "overrides", None) or []
-    flagged = getattr(args, "_given_flags", {})  # a flag and an override of one setting: one rule, refused
-    for item in overrides:
-        field_name = next(iter(override_fields([item])))
-        if field_name in flagged:
-            raise ValueError(given_twice(flagged[field_name], item, field_name))
-    data = apply_overrides(data, overrides)
+    data = apply_overrides(data, getattr(args, "overrides", None) or [])
     if getattr(args, "model", None):
         data["world_params"] = {**data.get("world_params", {}), "model": args.model}
         if args.policy is None:

@@ -53,7 +53,6 @@ def test_the_range_of_a_threshold_holds_every_number_it_spells() -> None:
     (["--updates", "2", "--updates", "3"], "run: --updates 2 and --updates 3 name the same setting updates"),
     (["--clip-ratio-low", "0.1", "--clip-ratio-low", "0.2"],
      "--clip-ratio-low 0.1 and --clip-ratio-low 0.2 name the same setting clip_ratio_low"),
-    (["--updates", "3", "max_steps=4"], "--updates 3 and max_steps=4 name the same setting updates; valid: one of them"),
     (["--param", "eps_low=0.1", "--param", "eps_low=0.2"],
      "--param eps_low=0.1 and --param eps_low=0.2 name the same setting eps_low; valid: one of them"),
     (["--param", "correction=verl:rollout_is=token:rollout_is=sequence"],
