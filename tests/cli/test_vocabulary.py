@@ -110,10 +110,14 @@ def test_use_kl_loss_false_turns_the_penalty_off(capsys: pytest.CaptureFixture[s
     assert config["objective_params"]["kl_coef"] == 0.0
 
 
-def test_overrides_win_over_flags_and_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_overrides_win_over_files_and_may_not_repeat_a_flag(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "c.yaml").write_text("world: token_mdp\nobjective: grpo\nlr: 0.1\nupdates: 30\n")
-    config = printed(["--config", str(tmp_path / "c.yaml"), "--updates", "20", "updates=10", "lr=0.3"], capsys)
-    assert (config["updates"], config["lr"]) == (10, 0.3)
+    config = printed(["--config", str(tmp_path / "c.yaml"), "--updates", "20", "lr=0.3"], capsys)
+    assert (config["updates"], config["lr"]) == (20, 0.3)  # the flag and the override over the file's values
+    assert "--updates 20 and updates=10 name the same setting updates; valid: one of them" in \
+        refused(["run", "--config", str(tmp_path / "c.yaml"), "--updates", "20", "updates=10", "--print-config"],
+                capsys)
 
 
 def test_bad_overrides_are_named(capsys: pytest.CaptureFixture[str]) -> None:
