@@ -1,7 +1,7 @@
 """Per-update cost of a 16-bit trainer and sampler (recipe v7) against v6's fp32, with and without the CPU's bf16
 instructions (oneDNN's ISA cap ``ONEDNN_MAX_CPU_ISA=AVX512_CORE`` leaves out AVX512-BF16 and AMX).
 
-    python benchmarks/precision_update.py [--updates 6] [--threads 1] [--v7-preset seed_scale_v7]
+    python benchmarks/precision_update.py [--updates 6] [--threads 1] [--fp16]
 
 One update's pieces, as the trainer runs them at the world's defaults (8 prompts × 8 responses): sampling (the
 sampler's engine), the old-log-prob recompute (v7: 16-row micro-batches), the scoring forward + backward of the
@@ -27,9 +27,9 @@ if str(ROOT) not in sys.path:
 
 CONFIGS = {
     "v6 fp32": ("seed_scale_v6", {}),
-    "v7 bf16": (None, {"trainer_precision": "bf16", "sampler_precision": "bf16", "logp_micro_batch": 16}),
-    "v7 fp16": (None, {"trainer_precision": "fp16", "sampler_precision": "fp16", "logp_micro_batch": 16}),
+    "v7 bf16": (None, {}),  # the preset's engines: bf16 trainer and sampler, 16-row recompute
 }
+FP16 = ("v7 fp16", (None, {"trainer_precision": "fp16", "sampler_precision": "fp16"}))
 NO_BF16_ISA = "AVX512_CORE"
 
 
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--v7-preset", default="seed_scale_v7")
+    parser.add_argument("--fp16", action="store_true", help="also v7 in fp16 (no fast fp16 kernels on this CPU)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS=str(args.threads))
         if isa != "default":
             env["ONEDNN_MAX_CPU_ISA"] = isa
-        for name, (preset, params) in CONFIGS.items():
+        configs = dict(CONFIGS, **dict([FP16])) if args.fp16 and isa == "default" else CONFIGS
+        for name, (preset, params) in configs.items():
             spec = json.dumps([preset or args.v7_preset, params])
             out = subprocess.run([sys.executable, __file__, "--child", spec, "--updates", str(args.updates),
                                   "--threads", str(args.threads)], env=env, capture_output=True, text=True,
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             medians[name, isa] = statistics.median(json.loads(out.stdout.strip().splitlines()[-1]))
     base = medians["v6 fp32", "default"]
     print(f"per-update process time, median of {args.updates} updates, {args.threads} thread(s); "
-          f"command: python benchmarks/precision_update.py --updates {args.updates} --threads {args.threads}")
+          f"command: python benchmarks/precision_update.py --updates {args.updates} --threads {args.threads}"
+          f"{' --fp16' if args.fp16 else ''}")
     for (name, isa), seconds in medians.items():
         print(f"{name:8s} ISA {isa:12s} {seconds * 1000:8.1f} ms  {seconds / base:5.2f}x v6 fp32")
     return 0
