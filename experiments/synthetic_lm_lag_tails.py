@@ -152,7 +152,7 @@ class LagTails(UpdateHook):
         args, policy = self.args, stack.policy
         (self.rollout,) = rollouts  # the batch the update consumes
         if self.world is None:
-            self.world, self.eos = stack.runs[0].world, end_tokens(policy)
+            self.world, self.eos = stack.members[0].world, end_tokens(policy)
             self.keys = getattr(self.world, "prompt_keys", None)
             self.start = self.shown = time.perf_counter()
         if update >= args.measure_from and args.probe_size and update % args.probe_every == 0:

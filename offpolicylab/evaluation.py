@@ -43,7 +43,7 @@ def evaluate_due(stack: Stack, update: int, due: list[bool]) -> list[dict[str, A
     if all(due):
         return evaluate(stack, update)
     return [evaluate(Stack.one(run), update)[0] if ok else dict.fromkeys(eval_columns(run))
-            for run, ok in zip(stack.runs, due, strict=True)]
+            for run, ok in zip(stack.members, due, strict=True)]
 
 
 def evaluate(stack: Stack, update: int) -> list[dict[str, float]]:
@@ -53,7 +53,7 @@ def evaluate(stack: Stack, update: int) -> list[dict[str, float]]:
     KL(π‖π₀) when the world can enumerate its responses.  Each member uses its own generator
     (:func:`eval_generator`), so evaluation never shifts the training randomness; the stack's policies sample, decode
     greedily, score and enumerate for all members at once."""
-    runs, cfg = stack.runs, stack.config
+    runs, cfg = stack.members, stack.config
     generators = [eval_generator(run.config, update) for run in runs]
     prompts = Prompts.concat([run.world.eval_prompts() for run in runs])
     sampled = stack.policy.sample(prompts, cfg.eval_samples, cfg.temperature, stack.generators(generators))
@@ -77,7 +77,7 @@ def evaluate(stack: Stack, update: int) -> list[dict[str, float]]:
 
 def enumerated_logprobs(stack: Stack) -> list[Tensor]:
     """log π_s(y|x) [N, M] of each member over the enumerable world's prompts × responses, scored by the stack."""
-    world = stack.runs[0].world
+    world = stack.members[0].world
     enumeration = world.enumeration
     prompts = Prompts.concat([enumeration.prompts] * len(stack))
     return stack.split(sequence_logprobs(stack.policy, prompts, enumeration.ids, enumeration.mask, 1.0,

@@ -57,7 +57,7 @@ def sample_batches(stack: Stack, version: int, watch: Stopwatch, shaped: bool = 
     ``shaped=False``): the stack's policy samples every member's prompts at once, each member's rows with its own
     generator, so each member draws what its separate run draws, in the same order.  A world whose rewards are
     row-wise (:func:`rewards_joined`) scores every member's rows in one call."""
-    runs, pieces = stack.runs, [[] for _ in stack.runs]
+    runs, pieces = stack.members, [[] for _ in stack.members]
     generators = stack.generators([run.generator for run in runs])
     joined = rewards_joined(stack)
     for is_initial, count, tag in batch_sources(runs[0], version):
@@ -79,7 +79,7 @@ def rewards_joined(stack: Stack) -> bool:
     """The stack's rows are scored in one reward call: several members whose world declares ``rowwise_reward`` (a
     row's reward reads that row alone and draws nothing, so each row's reward is the one its member's own call
     gives, bit for bit; the members' worlds are one configuration)."""
-    return len(stack) > 1 and getattr(stack.runs[0].world, "rowwise_reward", False)
+    return len(stack) > 1 and getattr(stack.members[0].world, "rowwise_reward", False)
 
 
 def dynamic_batch(stack: Stack, version: int, watch: Stopwatch, collected: Collected) -> Rollout:
@@ -90,7 +90,7 @@ def dynamic_batch(stack: Stack, version: int, watch: Stopwatch, collected: Colle
     they were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on
     accuracy); the batch returned carries the punishment.  Every rollout sampled and the counts go to
     ``collected``."""
-    (run,) = stack.runs
+    (run,) = stack.members
     cfg, kept, equal = run.config, [], []
     for _ in range(cfg.dynamic_sampling_max_batches):
         (rollout,) = sample_batches(stack, version, watch, shaped=False)

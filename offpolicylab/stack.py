@@ -129,12 +129,12 @@ def _equal(a: Any, b: Any) -> bool:
 # ============================================================================================ the stack
 @dataclass
 class Stack:
-    """Runs trained as one computation: ``runs[s]`` writes ``directories[s]``; ``policy`` and ``initial`` answer
+    """Runs trained as one computation, its members: ``members[s]`` writes ``directories[s]``; ``policy`` and ``initial`` answer
     every member's rows (a stacked policy and the stack of the members' frozen π₀ copies when ``stacked``, else the
     one member's own); ``optimizer`` steps ``policy``'s parameters; ``rng_states[s]`` is the global RNG state
     member s's separate run would checkpoint (a stack of one checkpoints the current one)."""
 
-    runs: list[Run]
+    members: list[Run]
     directories: list[RunDir | None]
     policy: Policy
     initial: Policy | None
@@ -164,12 +164,12 @@ class Stack:
         return cls(runs, directories, policy, initial, optimizer, rng_states)
 
     def __len__(self) -> int:
-        return len(self.runs)
+        return len(self.members)
 
     @property
     def config(self) -> TrainConfig:
         """The configuration the members share (they differ only in seed and objective)."""
-        return self.runs[0].config
+        return self.members[0].config
 
     def generators(self, generators: list[torch.Generator]) -> torch.Generator | list[torch.Generator]:
         """What the stack's policy samples with: one generator per row block, or the one member's generator."""
@@ -187,7 +187,7 @@ class Stack:
     def keep(self, indices: list[int]) -> Stack:
         """The stack of the members ``indices`` (the others stopped): their policies and optimizer state restacked."""
         states = [self.member_optimizer(i) for i in indices]
-        return Stack.of([self.runs[i] for i in indices], [self.directories[i] for i in indices], states,
+        return Stack.of([self.members[i] for i in indices], [self.directories[i] for i in indices], states,
                         [self.rng_states[i] for i in indices])
 
     def split(self, value: Tensor) -> list[Tensor]:

@@ -209,7 +209,7 @@ class UpdateKL(UpdateHook):
         kl = (before.exp() * (before - after)).sum(-1)
         mask = rollout.response_mask
         self.kls.append(float((kl * mask).sum() / mask.sum()))
-        (self.run,) = stack.runs
+        (self.run,) = stack.members
 
 
 def measured_updates(config: TrainConfig) -> tuple[Run, list[float]]:

@@ -129,17 +129,17 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
     statuses: list[str | None] = [None] * len(stack)
     active = list(range(len(stack)))  # the original index of each member still in the stack
     labels = [member_label(run, directory) if stack.stacked else ""
-              for run, directory in zip(stack.runs, stack.directories, strict=True)]
+              for run, directory in zip(stack.members, stack.directories, strict=True)]
     clock = time.perf_counter()
     view = Progress(progress, cfg.updates, start)  # the console (progress.py)
     for update in range(start, cfg.updates):
         tick = time.perf_counter()
         collected = collect(stack, update, watch)                                  # 1. collect
-        rollouts = [take(run, update) for run in stack.runs]
+        rollouts = [take(run, update) for run in stack.members]
         for hook in hooks:
             hook.on_batch(update, stack, rollouts)
         steps = train_update(stack, update, rollouts, collected, watch)            # 2. train
-        rows = update_rows(stack.runs, update, steps)
+        rows = update_rows(stack.members, update, steps)
         with watch("eval"):                                                        # 3. evaluate
             due = [step.finite and is_due(update, cfg.eval_every, cfg.updates) for step in steps]
             for row, numbers in zip(rows, evaluate_due(stack, update, due), strict=True):
@@ -148,8 +148,8 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
         for hook in hooks:
             hook.on_update(update, stack, steps, rows)
         view.update(rows, [labels[i] for i in active],
-                    update_warnings(rows, [run.collapse_detector.collapsed_at for run in stack.runs],
-                                    [run.last_warning for run in stack.runs]))
+                    update_warnings(rows, [run.collapse_detector.collapsed_at for run in stack.members],
+                                    [run.last_warning for run in stack.members]))
         save_checkpoints(stack, update, stopped, watch)
         for index in stopped:
             statuses[active[index]] = "collapsed"
@@ -160,7 +160,7 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
             stack = stack.keep(kept)
             active = [active[index] for index in kept]
     view.close()
-    for index, run in zip(active, stack.runs, strict=True):
+    for index, run in zip(active, stack.members, strict=True):
         statuses[index] = statuses[index] or final_status(run)
     return [status or "completed" for status in statuses]
 
@@ -169,7 +169,7 @@ def record_stack(stack: Stack, update: int, rows: list[dict[str, Any]], steps: l
                  clocks: tuple[float, float], watch: Stopwatch) -> list[int]:
     """Each member's :func:`record`; the indices of the members that stop here (their adapters saved)."""
     stopped = []
-    for index, (run, directory, row, step) in enumerate(zip(stack.runs, stack.directories, rows, steps,
+    for index, (run, directory, row, step) in enumerate(zip(stack.members, stack.directories, rows, steps,
                                                             strict=True)):
         if record(run, directory, update, row, step, clocks, watch):
             stopped.append(index)
@@ -182,7 +182,7 @@ def save_checkpoints(stack: Stack, update: int, stopped: list[int], watch: Stopw
     if not is_checkpoint_due(stack.config, update):
         return
     with watch("checkpoint"):
-        for index, (run, directory) in enumerate(zip(stack.runs, stack.directories, strict=True)):
+        for index, (run, directory) in enumerate(zip(stack.members, stack.directories, strict=True)):
             if index not in stopped:
                 directory.save_checkpoint(checkpoint_state(run, update + 1, stack.member_optimizer(index),
                                                            stack.rng_state(index)))
@@ -195,11 +195,11 @@ def collect(stack: Stack, update: int, watch: Stopwatch) -> list[Collected]:
     kept in the buffer under the key a longer run trains it as, so that ``--resume --updates N`` extends the run
     exactly (:mod:`offpolicylab.resume`); each member's collect phase: the rollouts generated now (with dynamic
     sampling: every rollout it sampled) and the dynamic-sampling counts."""
-    keys, tail = batches_due(stack.runs[0], update)
-    collected = [Collected() for _ in stack.runs]
+    keys, tail = batches_due(stack.members[0], update)
+    collected = [Collected() for _ in stack.members]
     generated = [generate(stack, update, watch, collected) for _ in range(len(keys) + tail)]
-    key = tail_key(stack.runs[0].schedule, update) if tail else None
-    for index, (run, one) in enumerate(zip(stack.runs, collected, strict=True)):
+    key = tail_key(stack.members[0].schedule, update) if tail else None
+    for index, (run, one) in enumerate(zip(stack.members, collected, strict=True)):
         own = [batch[index] for batch in generated]
         run.buffer.update(zip(keys, own, strict=False))
         if key is not None:  # trained on if the run is extended
@@ -238,8 +238,8 @@ def train_update(stack: Stack, update: int, rollouts: list[Rollout], collected: 
     with watch("other"):
         whole = make_batch(stack, rollouts, joined, logp, entropy, update)
     with watch("objective"):
-        outputs = [output for start, stop in objective_groups(stack.runs, whole)
-                   for output in compute_loss(stack.runs[start], whole.part(start, stop), update).split(stop - start)]
+        outputs = [output for start, stop in objective_groups(stack.members, whole)
+                   for output in compute_loss(stack.members[start], whole.part(start, stop), update).split(stop - start)]
     with watch("policy_backward"):
         stack.optimizer.zero_grad(set_to_none=True)
         losses = torch.stack([output.loss for output in outputs])
@@ -301,7 +301,7 @@ def make_batch(stack: Stack, rollouts: list[Rollout], joined: Rollout, logp: Ten
     :func:`~offpolicylab.objectives.advantages.group_advantages`), each sequence's staleness at ``update``, log π_prox
     for an objective that reads it (:func:`proximal_of`) and, when an objective has a KL penalty, π₀'s log-probs of
     the tokens (:func:`~offpolicylab.reference.reference_logp`)."""
-    runs, own_logp = stack.runs, stack.split(logp)
+    runs, own_logp = stack.members, stack.split(logp)
     estimators = {run.advantage for run in runs}
     if len(estimators) == 1:  # the joined groups are distinct: one call computes every member's advantages
         advantages = group_advantages(joined.rewards, joined.group_ids, estimators.pop())
