@@ -3,7 +3,7 @@
 A rollout is ``prompts_per_update`` prompts × ``group_size`` responses of a policy, with behaviour log-probs
 (:func:`offpolicylab.behavior.sample_rollout`), the world's rewards (:func:`~offpolicylab.contracts.rewards_of`, the one reward call),
 generating versions and, with DAPO's options (Yu et al. 2025, arXiv:2503.14476), the soft overlong punishment
-(:func:`overlong_penalty`) and dynamic sampling (:func:`dynamic_batch`).  A stack's members sample as one
+(:func:`overlong_penalty`) and dynamic sampling (:func:`dynamic_rollout`).  A stack's members sample as one
 computation, each with its own generator.
 """
 
@@ -22,9 +22,9 @@ from offpolicylab.objectives.advantages import group_min_max
 from offpolicylab.profiling import Stopwatch
 from offpolicylab.stack import Run, Stack
 
-__all__ = ["batch_sources", "Collected", "dynamic_batch", "first_groups", "generate", "group_count",
-           "INITIAL_VERSION", "overlong_penalty", "overlong_settings", "rewards_joined", "sample",
-           "sample_batches", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
+__all__ = ["Collected", "dynamic_rollout", "first_groups", "generate", "group_count", "INITIAL_VERSION",
+           "overlong_penalty", "overlong_settings", "rewards_joined", "rollout_sources", "sample",
+           "sample_rollouts", "stamped", "varied_rows", "with_overlong_penalty", "with_rewards"]
 
 
 INITIAL_VERSION = 0
@@ -44,23 +44,23 @@ class Collected:
 
 
 def generate(stack: Stack, version: int, watch: Stopwatch, collected: list[Collected]) -> list[Rollout]:
-    """One batch per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions
+    """One rollout per member: ``prompts_per_update`` prompts × ``group_size`` responses with rewards and versions
     (with ``dynamic_sampling``, which only a stack of one runs — :meth:`Stack.of` refuses it —:
-    :func:`dynamic_batch`, counted in ``collected``)."""
+    :func:`dynamic_rollout`, counted in ``collected``)."""
     if stack.config.dynamic_sampling:
-        return [dynamic_batch(stack, version, watch, *collected)]
-    return sample_batches(stack, version, watch)
+        return [dynamic_rollout(stack, version, watch, *collected)]
+    return sample_rollouts(stack, version, watch)
 
 
-def sample_batches(stack: Stack, version: int, watch: Stopwatch, shaped: bool = True) -> list[Rollout]:
-    """One sampled batch per member with the world's rewards (plus the overlong punishment unless
+def sample_rollouts(stack: Stack, version: int, watch: Stopwatch, shaped: bool = True) -> list[Rollout]:
+    """One sampled rollout per member with the world's rewards (plus the overlong punishment unless
     ``shaped=False``): the stack's policy samples every member's prompts at once, each member's rows with its own
     generator, so each member draws what its separate run draws, in the same order.  A world whose rewards are
     row-wise (:func:`rewards_joined`) scores every member's rows in one call."""
     runs, pieces = stack.members, [[] for _ in stack.members]
     generators = stack.generators([run.generator for run in runs])
     joined = rewards_joined(stack)
-    for is_initial, count, tag in batch_sources(runs[0], version):
+    for is_initial, count, tag in rollout_sources(runs[0], version):
         prompts = Prompts.concat([run.world.sample_prompts(count, run.generator) for run in runs])
         policy = stack.initial if is_initial else stack.policy
         with watch("policy_forward"):
@@ -82,18 +82,18 @@ def rewards_joined(stack: Stack) -> bool:
     return len(stack) > 1 and getattr(stack.members[0].world, "rowwise_reward", False)
 
 
-def dynamic_batch(stack: Stack, version: int, watch: Stopwatch, collected: Collected) -> Rollout:
+def dynamic_rollout(stack: Stack, version: int, watch: Stopwatch, collected: Collected) -> Rollout:
     """DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, eq. 11: keep a group only if
-    0 < |{o_i correct}| < G) for a stack of one: sample batches, keep the groups whose world rewards are not all
+    0 < |{o_i correct}| < G) for a stack of one: sample rollouts, keep the groups whose world rewards are not all
     equal, until ``prompts_per_update`` groups are kept or ``dynamic_sampling_max_batches`` rounds were sampled; the
-    first ``prompts_per_update`` kept groups form the batch, filled when short with equal-reward groups in the order
+    first ``prompts_per_update`` kept groups form the rollout, filled when short with equal-reward groups in the order
     they were sampled.  The rewards compared are the world's, before the overlong punishment (DAPO filters on
     accuracy); the batch returned carries the punishment.  Every rollout sampled and the counts go to
     ``collected``."""
     (run,) = stack.members
     cfg, kept, equal = run.config, [], []
     for _ in range(cfg.dynamic_sampling_max_batches):
-        (rollout,) = sample_batches(stack, version, watch, shaped=False)
+        (rollout,) = sample_rollouts(stack, version, watch, shaped=False)
         collected.fresh.append(with_overlong_penalty(run, rollout))
         collected.rounds += 1
         varied = varied_rows(rollout.rewards, rollout.group_ids)
@@ -124,8 +124,8 @@ def first_groups(rollout: Rollout, count: int) -> Rollout:
     return rollout.select(rows).with_(group_ids=order[rows])
 
 
-def batch_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
-    """(answered by π₀, prompts, version tag) of each part of a batch: the current policy answers every prompt
+def rollout_sources(run: Run, version: int) -> list[tuple[bool, int, int]]:
+    """(answered by π₀, prompts, version tag) of each part of a rollout: the current policy answers every prompt
     but a share ``schedule.other_share``, which the frozen initial policy π₀ answers (version 0)."""
     cfg = run.config
     other = round(run.schedule.other_share * cfg.prompts_per_update)

@@ -195,7 +195,7 @@ def collect(stack: Stack, update: int, watch: Stopwatch) -> list[Collected]:
     kept in the buffer under the key a longer run trains it as, so that ``--resume --updates N`` extends the run
     exactly (:mod:`offpolicylab.resume`); each member's collect phase: the rollouts generated now (with dynamic
     sampling: every rollout it sampled) and the dynamic-sampling counts."""
-    keys, tail = batches_due(stack.members[0], update)
+    keys, tail = rollouts_due(stack.members[0], update)
     collected = [Collected() for _ in stack.members]
     generated = [generate(stack, update, watch, collected) for _ in range(len(keys) + tail)]
     key = tail_key(stack.members[0].schedule, update) if tail else None
@@ -209,8 +209,8 @@ def collect(stack: Stack, update: int, watch: Stopwatch) -> list[Collected]:
     return collected
 
 
-def batches_due(run: Run, update: int) -> tuple[list[int], bool]:
-    """(the buffer keys of the batches generated at ``update``, whether the current policy also generates a batch
+def rollouts_due(run: Run, update: int) -> tuple[list[int], bool]:
+    """(the buffer keys of the rollouts generated at ``update``, whether the current policy also generates one
     only for the collapse detector: :func:`~offpolicylab.resume.watches_tail`)."""
     cfg, schedule = run.config, run.schedule
     keys = list(schedule.generate_at(update, cfg.updates))
