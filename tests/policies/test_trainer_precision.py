@@ -155,3 +155,16 @@ def test_scaled_gradient_is_the_unscaled_one(rollout):
 def test_batched_seeds_refuse_a_16_bit_trainer():
     with pytest.raises(ValueError, match="trainer_precision=fp32"):
         StackedTransformerPolicy([policy("bf16"), policy("bf16")])
+
+
+def test_cli_refuses_batched_16_bit_seeds_and_an_unknown_precision(tmp_path, capsys):
+    """docs/bad_input.md: exit code 2, the one-line message, nothing written."""
+    from tests.cli.test_hostile_inputs import refused
+
+    base = ["run", "--world", "token_mdp", "--objective", "grpo", "--policy", "transformer", "--policy-param",
+            "init=random", "--updates", "2", "--out", str(tmp_path / "out")]
+    err = refused([*base, "--policy-param", "trainer_precision=bf16", "--seeds", "0,1"], capsys)
+    assert "batched transformer seeds need trainer_precision=fp32, lm_head_fp32=false and logp_micro_batch=0" in err
+    err = refused([*base, "--policy-param", "trainer_precision=fp8"], capsys)
+    assert "trainer_precision" in err and "fp32, bf16, fp16" in err
+    assert not (tmp_path / "out").exists()
