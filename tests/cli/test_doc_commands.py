@@ -4,6 +4,7 @@ runs as written, in document order, in one working folder:
 * placeholders are filled with tiny real inputs (:data:`PLACEHOLDERS`: a run recorded with a sampler mismatch for
   ``RUN``, the shipped example logs for a verl / TRL log, ...), and ``...`` with the flags of the block's first
   ``run``;
+* a block's ``NAME="..."`` lines are expanded in its later commands (``$NAME``);
 * files the docs write out (a fenced block introduced by `` `NAME`: `` or starting with ``# NAME``) are written
   into the folder first;
 * commands on the synthetic LM, the demo and Ray are marked ``slow`` and run N / 100 of their ``--updates N`` (at
@@ -73,8 +74,14 @@ def doc_commands() -> list[Command]:
             joined = re.sub(r"\\\n", " ", body)
             numbers = [start + i for i, line in enumerate(body.splitlines()) if not line.rstrip().endswith("\\")]
             first_run: list[str] | None = None
+            variables: dict[str, str] = {}  # NAME="..." lines of the block, expanded in later commands
             for number, line in zip(numbers, joined.splitlines(), strict=False):
                 line = line.split(" # ")[0].split("  #")[0].strip()
+                assigned = re.match(r"^([A-Z_][A-Z0-9_]*)=(\S.*)$", line)
+                if assigned and len(shlex.split(line)) == 1:
+                    variables[assigned.group(1)] = " ".join(shlex.split(assigned.group(2)))
+                    continue
+                line = expand(line, variables)
                 for part in (p.strip() for p in line.split("&&")):
                     words = part.split()
                     while words and re.match(r"^[A-Z_]+=", words[0]):  # environment assignments
@@ -91,6 +98,11 @@ def doc_commands() -> list[Command]:
                         command = command.replace("...", shlex.join(flags))
                     commands.append(Command(str(path.relative_to(REPO)), number, command, raw))
     return commands
+
+
+def expand(line: str, variables: dict[str, str]) -> str:
+    """``$NAME`` / ``${NAME}`` replaced by the block's value of NAME (others left as they are)."""
+    return re.sub(r"\$\{?([A-Z_][A-Z0-9_]*)\}?", lambda m: variables.get(m.group(1), m.group(0)), line)
 
 
 def doc_files() -> dict[str, str]:
