@@ -34,12 +34,14 @@ def k3(log_ratio: Tensor, cap: float | None = EXP_CLAMP, out: Tensor | None = No
     return torch.sub(torch.expm1(exponent, out=out), log_ratio, out=out)
 
 
-def kish_ess(weights: Tensor, count: Tensor | float) -> Tensor:
+def kish_ess(weights: Tensor, count: Tensor | float, *, overwrite: bool = False) -> Tensor:
     """(Σ w)² / (n·Σ w²) over the last dimension: Kish's effective sample size n_eff = (Σ w)² / Σ w² (L. Kish 1965,
     "Survey Sampling") as a share of the n = ``count`` samples, 1 for equal weights and 1/n when one weight
-    dominates.  ``weights`` ≥ 0, 0 on padding; 0 when every weight is 0 (no effective sample)."""
-    square = (weights * weights).sum(-1)
-    return weights.sum(-1) ** 2 / (count * square).clamp_min(torch.finfo(weights.dtype).tiny)
+    dominates.  ``weights`` ≥ 0, 0 on padding; 0 when every weight is 0 (no effective sample).  ``overwrite``: the
+    squares are written into ``weights`` (a scratch buffer the caller no longer needs; no allocation)."""
+    total = weights.sum(-1)
+    square = (weights.mul_(weights) if overwrite else weights * weights).sum(-1)
+    return total ** 2 / (count * square).clamp_min(torch.finfo(weights.dtype).tiny)
 
 
 def clip_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:

@@ -95,7 +95,7 @@ def _ess_rows(delta: Tensor, mask: Tensor, work: Tensor) -> Tensor:
     top = torch.sub(mask, 1.0, out=work).mul_(floor).add_(delta).amax(-1, keepdim=True)
     top = torch.where(top > -floor, top, delta.new_zeros(()))  # no valid token: weights 0
     weights = torch.sub(delta, top, out=work).mul_(mask).exp_().mul_(mask)  # e^((Δ − max Δ)·m)·m
-    ess = kish_ess(weights, tokens.clamp_min(1.0))
+    ess = kish_ess(weights, tokens.clamp_min(1.0), overwrite=True)
     return torch.where(tokens > 0, ess, delta.new_ones(()))
 
 

@@ -38,8 +38,8 @@ class CISPO(Objective):
         ratio = batch.ratio()
         weight = clip_ratio(ratio, self.eps_low, self.eps_high)
         loss = -weight * batch.advantages * batch.logp
-        clipped = stats.indicator(torch.ne, weight, ratio)
-        return loss, batch.mask, {"clip_frac": stats.fraction(clipped, batch.mask)}
+        clipped = stats.indicator(torch.ne, weight, ratio)  # 0 on padding: r = 1 there, inside every clip
+        return loss, batch.mask, {"clip_frac": batch.total(clipped) / batch.total(batch.mask).clamp_min(1.0)}
 
 
 TOPR_LEVELS = ("sequence", "token")

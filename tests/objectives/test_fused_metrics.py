@@ -308,3 +308,16 @@ def test_largest_values_from_blocks_equal_topk(size: int) -> None:
     for k in (1, 5, math.ceil(0.001 * (size - 1)) + 2, 70):
         k = min(k, size)
         assert torch.equal(stats.largest(values, k), values.topk(k).values), k
+
+
+@pytest.mark.parametrize(("eps_low", "eps_high"), [(1.0, 0.28), (0.0, 0.0), (0.2, 0.0), (math.inf, 0.1)])
+def test_cispo_clip_fraction_counts_only_valid_tokens(eps_low: float, eps_high: float) -> None:
+    """CISPO's clip_frac (its clipped indicator summed without the mask: r = 1 on padding lies inside every clip) is
+    the share of valid tokens whose ratio lies outside [1 − ε_low, 1 + ε_high], counted in NumPy."""
+    fields = ragged_batch(2, dtype=torch.float32)
+    batch = TokenBatch(**fields)
+    out = get_objective("cispo", eps_low=eps_low, eps_high=eps_high)(batch)
+    valid = fields["mask"].numpy() > 0
+    ratio = np.exp(fields["logp"].double().numpy()[valid] - fields["behavior_logp"].double().numpy()[valid])
+    outside = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
+    assert float(out.metrics["clip_frac"]) == pytest.approx(outside.mean(), abs=1e-6)
