@@ -44,6 +44,7 @@ from offpolicylab.config import (
     config_params,
     is_override,
     override_fields,
+    override_target,
     parse_assignments,
     read_mapping,
 )
@@ -379,6 +380,7 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
                 data[name] = {**data.get(name, {}), **given}
         else:
             data[name] = value
+    refuse_flag_and_override(args)
     data = apply_overrides(data, getattr(args, "overrides", None) or [])
     if getattr(args, "model", None):
         data["world_params"] = {**data.get("world_params", {}), "model": args.model}
@@ -387,6 +389,18 @@ def config_from_args(args: argparse.Namespace, run_dir: str | Path | None = None
     if data.get("world_params"):
         data["world_params"] = absolute_paths(data["world_params"])
     return TrainConfig.from_dict(data)
+
+
+def refuse_flag_and_override(args: argparse.Namespace) -> None:
+    """A flag and a ``KEY=VALUE`` override of the same setting (``--updates 20 updates=10``) are one setting given
+    twice on one command line: refused naming both (:func:`~offpolicylab.registry.given_twice`), as two flags are.
+    A config file is a base that both override; it is not a second spelling."""
+    given: dict[str, str] = getattr(args, "_given_flags", {})
+    for item in getattr(args, "overrides", None) or []:
+        field_name, sub = override_target(item.partition("=")[0].strip())
+        dest = field_name if sub is None else ALIAS_DEST + sub  # an objective parameter: its alias flag
+        if dest in given:
+            raise ValueError(given_twice(given[dest], item, sub or field_name))
 
 
 def override_grid(grid: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -278,7 +278,7 @@ def is_override(item: str) -> bool:
     return bool(_OVERRIDE.match(item))
 
 
-def _override_target(key: str) -> tuple[str, str | None]:
+def override_target(key: str) -> tuple[str, str | None]:
     """(field, key inside a mapping field or None) that the override ``key`` sets; ``("objective_params", alias)``
     for an objective-parameter alias.  An unknown key raises ``ValueError`` naming what is valid."""
     head, dot, sub = key.partition(".")
@@ -299,7 +299,7 @@ def _override_target(key: str) -> tuple[str, str | None]:
 
 def override_fields(items: list[str]) -> set[str]:
     """The config fields that the overrides ``items`` set."""
-    return {_override_target(item.partition("=")[0].strip())[0] for item in items}
+    return {override_target(item.partition("=")[0].strip())[0] for item in items}
 
 
 def apply_overrides(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
@@ -311,7 +311,7 @@ def apply_overrides(data: dict[str, Any], items: list[str]) -> dict[str, Any]:
     seen: dict[tuple[str, str | None], str] = {}
     for item in items:
         key, _, value = item.partition("=")
-        field_name, sub = _override_target(key.strip())
+        field_name, sub = override_target(key.strip())
         target = (field_name, PARAM_ALIASES.get(sub, sub) if field_name == "objective_params" else sub)
         if target in seen:
             raise ValueError(f"overrides {seen[target]} and {item} name the same setting; valid: one of them")

@@ -39,6 +39,7 @@ DEPENDS: dict[tuple[str, str, Any], dict[str, Any]] = {
     ("synthetic_lm", "d_model", 1): {"num_heads": 1},      # d_model a multiple of num_heads
     ("synthetic_lm", "num_heads", 1): {},
     ("synthetic_lm", "preset", "seed_scale_v6"): {"response_len": 12},  # v6: room for 3 steps, ANS, answer, EOS
+    ("synthetic_lm", "preset", "seed_scale_v7"): {"response_len": 12},  # v7 is v6's world: the same room
     ("token_mdp", "num_prompts", 1): {},
 }
 SKIP_WORLDS = {"gsm8k"}  # needs a language model: its parameters are checked in tests/policies/test_hf_loading.py

@@ -21,7 +21,7 @@ class P3O(Objective):
 
         ESS = (Σ w)² / (n·Σ w²)      (a batch constant, no gradient),
         ρ_t = clamp(w_t, 0, ESS)     (detached weight),
-        ℓ_t = −sg(ρ_t)·A_t·logp_t + (1 − ESS)·KL_k3(π_θ‖π_b)_t,   KL_k3 = k3(−Δ) = e^−Δ − 1 + Δ ≥ 0
+        ℓ_t = −sg(ρ_t)·A_t·logp_t + (1 − ESS)·KL_k3(π_θ‖π_b)_t,   KL_k3 = Δ + e^−Δ − 1.
 
     (:func:`offpolicylab.formulas.k3` of −Δ; FeynRL's ``compute_kl_distance(logprobs, ref_logprobs=old_logprobs)``).
     On tokens sampled from π_b it is a penalty rather than an unbiased KL estimate; its gradient (1 − e^−Δ)·∇logp
