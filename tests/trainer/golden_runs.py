@@ -15,7 +15,11 @@ of the run (its rollouts fixed) re-derived from the papers in ``tests/trainer/te
 clipping, Adam) and ``sequence_model_token_mdp_m2po_stale`` in plain torch (the GRU policy's forward pass, M2PO,
 clipping, Adam).  The others (``bandit_rec_sync``, ``tabular_ac_mispo_mixture``, ``tabular_mu_grpo_stages``) are
 snapshots only: no reference re-derives those objectives' whole updates (their per-token losses and gradients are
-checked against NumPy in ``tests/objectives/``), and no golden covers the transformer policy.
+checked against NumPy in ``tests/objectives/``), and no golden covers the transformer policy.  The transformer
+policy's whole update is re-derived instead on a tiny stale GRPO run (1 layer, d_model 8, 2 heads; its own rollouts
+fixed) in ``tests/trainer/test_golden_reference_transformer.py``: a plain-torch pre-LN forward written from the papers,
+GRPO's advantage, PPO's clipped token-mean loss, global-norm clipping and Adam, against the run's loss, gradient norm,
+weights and log-probs after every update.
 
 Regenerate them only for a change meant to move them, and say so in the commit::
 

@@ -20,8 +20,9 @@ The GRU run (stale_k:3, M2PO at τ = 0.04, Adam at lr 0.01) is re-derived in pla
 gradient) from its weights: the policy's forward pass as its module docstring states it (:func:`gru_log_probs`),
 M2PO's loss (:func:`m2po_loss`), the same clipping and Adam.  Its M2PO mask never binds in this run (M̂2 of the
 trust-region tokens stays below τ), so the reference checks the network, the stale batches' ratios, the advantage
-and the optimizer there; the mask itself is checked against NumPy in ``tests/objectives/test_m2po.py``.  No
-reference re-derives the transformer policy (``transformer``) or ``hf``.
+and the optimizer there; the mask itself is checked against NumPy in ``tests/objectives/test_m2po.py``.  The
+transformer policy's updates are re-derived the same way in ``test_golden_reference_transformer.py``; no reference
+re-derives ``hf``.
 """
 
 from __future__ import annotations
