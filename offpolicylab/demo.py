@@ -51,9 +51,7 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
     on-policy ε-clipped grpo, seeds 0–2, 350 updates, evaluated every 25 updates (15 points), with the world's
     transformer π₀ and training defaults (the seeds' drift: grpo clips ≈ 1 % of the tokens at s = 256, as in the
     M2PO paper) and its Monte-Carlo return, tokens drawn by inverse CDF (``token_draw=inverse_cdf``: one uniform per
-    token) and no batch sampled for the collapse detector alone (``collapse_tail=false``: the stale runs' detector
-    watches the 94 updates at which their own policy samples, not the drained last 256; 18 % of the demo's CPU time)
-    — the clip removes the tokens that moved, the answer tokens where learning happens, and ε-clipped grpo gains a
+    token), the collapse detector watching every update (``collapse_tail`` on, as in every run) — the clip removes the tokens that moved, the answer tokens where learning happens, and ε-clipped grpo gains a
     fraction of what m2po gains (``experiments/RESULTS.md`` §4).
     ``token_mdp``: grpo (ε = 0.2), grpo without trust region and m2po at staleness :func:`toy_staleness` and
     on-policy grpo (ε = 0.2) as the reference (on-policy the three objectives coincide: ratio 1, nothing to clip or
@@ -81,8 +79,7 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
         return {"base": base, "axes": {"objective": objectives}}
     base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates,
             "eval_every": 25, "sample_every": 0, "checkpoint_every": 350,
-            "schedule": f"stale_k:{DEMO_STALENESS[world]}", "policy_params": {"token_draw": "inverse_cdf"},
-            "collapse_tail": False}
+            "schedule": f"stale_k:{DEMO_STALENESS[world]}", "policy_params": {"token_draw": "inverse_cdf"}}
     m2po = {"label": "m2po", "objective": "m2po", "objective_params": {"tau": 0.04}}
     return {"base": base, "axes": {"objective": [clipped, m2po, reference], "seed": [0, 1, 2]}}
 

@@ -114,8 +114,9 @@ def train(config: TrainConfig, run_dir: str | Path, *, resume: bool = False, pro
 
 
 def member_label(run: Run, directory: RunDir | None) -> str:
-    """The console prefix of a stacked member's lines and warnings: its run directory's name (``[seed=1] ``,
-    ``[objective=m2po__seed=0] ``), which names the run among seeds and objectives; ``[seed S] `` without one."""
+    """The console prefix of a stacked member's lines and warnings, and of a run's warnings when it prints no
+    progress of its own (a sweep's cell): its run directory's name (``[seed=1] ``, ``[objective=m2po__seed=0] ``),
+    which names the run among seeds and objectives; ``[seed S] `` without one."""
     return f"[{directory.path.name}] " if directory is not None else f"[seed {run.config.seed}] "
 
 
@@ -128,7 +129,7 @@ def run_updates(stack: Stack, start: int, watch: Stopwatch, progress: bool | str
     cfg = stack.config
     statuses: list[str | None] = [None] * len(stack)
     active = list(range(len(stack)))  # the original index of each member still in the stack
-    labels = [member_label(run, directory) if stack.stacked else ""
+    labels = [member_label(run, directory) if stack.stacked or not progress else ""  # a sweep's cell: named too
               for run, directory in zip(stack.members, stack.directories, strict=True)]
     clock = time.perf_counter()
     view = Progress(progress, cfg.updates, start)  # the console (progress.py)

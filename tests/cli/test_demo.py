@@ -76,7 +76,7 @@ def test_synthetic_lm_demo_grid_and_figure(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
     grid = demo.demo_grid(4, world_params=SMALL_LM)
     assert grid["base"]["eval_every"] == 25 and grid["base"]["policy_params"] == {"token_draw": "inverse_cdf"}
-    assert grid["base"]["collapse_tail"] is False
+    assert "collapse_tail" not in grid["base"]  # the detector watches the drained tail too (the default)
     grid["base"].update(eval_every=2, prompts_per_update=2, group_size=2)
     rows = run_sweep(grid, tmp_path / "demo", workers=1)
     assert [row["status"] for row in rows] == ["completed"] * 9

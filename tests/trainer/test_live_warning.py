@@ -38,3 +38,14 @@ def test_replaying_the_recorded_rows_restores_the_warning() -> None:
     replay_warning(run, [{"update": str(u), **{k: str(v) for k, v in row.items()}} for u, row in rows[:60]])
     resumed = [u for u, _ in warning.alarms(run.early_warning, rows[60:])]
     assert resumed == whole == [106 + 2]
+
+
+def test_a_run_without_progress_names_itself_in_its_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep's cell trains without progress lines, beside other cells on the same console: its warning line
+    starts with its run directory's name, so the reader knows which cell it is about."""
+    monkeypatch.setattr(warning, "DEFAULT_DETECTOR", "verl_ranges")
+    monkeypatch.setattr(warning, "DEFAULT_PARAMS", {"kl_max": 1e-4, "patience": 1})
+    trainer.train(mdp_config(schedule="stale_k:2", updates=12, checkpoint_every=12), tmp_path / "objective=grpo")
+    lines = [line for line in capsys.readouterr().err.splitlines() if "collapse warning" in line]
+    assert lines and all(line.startswith("[objective=grpo] warning: update ") for line in lines)
