@@ -19,7 +19,10 @@ checked against NumPy in ``tests/objectives/``), and no golden covers the transf
 policy's whole update is re-derived instead on a tiny stale GRPO run (1 layer, d_model 8, 2 heads; its own rollouts
 fixed) in ``tests/trainer/test_golden_reference_transformer.py``: a plain-torch pre-LN forward written from the papers,
 GRPO's advantage, PPO's clipped token-mean loss, global-norm clipping and Adam, against the run's loss, gradient norm,
-weights and log-probs after every update.
+weights and log-probs after every update; the ``hf`` policy's likewise in
+``tests/trainer/test_golden_reference_hf.py`` (a LoRA adapter on a tiny random Llama: RMSNorm, rotary positions,
+grouped-query attention, SwiGLU and LoRA written in plain torch from the papers, the base weights read from the saved
+``safetensors`` file).
 
 Regenerate them only for a change meant to move them, and say so in the commit::
 

@@ -21,8 +21,8 @@ gradient) from its weights: the policy's forward pass as its module docstring st
 M2PO's loss (:func:`m2po_loss`), the same clipping and Adam.  Its M2PO mask never binds in this run (M̂2 of the
 trust-region tokens stays below τ), so the reference checks the network, the stale batches' ratios, the advantage
 and the optimizer there; the mask itself is checked against NumPy in ``tests/objectives/test_m2po.py``.  The
-transformer policy's updates are re-derived the same way in ``test_golden_reference_transformer.py``; no reference
-re-derives ``hf``.
+transformer policy's updates are re-derived the same way in ``test_golden_reference_transformer.py``, the ``hf``
+policy's (LoRA on a tiny Llama) in ``test_golden_reference_hf.py``.
 """
 
 from __future__ import annotations
