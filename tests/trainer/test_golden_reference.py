@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -195,13 +196,18 @@ def m2po_loss(log_probs: torch.Tensor, batch: dict[str, np.ndarray]) -> torch.Te
     return -(keep * adv * torch.exp(delta)).sum() / mask.sum()
 
 
-def gru_reference(start: dict[str, np.ndarray], batches: list[dict[str, np.ndarray]], pad: int,
-                  bos: int) -> list[tuple[float, float, dict[str, np.ndarray]]]:
+def clipped_adam_run(start: dict[str, np.ndarray], batches: list[dict[str, np.ndarray]], lr: float,
+                     loss_of: Callable[[dict[str, torch.Tensor], dict[str, np.ndarray]], torch.Tensor],
+                     ) -> list[tuple[float, float, dict[str, np.ndarray]]]:
+    """(loss, pre-clip gradient norm, weights after) of every update in float64: the gradient clipped to global
+    norm ``GRAD_CLIP`` (× min(1, c / (‖g‖ + 1e-6)), as ``clip_grad_norm_``), then one Adam step (Kingma & Ba 2015,
+    arXiv:1412.6980: m ← β₁m + (1 − β₁)g, v ← β₂v + (1 − β₂)g², θ ← θ − lr·m̂ / (√v̂ + ε)), the moments carried
+    along.  ``loss_of(weights, batch)`` is the policy's own reference loss."""
     w = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
     moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in w.items()}
     out = []
     for step, batch in enumerate(batches, start=1):
-        loss = m2po_loss(gru_log_probs(w, batch, pad, bos), batch)
+        loss = loss_of(w, batch)
         grads = torch.autograd.grad(loss, list(w.values()))
         norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
         scale = min(1.0, GRAD_CLIP / (norm + 1e-6))
@@ -211,10 +217,15 @@ def gru_reference(start: dict[str, np.ndarray], batches: list[dict[str, np.ndarr
                 first, second = moments[name]
                 first.mul_(BETAS[0]).add_((1 - BETAS[0]) * grad)
                 second.mul_(BETAS[1]).add_((1 - BETAS[1]) * grad**2)
-                value -= GRU_LR * (first / (1 - BETAS[0] ** step)) / ((second / (1 - BETAS[1] ** step)).sqrt()
-                                                                        + ADAM_EPS)
+                value -= lr * (first / (1 - BETAS[0] ** step)) / ((second / (1 - BETAS[1] ** step)).sqrt()
+                                                                   + ADAM_EPS)
         out.append((float(loss.detach()), norm, {k: v.detach().numpy().copy() for k, v in w.items()}))
     return out
+
+
+def gru_reference(start: dict[str, np.ndarray], batches: list[dict[str, np.ndarray]], pad: int,
+                  bos: int) -> list[tuple[float, float, dict[str, np.ndarray]]]:
+    return clipped_adam_run(start, batches, GRU_LR, lambda w, batch: m2po_loss(gru_log_probs(w, batch, pad, bos), batch))
 
 
 def test_golden_gru_m2po_stale_equals_the_reference(tmp_path: Path) -> None:

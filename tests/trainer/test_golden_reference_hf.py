@@ -37,7 +37,7 @@ from safetensors.torch import load_file
 from offpolicylab.config import TrainConfig
 from offpolicylab.trainer import train
 from tests.tiny_llm import build_model, build_tokenizer
-from tests.trainer.test_golden_reference import ADAM_EPS, BETAS, GRAD_CLIP, Recorder, read
+from tests.trainer.test_golden_reference import GRAD_CLIP, Recorder, clipped_adam_run, read
 from tests.trainer.test_golden_reference_transformer import grpo_loss
 
 pytestmark = pytest.mark.llm
@@ -104,24 +104,7 @@ def llama_log_probs(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tens
 def reference_run(base: dict[str, torch.Tensor], start: dict[str, np.ndarray], config: dict,
                   batches: list[dict[str, np.ndarray]]) -> list[tuple[float, float, dict[str, np.ndarray]]]:
     """(loss, pre-clip gradient norm, adapter after) of every update, Adam's moments carried along."""
-    w = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
-    moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in w.items()}
-    out = []
-    for step, batch in enumerate(batches, start=1):
-        loss = grpo_loss(llama_log_probs(base, w, config, batch), batch)
-        grads = torch.autograd.grad(loss, list(w.values()))
-        norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
-        scale = min(1.0, GRAD_CLIP / (norm + 1e-6))
-        with torch.no_grad():
-            for (name, value), grad in zip(w.items(), grads, strict=True):
-                grad = grad * scale
-                first, second = moments[name]
-                first.mul_(BETAS[0]).add_((1 - BETAS[0]) * grad)
-                second.mul_(BETAS[1]).add_((1 - BETAS[1]) * grad**2)
-                value -= LR * (first / (1 - BETAS[0] ** step)) / ((second / (1 - BETAS[1] ** step)).sqrt()
-                                                                   + ADAM_EPS)
-        out.append((float(loss.detach()), norm, {k: v.detach().numpy().copy() for k, v in w.items()}))
-    return out
+    return clipped_adam_run(start, batches, LR, lambda w, batch: grpo_loss(llama_log_probs(base, w, config, batch), batch))
 
 
 def test_hf_lora_grpo_updates_equal_the_reference(tmp_path: Path) -> None:

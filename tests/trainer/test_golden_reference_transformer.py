@@ -40,12 +40,11 @@ import torch
 from offpolicylab.config import TrainConfig
 from offpolicylab.trainer import train
 from tests.trainer.test_golden_reference import (
-    ADAM_EPS,
-    BETAS,
     EPS_CLIP,
     GRAD_CLIP,
     Recorder,
     advantages,
+    clipped_adam_run,
     read,
 )
 
@@ -114,24 +113,7 @@ def grpo_loss(log_probs: torch.Tensor, batch: dict[str, np.ndarray]) -> torch.Te
 def reference_run(start: dict[str, np.ndarray], batches: list[dict[str, np.ndarray]]
                   ) -> list[tuple[float, float, dict[str, np.ndarray]]]:
     """(loss, pre-clip gradient norm, weights after) of every update, Adam's moments carried along."""
-    w = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
-    moments = {k: (torch.zeros_like(v), torch.zeros_like(v)) for k, v in w.items()}
-    out = []
-    for step, batch in enumerate(batches, start=1):
-        loss = grpo_loss(transformer_log_probs(w, batch), batch)
-        grads = torch.autograd.grad(loss, list(w.values()))
-        norm = float(torch.sqrt(sum((g**2).sum() for g in grads)))
-        scale = min(1.0, GRAD_CLIP / (norm + 1e-6))
-        with torch.no_grad():
-            for (name, value), grad in zip(w.items(), grads, strict=True):
-                grad = grad * scale
-                first, second = moments[name]
-                first.mul_(BETAS[0]).add_((1 - BETAS[0]) * grad)
-                second.mul_(BETAS[1]).add_((1 - BETAS[1]) * grad**2)
-                value -= LR * (first / (1 - BETAS[0] ** step)) / ((second / (1 - BETAS[1] ** step)).sqrt()
-                                                                   + ADAM_EPS)
-        out.append((float(loss.detach()), norm, {k: v.detach().numpy().copy() for k, v in w.items()}))
-    return out
+    return clipped_adam_run(start, batches, LR, lambda w, batch: grpo_loss(transformer_log_probs(w, batch), batch))
 
 
 def log_probs_of(weights: dict[str, np.ndarray], batch: dict[str, np.ndarray]) -> np.ndarray:
