@@ -25,7 +25,6 @@ and by π_old bin; plus the chosen tokens' fp32 logits.  The rule that reads it 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -41,6 +40,7 @@ if str(ROOT) not in sys.path:
 
 from offpolicylab.behavior import recompute_behavior_logp  # noqa: E402
 from offpolicylab.policies.precision import sampler_weights  # noqa: E402
+from offpolicylab.run_dir import write_json  # noqa: E402
 from offpolicylab.worlds import synthetic_lm_v6 as v6  # noqa: E402
 
 CLIP = 0.18
@@ -154,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                        for key in found if ":" in key and "drift" not in key)
         print(f"{name}: distill {seconds:.0f} s CPU; z_y p50 {found['chosen_logit']['p50']:.1f}; {row}", flush=True)
         if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(results, indent=1) + "\n")
+            write_json(args.json, results)
     return 0
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from offpolicylab.run_dir import write_json  # noqa: E402
 from offpolicylab.worlds.gsm8k import GSM8kWorld, load_problems  # noqa: E402
 
 EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0 + 1e-9)
@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     out = screen(args.model, args.data, args.prompts, args.group, args.max_new, args.seed, args.lr)
     print(report(out))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
     return 0
 
 

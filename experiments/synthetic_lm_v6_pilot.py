@@ -23,7 +23,6 @@ error over the seeds (sd / √n), the mean final as a multiple of on-policy GRPO
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -41,6 +40,7 @@ if str(ROOT / "experiments") not in sys.path:
 from collapse_experiment import GRID_CSV_COLUMNS, grid_csv, j_curve, run_stats  # noqa: E402
 
 from offpolicylab import plots  # noqa: E402
+from offpolicylab.run_dir import write_json  # noqa: E402
 
 CSV_COLUMNS = (*GRID_CSV_COLUMNS, "fell", "fell_update")
 MEANS = ("clip_frac", "mask_frac", "accept_rate", "ratio_p999", "m2", "ess", "log_ratio_abs_mean", "entropy",
@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             frame.to_csv(path, index=False)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(mechanisms, indent=1) + "\n")
+        write_json(args.json, mechanisms)
     return 0
 
 

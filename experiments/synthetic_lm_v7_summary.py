@@ -15,6 +15,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from offpolicylab.run_dir import write_json
+
 
 def summary(run: Path) -> dict[str, Any]:
     with open(run / "metrics.csv", newline="") as fh:
@@ -47,8 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {one['updates']} updates, clip {one['clip_frac_mean']:.4%} (by lag {one['clip_frac_by_lag']}), "
               f"sampler_kl first 20 {one['sampler_kl_first20']:.3g}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
     return 0
 
 

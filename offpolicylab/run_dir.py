@@ -652,6 +652,13 @@ def write_text_atomically(path: Path, text: str) -> None:
     _atomic_write_bytes(path, text.encode())
 
 
+def write_json(path: Path, data: Any) -> None:
+    """``data`` as indented JSON at ``path`` (its folder created), replaced atomically: the result files the
+    experiment scripts write with ``--json``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(path, json.dumps(data, indent=1) + "\n")
+
+
 # -------------------------------------------------------------------------------------------- environment record
 #: Packages whose versions config.json records (those installed).
 ENVIRONMENT_PACKAGES = ("offpolicylab", "torch", "numpy", "scipy", "gymnasium", "transformers", "peft",
