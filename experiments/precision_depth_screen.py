@@ -18,6 +18,10 @@ token, |Δ log π| between (log-softmax always in fp32 from the logits, as ``tra
 * ``step:<p>`` — the precision's share of a one-update log-ratio: θ' = θ + lr · sign(ξ) on every fp32 master weight
   (ξ ~ N(0, 1) seeded, lr ``--lr``), |[log π_p(θ') − log π_p(θ)] − [log π_32(θ') − log π_32(θ)]|.
 
+``--trainer-weights cast``: the trainer's 16-bit forwards (every row but ``engine``'s sampler side and the fp32
+reference) read 16-bit copies of every weight, as FSDP's ``param_dtype`` runs them (``trainer_weights=cast``).
+``--shapes none``: v6's shipped π₀ alone.
+
 Each comparison reports p99, p99.9, max and the share beyond 0.18 (ε = 0.2's upper clip edge in log space), overall
 and by π_old bin; plus the chosen tokens' fp32 logits.  The rule that reads it is in docs/synthetic_lm_v7.md.
 """
@@ -77,9 +81,13 @@ def student(shape: tuple[int, int], steps: int) -> tuple[Any, float]:
     return world.pretrained_policy(), time.process_time() - start
 
 
+WEIGHTS = {"value": "master"}  # the trainer's weights in its 16-bit forwards (--trainer-weights)
+
+
 def logp_of(policy: Any, rollout: Any, precision: str, micro_batch: int = 0) -> np.ndarray:
-    """The valid tokens' log π under ``precision`` autocast (the trainer's forward), in micro-batches or whole."""
-    policy.set_trainer_precision(precision)
+    """The valid tokens' log π under ``precision`` (the trainer's forward, on the weights ``--trainer-weights``
+    names), in micro-batches or whole."""
+    policy.set_trainer_precision(precision, weights="master" if precision == "fp32" else WEIGHTS["value"])
     scored = recompute_behavior_logp(policy, rollout, micro_batch).behavior_logp
     policy.set_trainer_precision("fp32")
     return scored[rollout.response_mask > 0].double().numpy()
@@ -128,7 +136,10 @@ def screen_one(policy: Any, world: Any, prompts: int, group: int, micro_batch: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="2x64,4x64,8x64", help="layers x width, comma-separated")
+    parser.add_argument("--shapes", default="2x64,4x64,8x64", help="layers x width, comma-separated; none: the anchor "
+                                                                 "alone")
+    parser.add_argument("--trainer-weights", default="master", choices=("master", "cast"),
+                        help="the weights the trainer's 16-bit forwards read (trainer_weights)")
     parser.add_argument("--distill-steps", type=int, default=150)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--group", type=int, default=8)
@@ -139,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    WEIGHTS["value"] = args.trainer_weights
     world = v6.ChainLM()
-    shapes = [tuple(int(x) for x in item.split("x")) for item in args.shapes.split(",")]
+    shapes = [] if args.shapes == "none" else [tuple(int(x) for x in item.split("x")) for item in args.shapes.split(",")]
     plan = ([] if args.no_anchor else [("v6_pi0 2x64 (600 steps)", (2, 64), 0)]) + [
         (f"{layers}x{width} ({args.distill_steps} steps)", (layers, width), args.distill_steps)
         for layers, width in shapes]

@@ -14,7 +14,7 @@ from typing import Any
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
 from offpolicylab.policies.autoregressive import TOKEN_DRAWS, AutoregressivePolicy, check_token_draw
 from offpolicylab.policies.hf import PLANNED_PARAMS, hf_policy_params, make_hf_policy
-from offpolicylab.policies.mixed_precision import TRAINER_PRECISIONS
+from offpolicylab.policies.mixed_precision import TRAINER_PRECISIONS, TRAINER_WEIGHTS
 from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
@@ -73,20 +73,24 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
                       sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
-                      lm_head_fp32: bool, logp_micro_batch: int, **sizes: int | None) -> TransformerPolicy:
+                      lm_head_fp32: bool, logp_micro_batch: int, trainer_weights: str,
+                      **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights; scored in
-    ``trainer_precision`` (:mod:`offpolicylab.policies.mixed_precision`); ``logp_micro_batch`` > 0: the behaviour
+    ``trainer_precision`` from ``trainer_weights`` (:mod:`offpolicylab.policies.mixed_precision`); ``logp_micro_batch`` > 0: the behaviour
     log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`).  A
     pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the options left at
-    their defaults (fp32, fp32, 0)."""
+    their defaults (fp32, fp32, 0, master)."""
     suggested = getattr(world, "policy_defaults", {}) if init == "pretrained" else {}  # a preset's engines
     trainer_precision = str(suggested.get("trainer_precision", trainer_precision)) if trainer_precision == "fp32" \
         else trainer_precision
     sampler_precision = str(suggested.get("sampler_precision", sampler_precision)) if sampler_precision == "fp32" \
         else sampler_precision
     logp_micro_batch = int(suggested.get("logp_micro_batch", 0)) if logp_micro_batch == 0 else logp_micro_batch
+    trainer_weights = str(suggested.get("trainer_weights", trainer_weights)) if trainer_weights == "master" \
+        else trainer_weights
     policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, sampler_precision, token_draw,
                                 compiled, trainer_precision, lm_head_fp32, sizes)
+    policy.set_trainer_precision(trainer_precision, lm_head_fp32, trainer_weights)
     policy.logp_micro_batch = logp_micro_batch
     return policy
 
@@ -158,6 +162,10 @@ POLICIES.register("transformer", build_transformer, {
                                    "fp16 with a dynamic loss scale (docs/sampler_precision.md)"),
     "lm_head_fp32": Param(False, bool, doc="compute the LM head in fp32 under a 16-bit trainer_precision "
                                            "(MiniMax-M1's fix)"),
+    "trainer_weights": Param("master", str, choices=TRAINER_WEIGHTS,
+                             doc="which weights a 16-bit trainer forward reads: master = the fp32 masters (autocast "
+                                 "rounds the matrix products only); cast = 16-bit copies of every weight (FSDP "
+                                 "param_dtype: embeddings, residual stream and LayerNorms round too)"),
     "logp_micro_batch": Param(0, int, low=0, doc="> 0: the trainer recomputes the behaviour (old) log-probs right "
                                                   "after generation in micro-batches of this many rows, as verl does; "
                                                   "0: they come from the sampling pass (fp32) or one forward"),

@@ -19,6 +19,15 @@ dtype), and it needs no second copy of the weights.
   whose gradients hold an inf or NaN is skipped and S halved; after 2000 finite steps S doubles), as fp16 training
   runs (Micikevicius et al. 2018, "Mixed Precision Training", arXiv:1710.03740).
 
+``trainer_weights`` says which weights the 16-bit forward reads:
+
+- ``master``: the fp32 master weights, autocast rounding only the matrix products' inputs and outputs (the
+  embeddings, the residual stream and every LayerNorm stay fp32) — ``torch.autocast`` alone;
+- ``cast``: 16-bit copies of every weight, made from the masters for each forward (:func:`cast_parameters`), so the
+  embeddings, the residual stream, every LayerNorm, the attention softmax and the logits are 16-bit too — the actor
+  as FSDP's ``MixedPrecision(param_dtype=torch.bfloat16)`` runs it (verl's default; Zhao et al. 2023, "PyTorch
+  FSDP", arXiv:2304.11277).  The casts are differentiable: the gradient reaches the fp32 masters.
+
 ``lm_head_fp32 = True`` computes the LM head (the last linear map) in fp32 from the hidden state, so the logits are
 fp32 while the body rounds: MiniMax-M1's fix of the training–inference mismatch (MiniMax 2025, arXiv:2506.13585,
 §3.2).
@@ -32,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 TRAINER_PRECISIONS = ("fp32", "bf16", "fp16")
+TRAINER_WEIGHTS = ("master", "cast")
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: unit roundoff u = 2^-p of each dtype (p significant bits, the implicit one included: bf16 8, fp16 11, fp32 24)
 UNIT_ROUNDOFF = {"fp32": 2.0 ** -24, "bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
@@ -42,6 +52,26 @@ def check_trainer_precision(precision: str) -> str:
     if precision not in TRAINER_PRECISIONS:
         raise ValueError(f"trainer_precision={precision!r} is invalid; valid: {', '.join(TRAINER_PRECISIONS)}")
     return precision
+
+
+def check_trainer_weights(weights: str, precision: str) -> str:
+    """``weights`` if it is one of :data:`TRAINER_WEIGHTS` and, for ``cast``, ``precision`` is 16-bit; else
+    ``ValueError`` saying what is valid."""
+    if weights not in TRAINER_WEIGHTS:
+        raise ValueError(f"trainer_weights={weights!r} is invalid; valid: {', '.join(TRAINER_WEIGHTS)}")
+    if weights == "cast" and precision == "fp32":
+        raise ValueError("trainer_weights=cast needs a 16-bit trainer_precision (bf16 or fp16), got fp32; valid: "
+                         "trainer_weights=master with fp32")
+    return weights
+
+
+def cast_parameters(module: nn.Module, precision: str) -> dict[str, Tensor]:
+    """{name: dtype(θ)} for every floating parameter θ of ``module`` (``precision``'s 16-bit dtype): the copies a
+    ``trainer_weights=cast`` forward reads through ``torch.func.functional_call``.  ``Tensor.to`` is differentiable,
+    so ∂ℓ/∂θ = fp32(∂ℓ/∂dtype(θ)) reaches the fp32 master."""
+    dtype = AUTOCAST_DTYPES[precision]
+    return {name: param.to(dtype) if param.is_floating_point() else param
+            for name, param in module.named_parameters()}
 
 
 def trainer_autocast(precision: str, device: torch.device | str = "cpu") -> contextlib.AbstractContextManager:

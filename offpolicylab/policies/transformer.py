@@ -36,7 +36,9 @@ from torch import Tensor, nn
 
 from offpolicylab.policies.autoregressive import ModulePolicy
 from offpolicylab.policies.mixed_precision import (
+    cast_parameters,
     check_trainer_precision,
+    check_trainer_weights,
     head_logits,
     loss_scaler,
     trainer_autocast,
@@ -238,7 +240,7 @@ class TransformerPolicy(ModulePolicy):
     ``max(prompt_vocab_size, vocab_size)``.  ``seed`` makes the initial weights reproducible (a private RNG);
     ``state`` (a :meth:`state_dict`) starts the policy from given weights, e.g. a world's pretrained π₀;
     ``token_draw`` and ``compiled``: see :mod:`offpolicylab.policies.autoregressive` and the module docstring;
-    ``trainer_precision`` and ``lm_head_fp32``: the precision of the scoring forward
+    ``trainer_precision``, ``lm_head_fp32`` and ``trainer_weights``: the precision of the scoring forward
     (:mod:`offpolicylab.policies.mixed_precision`); ``loss_scaler`` is fp16's dynamic loss scale (else None)."""
 
     SCALER_KEY = "loss_scaler."  # state_dict keys of the loss scaler's state (fp16)
@@ -247,9 +249,10 @@ class TransformerPolicy(ModulePolicy):
                  prompt_vocab_size: int | None = None, max_prompt_len: int = 16, d_model: int = 64,
                  num_layers: int = 2, num_heads: int = 4, sampler_noise_std: float = 0.0, seed: int = 0,
                  state: dict[str, Tensor] | None = None, sampler_precision: str = "fp32", token_draw: str = "race",
-                 compiled: bool = False, trainer_precision: str = "fp32", lm_head_fp32: bool = False) -> None:
+                 compiled: bool = False, trainer_precision: str = "fp32", lm_head_fp32: bool = False,
+                 trainer_weights: str = "master") -> None:
         self._init_common(vocab_size, response_len, eos_id, sampler_noise_std, sampler_precision, token_draw)
-        self.set_trainer_precision(trainer_precision, lm_head_fp32)
+        self.set_trainer_precision(trainer_precision, lm_head_fp32, trainer_weights)
         prompt_vocab_size = vocab_size if prompt_vocab_size is None else int(prompt_vocab_size)
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
@@ -274,14 +277,27 @@ class TransformerPolicy(ModulePolicy):
         tokens = torch.cat([prompt, response_ids[:, :-1]], dim=1)
         real = torch.cat([real, torch.ones_like(response_ids[:, :-1], dtype=torch.bool)], dim=1)
         with trainer_autocast(self.trainer_precision, tokens.device):
-            hidden = self.model(tokens, real)
-            return head_logits(self.model.head, hidden[:, prompt.shape[1] - 1:], self.lm_head_fp32)
+            if self.trainer_weights == "master":
+                hidden = self.model(tokens, real)
+                return head_logits(self.model.head, hidden[:, prompt.shape[1] - 1:], self.lm_head_fp32)
+            return self._cast_logits(tokens, real, prompt.shape[1] - 1)
+
+    def _cast_logits(self, tokens: Tensor, real: Tensor, first: int) -> Tensor:
+        """Logits of positions ``first`` … of ``tokens`` from 16-bit copies of every weight
+        (``trainer_weights=cast``); with ``lm_head_fp32`` the head reads its fp32 masters."""
+        weights = cast_parameters(self.model, self.trainer_precision)
+        hidden = torch.func.functional_call(self.model, weights, (tokens, real))[:, first:]
+        if self.lm_head_fp32:
+            return head_logits(self.model.head, hidden, True)
+        head = {name: weights["head." + name] for name, _ in self.model.head.named_parameters()}
+        return torch.func.functional_call(self.model.head, head, (hidden,))
 
     # ------------------------------------------------------------------------------------------ trainer precision
-    def set_trainer_precision(self, precision: str, lm_head_fp32: bool = False) -> None:
-        """The scoring forward's precision and LM head (module :mod:`~offpolicylab.policies.mixed_precision`); a
-        fresh loss scaler for fp16."""
+    def set_trainer_precision(self, precision: str, lm_head_fp32: bool = False, weights: str = "master") -> None:
+        """The scoring forward's precision, LM head and weights (module
+        :mod:`~offpolicylab.policies.mixed_precision`); a fresh loss scaler for fp16."""
         self.trainer_precision = check_trainer_precision(precision)
+        self.trainer_weights = check_trainer_weights(weights, self.trainer_precision)
         self.lm_head_fp32 = bool(lm_head_fp32)
         self.loss_scaler = loss_scaler(self.trainer_precision)
 
