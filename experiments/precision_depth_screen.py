@@ -81,13 +81,10 @@ def student(shape: tuple[int, int], steps: int) -> tuple[Any, float]:
     return world.pretrained_policy(), time.process_time() - start
 
 
-WEIGHTS = {"value": "master"}  # the trainer's weights in its 16-bit forwards (--trainer-weights)
-
-
-def logp_of(policy: Any, rollout: Any, precision: str, micro_batch: int = 0) -> np.ndarray:
-    """The valid tokens' log π under ``precision`` (the trainer's forward, on the weights ``--trainer-weights``
-    names), in micro-batches or whole."""
-    policy.set_trainer_precision(precision, weights="master" if precision == "fp32" else WEIGHTS["value"])
+def logp_of(policy: Any, rollout: Any, precision: str, micro_batch: int = 0, weights: str = "master") -> np.ndarray:
+    """The valid tokens' log π under ``precision`` (the trainer's forward on ``weights``: ``trainer_weights``),
+    in micro-batches or whole."""
+    policy.set_trainer_precision(precision, weights="master" if precision == "fp32" else weights)
     scored = recompute_behavior_logp(policy, rollout, micro_batch).behavior_logp
     policy.set_trainer_precision("fp32")
     return scored[rollout.response_mask > 0].double().numpy()
@@ -103,7 +100,7 @@ def engine_logp(policy: Any, rollout: Any, precision: str) -> np.ndarray:
 
 
 def screen_one(policy: Any, world: Any, prompts: int, group: int, micro_batch: int, lr: float,
-               seed: int) -> dict[str, Any]:
+               seed: int, weights: str = "master") -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     batch = world.sample_prompts(prompts, generator)
     rollout = policy.sample(batch, group, 1.0, generator)
@@ -126,11 +123,13 @@ def screen_one(policy: Any, world: Any, prompts: int, group: int, micro_batch: i
         "step:fp32 drift": stats(np.abs(drift), old),
     }
     for precision in ("bf16", "fp16"):
-        whole = logp_of(policy, rollout, precision)
+        whole = logp_of(policy, rollout, precision, weights=weights)
         out[f"rounding:{precision}"] = stats(np.abs(whole - old), old)
-        out[f"batching:{precision}"] = stats(np.abs(logp_of(policy, rollout, precision, micro_batch) - whole), old)
+        out[f"batching:{precision}"] = stats(np.abs(logp_of(policy, rollout, precision, micro_batch, weights)
+                                                    - whole), old)
         out[f"engine:{precision}"] = stats(np.abs(engine_logp(policy, rollout, precision) - whole), old)
-        out[f"step:{precision}"] = stats(np.abs(logp_of(moved, rollout, precision) - whole - drift), old)
+        out[f"step:{precision}"] = stats(np.abs(logp_of(moved, rollout, precision, weights=weights) - whole - drift),
+                                         old)
     return out
 
 
@@ -150,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    WEIGHTS["value"] = args.trainer_weights
     world = v6.ChainLM()
     shapes = [] if args.shapes == "none" else [tuple(int(x) for x in item.split("x")) for item in args.shapes.split(",")]
     plan = ([] if args.no_anchor else [("v6_pi0 2x64 (600 steps)", (2, 64), 0)]) + [
@@ -159,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"smollm2": SMOLLM2, "args": vars(args) | {"json": str(args.json)}, "students": {}}
     for name, shape, steps in plan:
         policy, seconds = student(shape, steps)
-        found = screen_one(policy, world, args.prompts, args.group, args.micro_batch, args.lr, args.seed)
+        found = screen_one(policy, world, args.prompts, args.group, args.micro_batch, args.lr, args.seed,
+                           args.trainer_weights)
         found["distill_cpu_s"] = seconds
         results["students"][name] = found
         row = " ".join(f"{key} {found[key]['beyond_clip']:.4%}/{found[key]['p999']:.3f}"

@@ -168,3 +168,67 @@ def test_cli_refuses_batched_16_bit_seeds_and_an_unknown_precision(tmp_path, cap
     err = refused([*base, "--policy-param", "trainer_precision=fp8"], capsys)
     assert "trainer_precision" in err and "fp32, bf16, fp16" in err
     assert not (tmp_path / "out").exists()
+
+
+#: ``trainer_weights=cast`` rounds, besides the SITES of the autocast path, every weight of each product (one more
+#: site per product: 6·L + 1), the two embeddings and their sum (3), each LayerNorm's output (2·L + 1), each residual
+#: sum (2·L), each attention softmax and GELU output (2·L): 6·4·L + 4 + 3 + 2·L + 1 + 2·L + 2·L
+CAST_SITES = 6 * 4 * LAYERS + 4 + 3 + 6 * LAYERS + 1
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cast_weights_gradient_matches_fp32_within_the_dtypes_unit_roundoff(precision, rollout):
+    """As for the autocast path, with CAST_SITES roundings in series: ‖g − g₃₂‖ / ‖g₃₂‖ ≈ √CAST_SITES · u (8.2 u
+    here), bounded by 9 u, and more than u / 8."""
+    reference, _ = gradient("fp32", rollout)
+    grad, _ = gradient(precision, rollout, trainer_weights="cast")
+    u = UNIT_ROUNDOFF[precision]
+    error = float((grad - reference).norm() / reference.norm())
+    assert 9 * u >= math.sqrt(CAST_SITES) * u
+    assert u / 8 < error < 9 * u, (precision, error / u)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cast_weights_is_the_network_run_in_the_16_bit_dtype(precision, rollout):
+    """trainer_weights=cast: the logits and the gradient are those of a copy of the network whose every weight is
+    stored in the 16-bit dtype (``Module.to(dtype)``, no autocast), bit for bit; the fp32 masters get that copy's
+    gradient converted to fp32 and stay fp32."""
+    net = policy(precision, trainer_weights="cast")
+    copy = policy("fp32")
+    copy.model.load_state_dict(net.model.state_dict())
+    copy.model.to(torch.float16 if precision == "fp16" else torch.bfloat16)
+    logp, _ = net.score(rollout)
+    reference, _ = copy.score(rollout)
+    assert torch.equal(logp, reference)
+    logp.sum().backward()
+    reference.sum().backward()
+    for master, low in zip(net.trainable_parameters(), copy.trainable_parameters(), strict=True):
+        assert master.dtype == torch.float32 and master.grad.dtype == torch.float32
+        assert torch.equal(master.grad, low.grad.float())
+
+
+def test_cast_weights_differ_from_autocast_on_the_master_weights(rollout):
+    """The residual stream and LayerNorms round under cast, not under autocast alone: the two 16-bit forwards give
+    different log-probs, each within bf16's rounding of fp32's."""
+    with torch.no_grad():
+        full = policy("fp32").score(rollout)[0]
+        master = policy("bf16").score(rollout)[0]
+        cast = policy("bf16", trainer_weights="cast").score(rollout)[0]
+    assert not torch.equal(master, cast)
+    for logp in (master, cast):
+        assert 0 < float((logp - full).abs().max()) < 1.0
+
+
+def test_cast_weights_with_an_fp32_trainer_is_refused(tmp_path, capsys):
+    """docs/bad_input.md: cast needs a 16-bit trainer_precision; an unknown value names the valid ones."""
+    from tests.cli.test_hostile_inputs import refused
+
+    with pytest.raises(ValueError, match="trainer_weights=cast needs a 16-bit trainer_precision"):
+        policy("fp32", trainer_weights="cast")
+    base = ["run", "--world", "token_mdp", "--objective", "grpo", "--policy", "transformer", "--policy-param",
+            "init=random", "--updates", "2", "--out", str(tmp_path / "out")]
+    err = refused([*base, "--policy-param", "trainer_weights=cast"], capsys)
+    assert "trainer_weights=cast needs a 16-bit trainer_precision (bf16 or fp16), got fp32" in err
+    err = refused([*base, "--policy-param", "trainer_weights=fsdp"], capsys)
+    assert "trainer_weights" in err and "master, cast" in err
+    assert not (tmp_path / "out").exists()

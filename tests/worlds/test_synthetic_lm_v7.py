@@ -24,5 +24,9 @@ def test_v7_trains_with_its_engines_unless_told_otherwise() -> None:
     policy = make_policy("transformer", world, trainer_precision="fp16", sampler_precision="fp16",
                          logp_micro_batch=8)
     assert (policy.trainer_precision, policy.sampler_precision, policy.logp_micro_batch) == ("fp16", "fp16", 8)
+    assert make_policy("transformer", world).trainer_weights == "master"  # the preset's forward: autocast alone
+    cast = make_policy("transformer", world, trainer_weights="cast")
+    assert (cast.trainer_precision, cast.trainer_weights) == ("bf16", "cast")
     plain = make_policy("transformer", make_world("synthetic_lm", preset="seed_scale_v6"))
     assert (plain.trainer_precision, plain.sampler_precision, plain.logp_micro_batch) == ("fp32", "fp32", 0)
+    assert plain.trainer_weights == "master"
