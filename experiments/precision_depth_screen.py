@@ -20,7 +20,9 @@ token, |Δ log π| between (log-softmax always in fp32 from the logits, as ``tra
 
 ``--trainer-weights cast``: the trainer's 16-bit forwards (every row but ``engine``'s sampler side and the fp32
 reference) read 16-bit copies of every weight, as FSDP's ``param_dtype`` runs them (``trainer_weights=cast``).
-``--shapes none``: v6's shipped π₀ alone.
+``--shapes none``: v6's shipped π₀ alone.  ``--logit-offset c``: every student's logits shifted by c
+(``logit_offset``).  ``chosen_logit.offset_rule`` is the smallest multiple of 0.5 that lifts SmolLM2-135M's share
+of chosen-token fp32 logits ≥ 32 (12.4 %) into the unshifted student (docs/synthetic_lm_v7.md, part 5's rule).
 
 Each comparison reports p99, p99.9, max and the share beyond 0.18 (ε = 0.2's upper clip edge in log space), overall
 and by π_old bin; plus the chosen tokens' fp32 logits.  The rule that reads it is in docs/synthetic_lm_v7.md.
@@ -49,7 +51,7 @@ from offpolicylab.worlds import synthetic_lm_v6 as v6  # noqa: E402
 
 CLIP = 0.18
 EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0 + 1e-9)
-SMOLLM2 = {"beyond_clip": 0.0102, "p999": 0.296}
+SMOLLM2 = {"beyond_clip": 0.0102, "p999": 0.296, "chosen_logit_share_ge_32": 0.124}
 
 
 def stats(delta: np.ndarray, old: np.ndarray) -> dict[str, Any]:
@@ -66,6 +68,14 @@ def stats(delta: np.ndarray, old: np.ndarray) -> dict[str, Any]:
                                                         "share": float(((pi >= lo) & (pi < hi)).mean())}
                         for lo, hi in zip(EDGES[:-1], EDGES[1:], strict=True)}
     return out
+
+
+def offset_rule(chosen: np.ndarray, share: float = SMOLLM2["chosen_logit_share_ge_32"]) -> float:
+    """The smallest c ∈ 0.5·ℕ with mean(z + c ≥ 32) ≥ ``share`` over the chosen-token fp32 logits z."""
+    c = 0.0
+    while (chosen + c >= 32).mean() < share:
+        c += 0.5
+    return c
 
 
 def student(shape: tuple[int, int], steps: int) -> tuple[Any, float]:
@@ -118,7 +128,7 @@ def screen_one(policy: Any, world: Any, prompts: int, group: int, micro_batch: i
     out: dict[str, Any] = {
         "tokens": int(len(old)),
         "chosen_logit": {"p50": float(np.median(chosen)), "p99": float(np.quantile(chosen, 0.99)),
-                         "share_ge_32": float((np.abs(chosen) >= 32).mean())},
+                         "share_ge_32": float((np.abs(chosen) >= 32).mean()), "offset_rule": offset_rule(chosen)},
         "share_pi_old_ge_0.9": float((np.exp(old) >= 0.9).mean()),
         "step:fp32 drift": stats(np.abs(drift), old),
     }
@@ -137,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="2x64,4x64,8x64", help="layers x width, comma-separated; none: the anchor "
                                                                  "alone")
+    parser.add_argument("--logit-offset", type=float, default=0.0, help="shift every student's logits by c")
     parser.add_argument("--trainer-weights", default="master", choices=("master", "cast"),
                         help="the weights the trainer's 16-bit forwards read (trainer_weights)")
     parser.add_argument("--distill-steps", type=int, default=150)
@@ -157,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"smollm2": SMOLLM2, "args": vars(args) | {"json": str(args.json)}, "students": {}}
     for name, shape, steps in plan:
         policy, seconds = student(shape, steps)
+        policy.shift_logits(args.logit_offset)
         found = screen_one(policy, world, args.prompts, args.group, args.micro_batch, args.lr, args.seed,
                            args.trainer_weights)
         found["distill_cpu_s"] = seconds

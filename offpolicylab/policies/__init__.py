@@ -73,13 +73,14 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
                       sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
-                      lm_head_fp32: bool, logp_micro_batch: int, trainer_weights: str,
+                      lm_head_fp32: bool, logp_micro_batch: int, trainer_weights: str, logit_offset: float,
                       **sizes: int | None) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights; scored in
-    ``trainer_precision`` from ``trainer_weights`` (:mod:`offpolicylab.policies.mixed_precision`); ``logp_micro_batch`` > 0: the behaviour
+    ``trainer_precision`` from ``trainer_weights`` (:mod:`offpolicylab.policies.mixed_precision`), every logit
+    shifted by ``logit_offset`` (:meth:`~offpolicylab.policies.transformer.TransformerPolicy.shift_logits`); ``logp_micro_batch`` > 0: the behaviour
     log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`).  A
     pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the options left at
-    their defaults (fp32, fp32, 0, master)."""
+    their defaults (fp32, fp32, 0, master, 0)."""
     suggested = getattr(world, "policy_defaults", {}) if init == "pretrained" else {}  # a preset's engines
     trainer_precision = str(suggested.get("trainer_precision", trainer_precision)) if trainer_precision == "fp32" \
         else trainer_precision
@@ -91,6 +92,9 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, sampler_precision, token_draw,
                                 compiled, trainer_precision, lm_head_fp32, sizes)
     policy.set_trainer_precision(trainer_precision, lm_head_fp32, trainer_weights)
+    offset = float(suggested.get("logit_offset", 0.0)) if logit_offset == 0.0 else logit_offset
+    if offset:
+        policy.shift_logits(offset)
     policy.logp_micro_batch = logp_micro_batch
     return policy
 
@@ -166,6 +170,10 @@ POLICIES.register("transformer", build_transformer, {
                              doc="which weights a 16-bit trainer forward reads: master = the fp32 masters (autocast "
                                  "rounds the matrix products only); cast = 16-bit copies of every weight (FSDP "
                                  "param_dtype: embeddings, residual stream and LayerNorms round too)"),
+    "logit_offset": Param(0.0, float, low=-64.0, high=64.0,
+                          doc="add c to every logit of the initial weights (the LM head's bias): softmax is unchanged "
+                              "in exact arithmetic, but 16-bit logits round with the spacing of their magnitude, as a "
+                              "real LLM's large logits do (docs/synthetic_lm_v7.md)"),
     "logp_micro_batch": Param(0, int, low=0, doc="> 0: the trainer recomputes the behaviour (old) log-probs right "
                                                   "after generation in micro-batches of this many rows, as verl does; "
                                                   "0: they come from the sampling pass (fp32) or one forward"),

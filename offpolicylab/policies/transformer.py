@@ -292,6 +292,13 @@ class TransformerPolicy(ModulePolicy):
         head = {name: weights["head." + name] for name, _ in self.model.head.named_parameters()}
         return torch.func.functional_call(self.model.head, head, (hidden,))
 
+    def shift_logits(self, offset: float) -> None:
+        """z ← z + c for every logit, through the LM head's bias (b ← b + c): softmax(z + c) = softmax(z) in exact
+        arithmetic, so only rounding sees it — a 16-bit logit rounds with the spacing of its magnitude (bf16: 0.125
+        in [16, 32), 0.25 in [32, 64)), as a real LLM's large logits do."""
+        with torch.no_grad():
+            self.model.head.bias.add_(float(offset))
+
     # ------------------------------------------------------------------------------------------ trainer precision
     def set_trainer_precision(self, precision: str, lm_head_fp32: bool = False, weights: str = "master") -> None:
         """The scoring forward's precision, LM head and weights (module
