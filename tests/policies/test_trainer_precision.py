@@ -232,3 +232,27 @@ def test_cast_weights_with_an_fp32_trainer_is_refused(tmp_path, capsys):
     err = refused([*base, "--policy-param", "trainer_weights=fsdp"], capsys)
     assert "trainer_weights" in err and "master, cast" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_logit_offset_leaves_fp32_log_probs_and_moves_16_bit_rounding(rollout):
+    """logit_offset = c: every logit + c (the head's bias), so fp32 log-probs are unchanged up to fp32 rounding at
+    |z| ≈ 40 (ulp 2⁻¹⁹ ≈ 3.8e-6); bf16 logits ≥ 32 then lie on bf16's grid there, multiples of 0.25."""
+    from offpolicylab.policies import make_policy
+    from offpolicylab.worlds import make_world
+
+    args = (rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index, rollout.response_ids)
+    plain, shifted = policy("fp32"), policy("fp32")
+    shifted.shift_logits(40.0)
+    with torch.no_grad():
+        assert torch.allclose(shifted.response_logits(*args).double() - plain.response_logits(*args).double(),
+                              torch.full((), 40.0, dtype=torch.float64), atol=1e-5, rtol=0)
+        assert float((shifted.score(rollout)[0] - plain.score(rollout)[0]).abs().max()) < 2e-5
+        low = policy("bf16", trainer_weights="cast")
+        low.shift_logits(40.0)
+        logits = low.response_logits(*args).double()
+    assert bool((logits >= 32).all()) and bool((logits < 64).all())
+    assert torch.equal(torch.remainder(logits, 0.25), torch.zeros_like(logits))
+    world = make_world("token_mdp")
+    built = make_policy("transformer", world, init="random", logit_offset=2.5)
+    reference = make_policy("transformer", world, init="random")
+    assert torch.equal(built.model.head.bias, reference.model.head.bias + 2.5)
