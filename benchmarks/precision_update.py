@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 CONFIGS = {
     "v6 fp32": ("seed_scale_v6", {}),
     "v7 bf16": (None, {}),  # the preset's engines: bf16 trainer and sampler, 16-row recompute
+    "v7 bf16 cast": (None, {"trainer_weights": "cast", "logit_offset": 11.5}),  # docs/synthetic_lm_v7.md, part 5
 }
 FP16 = ("v7 fp16", (None, {"trainer_precision": "fp16", "sampler_precision": "fp16"}))
 NO_BF16_ISA = "AVX512_CORE"
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
           f"command: python benchmarks/precision_update.py --updates {args.updates} --threads {args.threads}"
           f"{' --fp16' if args.fp16 else ''}")
     for (name, isa), seconds in medians.items():
-        print(f"{name:8s} ISA {isa:12s} {seconds * 1000:8.1f} ms  {seconds / base:5.2f}x v6 fp32")
+        print(f"{name:12s} ISA {isa:12s} {seconds * 1000:8.1f} ms  {seconds / base:5.2f}x v6 fp32")
     return 0
 
 
