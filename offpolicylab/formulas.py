@@ -16,7 +16,8 @@ from torch import Tensor
 EXP_CLAMP = 80.0
 
 
-def k3(log_ratio: Tensor, cap: float | None = EXP_CLAMP, out: Tensor | None = None) -> Tensor:
+def k3(log_ratio: Tensor, cap: float | None = EXP_CLAMP, out: Tensor | None = None,
+       expm1: Tensor | None = None) -> Tensor:
     """k3 = (r − 1) − log r = e^δ − 1 − δ ≥ 0 per token, δ = ``log_ratio`` = log p(x) − log q(x), x ~ q: the
     unbiased, low-variance estimator of KL(q ‖ p) (J. Schulman 2020, "Approximating KL divergence",
     joschu.net/blog/kl-approx.html).  Computed as expm1(min(δ, cap)) − δ: expm1 keeps k3 ≈ δ²/2 near δ = 0, which
@@ -29,9 +30,18 @@ def k3(log_ratio: Tensor, cap: float | None = EXP_CLAMP, out: Tensor | None = No
     0 instead of 1), so ours does not.  An engine's own clamp of the log-ratio is the caller's (verl's rollout
     correction clamps δ to ±20 before all its estimators and passes the clamped δ); ``cap=None`` is no clamp at all
     (AReaL's code: an infinite δ gives nan, as there).  ``out``: a buffer for the result (no allocation), which may
-    not need gradient."""
+    not need gradient.  ``expm1``: :func:`capped_expm1` of the same arguments when the caller already has it (it may
+    be ``out``)."""
+    term = capped_expm1(log_ratio, cap, out) if expm1 is None else expm1
+    return torch.sub(term, log_ratio, out=out)
+
+
+def capped_expm1(log_ratio: Tensor, cap: float | None = EXP_CLAMP, out: Tensor | None = None) -> Tensor:
+    """r − 1 = e^min(δ, cap) − 1 per token, as expm1 (full relative precision near δ = 0): the term :func:`k3`
+    subtracts δ from, and the ratio r = e^min(δ, cap) (its capped value) as 1 + it.  ``cap`` and ``out``: as
+    :func:`k3`'s."""
     exponent = log_ratio if cap is None else torch.clamp(log_ratio, max=cap, out=out)
-    return torch.sub(torch.expm1(exponent, out=out), log_ratio, out=out)
+    return torch.expm1(exponent, out=out)
 
 
 def kish_ess(weights: Tensor, count: Tensor | float, *, overwrite: bool = False) -> Tensor:
@@ -41,7 +51,13 @@ def kish_ess(weights: Tensor, count: Tensor | float, *, overwrite: bool = False)
     squares are written into ``weights`` (a scratch buffer the caller no longer needs; no allocation)."""
     total = weights.sum(-1)
     square = (weights.mul_(weights) if overwrite else weights * weights).sum(-1)
-    return total ** 2 / (count * square).clamp_min(torch.finfo(weights.dtype).tiny)
+    return kish_ess_of_sums(total, square, count)
+
+
+def kish_ess_of_sums(total: Tensor, square: Tensor, count: Tensor | float) -> Tensor:
+    """:func:`kish_ess` from its sums: (Σ w)² / (n·Σ w²) with ``total`` = Σ w, ``square`` = Σ w² (any positive
+    scale of the weights gives the same value); 0 when Σ w² = 0."""
+    return total ** 2 / (count * square).clamp_min(torch.finfo(square.dtype).tiny)
 
 
 def clip_bounds(eps_low: float, eps_high: float) -> tuple[float, float]:

@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from offpolicylab.formulas import EXP_CLAMP, clip_bounds, clip_ratio, clipped, k3, kish_ess
+from offpolicylab.formulas import (
+    EXP_CLAMP,
+    capped_expm1,
+    clip_bounds,
+    clip_ratio,
+    clipped,
+    k3,
+    kish_ess,
+    kish_ess_of_sums,
+)
 
 
 def test_k3_is_schulmans_r_minus_1_minus_log_r() -> None:
@@ -33,6 +42,27 @@ def test_kish_ess_is_sum_squared_over_n_sum_of_squares() -> None:
                            dtype=torch.float64)
     counts = torch.tensor([3.0, 4.0, 4.0, 4.0], dtype=torch.float64)
     assert kish_ess(weights, counts).tolist() == pytest.approx([6 / 7, 1.0, 0.25, 0.0], rel=1e-15)
+
+
+def test_k3_from_a_given_expm1_and_the_ratio_from_it() -> None:
+    """capped_expm1 = e^min(δ, 80) − 1 by hand (δ = ln 2 → 1, δ = 0 → 0, δ = 100 → e^80 − 1); k3 from it given (in
+    the same buffer, as the ratio summary does) equals k3 computed alone, bit for bit; 1 + it is the capped ratio."""
+    delta = torch.tensor([math.log(2.0), 0.0, -1.0, 100.0], dtype=torch.float64)
+    term = capped_expm1(delta)
+    assert term.tolist() == pytest.approx([1.0, 0.0, math.exp(-1.0) - 1.0, math.exp(EXP_CLAMP) - 1.0], rel=1e-15)
+    buffer = capped_expm1(delta, out=torch.empty_like(delta))
+    assert torch.equal(k3(delta, out=buffer, expm1=buffer), k3(delta))
+    assert (1.0 + term).tolist() == pytest.approx([2.0, 1.0, math.exp(-1.0), math.exp(EXP_CLAMP)], rel=1e-15)
+
+
+def test_kish_ess_of_sums_is_kish_ess_and_scale_free() -> None:
+    """(Σw)² / (n·Σw²) from the sums: w = 1, 2, 3 over n = 3 → 36 / (3·14) = 6/7, the same from the means (n = 1) and
+    from 1000·w; 0 when Σw² = 0."""
+    sums = torch.tensor([6.0, 0.0], dtype=torch.float64)
+    squares = torch.tensor([14.0, 0.0], dtype=torch.float64)
+    assert kish_ess_of_sums(sums, squares, 3.0).tolist() == pytest.approx([6 / 7, 0.0], rel=1e-15)
+    assert float(kish_ess_of_sums(sums[0] / 3, squares[0] / 3, 1.0)) == pytest.approx(6 / 7, rel=1e-15)
+    assert float(kish_ess_of_sums(1e3 * sums[0], 1e6 * squares[0], 3.0)) == pytest.approx(6 / 7, rel=1e-15)
 
 
 def test_ppo_clip_bounds_clip_and_clipped_tokens() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from offpolicylab.formulas import EXP_CLAMP, clipped, k3, kish_ess
+from offpolicylab.formulas import EXP_CLAMP, capped_expm1, clipped, k3, kish_ess, kish_ess_of_sums
 
 # Log-ratios are clamped at EXP_CLAMP (80) before exp, so exp never overflows.
 
@@ -119,45 +119,82 @@ def ratio_summary(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     return fused_ratio_summary(delta, mask)
 
 
-def fused_ratio_summary(
-    delta: Tensor, mask: Tensor, ratio: Tensor | None = None, ess: Tensor | None = None, blocks: int = 1
-) -> dict[str, Tensor]:
-    """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
-    :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``; ``ratio`` = e^Δ may be
-    passed when the caller already has it (it is capped at e^80 here, i.e. exp(min(Δ, 80))), and so may ``ess``
-    (:func:`effective_sample_size` of the same arguments).  ``blocks`` > 1: the statistics of each of ``blocks``
-    equal consecutive row blocks (several runs' batches joined row-wise), each a [blocks] tensor, every block reduced
-    exactly as it would be alone (one call for a stack of runs instead of one per run).
+#: The mean ratio below which :func:`fused_ratio_summary` takes a block's ratio statistics from e^Δ instead of from
+#: 1 + (e^Δ − 1): the latter is within 2⁻²⁴ of e^Δ in absolute terms, so it keeps float32's relative precision only
+#: for ratios that are not small, and a mean of at least this keeps the mean and the ESS so.
+RATIO_MEAN_FLOOR = 0.125
 
-    Fused: an exp for r (none when ``ratio`` is given), one for the ESS weights (none when ``ess`` is given) and an
-    expm1 for k3; one reduction per statistic; the padding removed by multiplying with the 0/1 mask (no
-    ``torch.where``, no boolean tensors, no host sync); every elementwise step written into one scratch buffer (no
-    allocation per statistic).  Exact, not approximate: every statistic sums exactly the terms the unfused definition
-    sums, so the results are bit-identical to masking each statistic separately.  The 99.9th percentile and the max
-    come from the ⌈0.001·(N − 1)⌉ + 2 largest masked ratios (:func:`largest`, N = B·T) instead of a sort of all N:
-    with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all of them.
+#: Ratios below e^80 were not capped (:data:`~offpolicylab.formulas.EXP_CLAMP`), so their ESS is that of e^Δ.
+_UNCAPPED = math.exp(EXP_CLAMP)
+
+#: The per-token rows :func:`fused_ratio_summary` writes and sums in one reduction: k3, r·m, (r·m)², |Δ|, Δ².
+_ROWS = ("kl_k3", "ratio_mean", "square", "log_ratio_abs_mean", "m2")
+
+
+def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Tensor | None = None
+                        ) -> dict[str, Tensor]:
+    """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
+    :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask`` (``tokens``: Σ mask per
+    block when the caller has it).  ``blocks`` > 1: the statistics of each of ``blocks`` equal consecutive row blocks
+    (several runs' batches joined row-wise), each a [blocks] tensor, every block reduced exactly as it would be
+    alone (one call for a stack of runs instead of one per run).
+
+    Fused: one transcendental, e = e^min(Δ, 80) − 1 (:func:`~offpolicylab.formulas.capped_expm1`; 0 on padding,
+    where Δ = 0), gives k3 = e − Δ (:func:`~offpolicylab.formulas.k3`, the same steps) and the valid ratios
+    r·m = e + m (r on valid tokens, 0 on padding), from which the mean, the ESS
+    (:func:`~offpolicylab.formulas.kish_ess_of_sums` of the means of r·m and (r·m)²: ESS is scale-free) and the max
+    and 99.9th percentile are read.  The five per-token terms k3, r·m, (r·m)², |Δ|, Δ² are written into the rows of
+    one scratch buffer and summed by one reduction; the padding is removed by the 0/1 mask (no ``torch.where``, no
+    boolean tensors, no host sync).  The 99.9th percentile and the max come from the ⌈0.001·(N − 1)⌉ + 2 largest r·m
+    (:func:`largest`, N = B·T) instead of a sort of all N: with r ≥ 0 and the padding at 0, the top ranks of the
+    valid ratios are the top ranks of all.
+
+    Precision: k1, k3, E|Δ| and M2 sum the unfused definitions' terms, computed by the same steps.  Each ratio
+    r = 1 + e is within 2⁻²⁴ (float32) of e^min(Δ, 80) below 1 and within 2⁻²³ of it relatively above, so the
+    ratio statistics and the ESS agree with the definitions within float32 rounding — not bit for bit — while a
+    block's mean ratio is at least :data:`RATIO_MEAN_FLOOR`, its Σ (r·m)² is finite (float32: Δ below ≈ 40) and no
+    ratio was capped (the ESS weighs e^Δ uncapped).  A block outside that (every ratio small, or huge log-ratios)
+    takes them from r = e^min(Δ, 80) and the max-rescaled ESS
+    (:func:`effective_sample_size`) instead: on the CPU only when some block needs it (the check reads the flags,
+    which costs no device sync there), on other devices always (both, then ``torch.where``: no host sync).
     """
     if delta.numel() == 0:
         return {key: _shaped(delta.new_ones(blocks) if key == "ess" else delta.new_zeros(blocks), blocks)
                 for key in RATIO_METRICS}
     mask = mask.to(delta.dtype).reshape(blocks, -1)
     delta = delta.reshape(blocks, -1)
-    tokens = mask.sum(-1)
+    tokens = mask.sum(-1) if tokens is None else tokens.reshape(blocks)
     count = tokens.clamp_min(1.0)
-    work = torch.empty_like(delta)
-    ess = _ess_rows(delta, mask, work) if ess is None else ess.reshape(blocks)
-    if ratio is None:
-        torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=work), out=work)
-    else:
-        torch.clamp(ratio.reshape(blocks, -1), max=math.exp(EXP_CLAMP), out=work)
-    work.mul_(mask)  # valid ratios, 0 on padding
-    ratio_max, ratio_tail = _top_quantile(work, tokens, RATIO_TAIL_QUANTILE)
-    metrics = {"ratio_mean": work.sum(-1) / count, "ratio_max": ratio_max, "ratio_p999": ratio_tail}
-    metrics["log_ratio_abs_mean"] = torch.abs(delta, out=work).sum(-1) / count
-    metrics["m2"] = torch.mul(delta, delta, out=work).sum(-1) / count
-    metrics["ess"] = ess
-    metrics["kl_k1"], metrics["kl_k3"] = _kl_terms(delta, count, work)
-    return {key: _shaped(value, blocks) for key, value in metrics.items()}
+    work = delta.new_empty((len(_ROWS), *delta.shape))
+    terms, ratio, square, magnitude, power = work.unbind()
+    torch.add(capped_expm1(delta, out=terms), mask, out=ratio)  # r·m = e + m
+    k3(delta, out=terms, expm1=terms)
+    torch.mul(ratio, ratio, out=square)
+    torch.abs(delta, out=magnitude)
+    torch.mul(delta, delta, out=power)
+    metrics = dict(zip(_ROWS, work.sum(-1).div_(count).unbind(), strict=True))
+    metrics["kl_k1"] = 0.0 - delta.sum(-1) / count  # = (0 − ΣΔ)/count, +0 (not −0) when ΣΔ = 0
+    metrics["ratio_max"], metrics["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
+    metrics["ess"] = _ess_of_means(metrics["ratio_mean"], metrics["square"], tokens)
+    exact = ((metrics["ratio_mean"] >= RATIO_MEAN_FLOOR) & torch.isfinite(metrics.pop("square"))
+             & (metrics["ratio_max"] < _UNCAPPED))
+    if not _surely(exact):
+        torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=ratio), out=ratio).mul_(mask)  # r·m from e^Δ
+        direct = {"ratio_mean": ratio.sum(-1) / count, "ess": _ess_rows(delta, mask, terms)}
+        direct["ratio_max"], direct["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
+        metrics.update({key: torch.where(exact, metrics[key], value) for key, value in direct.items()})
+    return {key: _shaped(metrics[key], blocks) for key in RATIO_METRICS}
+
+
+def _ess_of_means(mean: Tensor, square: Tensor, tokens: Tensor) -> Tensor:
+    """Kish's ESS (:func:`~offpolicylab.formulas.kish_ess_of_sums`) from the means of the weights and of their squares
+    over the n = ``tokens`` valid tokens (scale-free: (Σ w / n)² / (Σ w² / n) = (Σ w)² / (n Σ w²)); 1 when n = 0."""
+    return torch.where(tokens > 0, kish_ess_of_sums(mean, square, 1.0), mean.new_ones(()))
+
+
+def _surely(flags: Tensor) -> bool:
+    """Whether every flag holds, read only where reading costs no device sync (a CPU tensor); False elsewhere."""
+    return flags.device.type == "cpu" and bool(flags.all())
 
 
 def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -172,12 +209,13 @@ def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return k1.reshape(()), k3.reshape(())
 
 
-def _kl_terms(delta: Tensor, count: Tensor, work: Tensor) -> tuple[Tensor, Tensor]:
+def _kl_terms(delta: Tensor, count: Tensor, work: Tensor, expm1: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(Σ(−Δ), Σ k3(Δ)) / count per row of a [blocks, N] ``delta`` that is 0 on padding
-    (:func:`~offpolicylab.formulas.k3`); ``work``: a scratch buffer like ``delta``.  Σ(−Δ) is computed as 0 − ΣΔ:
-    the same number, and +0 (not −0) when ΣΔ = 0."""
+    (:func:`~offpolicylab.formulas.k3`; ``expm1``: its e^min(Δ, 80) − 1 when the caller has it); ``work``: a scratch
+    buffer like ``delta`` (it may hold ``expm1``).  Σ(−Δ) is computed as 0 − ΣΔ: the same number, and +0 (not −0)
+    when ΣΔ = 0."""
     k1 = (0.0 - delta.sum(-1)) / count
-    return k1, k3(delta, out=work).sum(-1) / count
+    return k1, k3(delta, out=work, expm1=expm1).sum(-1) / count
 
 
 RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", "m2", "ess", "kl_k1", "kl_k3")
@@ -185,22 +223,22 @@ RATIO_METRICS = ("ratio_mean", "ratio_max", "ratio_p999", "log_ratio_abs_mean", 
 
 
 def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Tensor]:
-    """(max, q-quantile) per row of the valid entries of ``values`` [blocks, N] ≥ 0 whose padding is 0, ``tokens``
-    [blocks] valid entries per row; the quantile interpolates as :func:`masked_quantile` does, read from the top
-    ⌈(1 − q)·(N − 1)⌉ + 2 values (the lower of the two interpolated order statistics is at most (1 − q)·(n − 1) + 1
-    ranks from the top)."""
+    """(max, q-quantile) per row of the valid entries of ``values`` [blocks, N] ≥ 0 (finite) whose padding is 0,
+    ``tokens`` [blocks] valid entries per row; the quantile interpolates as :func:`masked_quantile` does (with p =
+    q·(n − 1), v_(⌊p⌋) + (p − ⌊p⌋)·(v_(⌊p⌋+1) − v_(⌊p⌋)), the same steps; 0 for n = 0, where every value read is
+    padding), read from the top ⌈(1 − q)·(N − 1)⌉ + 2 values (the lower of the two interpolated order statistics is
+    at most (1 − q)·(n − 1) + 1 ranks from the top)."""
     n = values.shape[-1]
     k = min(n, math.ceil((1.0 - q) * (n - 1)) + 2)
     top = largest(values, k)  # [blocks, k], descending
-    count = tokens.to(torch.int64)
-    position = q * (count - 1).clamp_min(0).to(torch.float64)  # as masked_quantile: float64
+    last = tokens.to(torch.float64) - 1.0  # n − 1, float64 as masked_quantile (a float32 position is off by ~1e-4)
+    position = last.clamp_min(0.0).mul_(q)
     below = position.floor()
-    low = (count - 1 - below.long()).clamp(0, k - 1)  # rank from the top of order statistic ⌊p⌋
-    high = (low - 1).clamp_min(0)  # of ⌊p⌋ + 1 (the same one at the very top)
-    pair = top.gather(-1, torch.stack([low, high], -1))  # a gather, not top[low]: indexing with a tensor syncs the host
-    value = pair[:, 0] + (position - below).to(values.dtype) * (pair[:, 1] - pair[:, 0])
-    value = torch.where(position > below, value, pair[:, 0])
-    return top[:, 0], torch.where(count > 0, value, values.new_zeros(()))
+    low = (last - below).clamp_(0, k - 1).long()  # rank from the top of order statistic ⌊p⌋
+    ranks = torch.stack([low, (low - 1).clamp_min_(0)], -1)  # and of ⌊p⌋ + 1 (the same one at the very top)
+    pair = top.gather(-1, ranks)  # a gather, not top[low]: indexing with a tensor syncs the host
+    low_value, high_value = pair.unbind(-1)
+    return top[:, 0], low_value + position.sub_(below).to(values.dtype) * (high_value - low_value)
 
 
 TOPK_BLOCK = 64
@@ -218,8 +256,10 @@ def largest(values: Tensor, k: int) -> Tensor:
     if n % TOPK_BLOCK or blocks < 4 * k:
         return values.topk(k).values
     rows = values.reshape(-1, blocks, TOPK_BLOCK)
-    chosen = rows.amax(dim=-1).topk(k).indices  # [rows, k]
-    picked = rows.gather(1, chosen[..., None].expand(-1, -1, TOPK_BLOCK))
+    chosen = rows.amax(dim=-1).topk(k, sorted=False).indices  # [rows, k]
+    if rows.shape[0] > 1:  # as indices of the [rows · blocks, TOPK_BLOCK] blocks
+        chosen = chosen + torch.arange(0, rows.shape[0] * blocks, blocks, device=chosen.device)[:, None]
+    picked = rows.reshape(-1, TOPK_BLOCK).index_select(0, chosen.reshape(-1))
     return picked.reshape(rows.shape[0], -1).topk(k).values.reshape(*values.shape[:-1], k)
 
 

@@ -55,18 +55,20 @@ def aggregate(
     finite_padding: bool = False,
     norm: float | None = None,
     blocks: int = 1,
+    tokens: Tensor | None = None,
 ) -> Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar with one of :data:`AGG_CHOICES` (``finite_padding``: see
     above; ``norm``: the constant C of ``seq-mean-token-sum-norm`` / ``dr_grpo``, None = T); with ``blocks`` > 1 to
     a [blocks] tensor, each of ``blocks`` equal consecutive row blocks (several runs' batches joined row-wise)
-    reduced as it is alone (:func:`~offpolicylab.diagnostics.stats.total`)."""
+    reduced as it is alone (:func:`~offpolicylab.diagnostics.stats.total`).  ``tokens``: Σ m per block
+    (``total(mask, blocks)``) when the caller already has it (``token-mean`` reads it instead of summing the mask)."""
     mode = canonical_agg(mode)
     if finite_padding:
         masked = per_token_loss * mask.to(per_token_loss.dtype)
     else:
         masked = torch.where(mask > 0, per_token_loss, torch.zeros((), dtype=per_token_loss.dtype))
     if mode == "token-mean":
-        return total(masked, blocks) / total(mask, blocks).clamp_min(1.0)
+        return total(masked, blocks) / (total(mask, blocks) if tokens is None else tokens).clamp_min(1.0)
     if mode == "seq-mean-token-mean":
         tokens = mask.sum(dim=-1)
         seq_mean = masked.sum(dim=-1) / tokens.clamp_min(1.0)

@@ -146,7 +146,7 @@ class Objective:
         elif self._correction is not None and batch.sampler_logp is not None:
             per_token, token_mask, loss_mask, factor = corrected(self._correction, batch, per_token, token_mask)
         loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True, norm=self.norm_constant,
-                         blocks=batch.runs)
+                         blocks=batch.runs, tokens=batch.tokens() if loss_mask is batch.mask else None)
         loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)
@@ -260,10 +260,13 @@ def standard_metrics(batch: TokenBatch, token_mask: Tensor) -> dict[str, Tensor]
     """ratio_mean/max/p999, log_ratio_abs_mean, m2, ess, kl_k1, kl_k3 (:func:`~offpolicylab.diagnostics.stats.ratio_summary`),
     mask_frac (share of valid tokens the objective removed from the gradient) and entropy when given — all
     detached, no host sync.  Fused (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary`): the batch's
-    log-ratio and entropy are already 0 on padded tokens and its ratio is shared with the objective."""
+    log-ratio and entropy are already 0 on padded tokens, and its token count (:meth:`TokenBatch.tokens`) is the
+    one the loss divided by."""
     metrics = dict(batch.ratio_summary())
-    count = batch.total(batch.mask).clamp_min(1.0)
-    metrics["mask_frac"] = 1.0 - batch.total(token_mask.detach()) / count
+    tokens = batch.tokens()
+    count = tokens.clamp_min(1.0)
+    kept = tokens if token_mask is batch.mask else batch.total(token_mask.detach())
+    metrics["mask_frac"] = 1.0 - kept / count
     if batch.entropy is not None:
         metrics["entropy"] = batch.total(batch.entropy.detach()) / count
     return metrics

@@ -53,12 +53,14 @@ class TokenBatch:
     _delta: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of delta()
     _ratio: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ratio()
     _ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of ess()
+    _tokens: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of tokens()
     _summary: dict[str, Tensor] | None = field(default=None, init=False, repr=False, compare=False)  # ratio_summary()
     _block: tuple[TokenBatch, int | slice] | None = field(default=None, init=False, repr=False, compare=False)
     """(the joined batch, this part's run index or slice of runs) of a :meth:`split` block or a :meth:`part`: its
     ESS and ratio summary are read from the joined batch's, computed for all its runs in one call."""
-    _blocks: tuple[Tensor, dict[str, Tensor]] | None = field(default=None, init=False, repr=False,
-                                                             compare=False)  # per-run ESS, summary of the runs
+    _run_ess: Tensor | None = field(default=None, init=False, repr=False, compare=False)  # cache of run_ess()
+    _run_summaries: dict[str, Tensor] | None = field(default=None, init=False, repr=False,
+                                                     compare=False)  # cache of run_summaries()
     _split: list[TokenBatch] | None = field(default=None, init=False, repr=False, compare=False)  # split()
 
     def __post_init__(self) -> None:
@@ -136,6 +138,13 @@ class TokenBatch:
         (:func:`~offpolicylab.diagnostics.stats.total`)."""
         return stats.total(values, self.runs)
 
+    def tokens(self) -> Tensor:
+        """n = Σ mask per run (:meth:`total`), the valid tokens; computed once per batch and shared by the loss's
+        ``token-mean`` and the metrics."""
+        if self._tokens is None:
+            self._tokens = self.total(self.mask)
+        return self._tokens
+
     def per_row(self, values: Tensor) -> Tensor:
         """A per-run value ([runs], from :meth:`total` or :meth:`ess`) as [B, 1], each row its run's; one run's
         0-d value as it is."""
@@ -151,13 +160,12 @@ class TokenBatch:
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
-        :meth:`delta`, with :meth:`ratio` and :meth:`ess` where the objective already computed them; the summary's
-        ESS is kept as :meth:`ess`), per run, computed once per batch."""
+        :meth:`delta`), per run, computed once per batch.  Its ``ess`` is the summary's own (from the ratios it
+        computes); :meth:`ess` (what P3O's loss reads) is the same value within float32 rounding."""
         if self._summary is None:
             if self._block is None:
-                self._summary = stats.fused_ratio_summary(self.delta(), self.mask, self._ratio, self._ess,
-                                                          blocks=self.runs)
-                self._ess = self._summary["ess"] if self._ess is None else self._ess
+                self._summary = stats.fused_ratio_summary(self.delta(), self.mask, blocks=self.runs,
+                                                          tokens=self.tokens())
             else:
                 joined, index = self._block
                 self._summary = {key: value[index] for key, value in joined.run_summaries().items()}
@@ -165,20 +173,18 @@ class TokenBatch:
 
     def run_ess(self) -> Tensor:
         """[runs] the ESS of each run's rows, in one call (what :meth:`split` blocks and :meth:`part` read)."""
-        if self._blocks is None:
-            ess = stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs,
-                                              zero_padded=True).reshape(self.runs)
-            self._blocks = (ess, {})
-        return self._blocks[0]
+        if self._run_ess is None:
+            self._run_ess = stats.effective_sample_size(self.delta(), self.mask, blocks=self.runs,
+                                                        zero_padded=True).reshape(self.runs)
+        return self._run_ess
 
     def run_summaries(self) -> dict[str, Tensor]:
         """The ratio summary (:meth:`ratio_summary`) of each run's rows, each statistic a [runs] tensor, in one
         :func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` call."""
-        ess = self.run_ess()
-        if not self._blocks[1]:
-            joined = stats.fused_ratio_summary(self.delta(), self.mask, self.ratio(), ess, blocks=self.runs)
-            self._blocks[1].update({key: value.reshape(self.runs) for key, value in joined.items()})
-        return self._blocks[1]
+        if self._run_summaries is None:
+            joined = stats.fused_ratio_summary(self.delta(), self.mask, blocks=self.runs, tokens=self.tokens())
+            self._run_summaries = {key: value.reshape(self.runs) for key, value in joined.items()}
+        return self._run_summaries
 
     def sequence_log_ratio(self) -> Tensor:
         """[B] log of the geometric-mean ratio, mean_t log r_t over each row's valid tokens (0 for an empty row),
@@ -203,7 +209,8 @@ class TokenBatch:
             value = getattr(self, name)
             if value is not None:
                 setattr(out, name, torch.where(rows > 0, value, 0.0))
-        out._delta = out._ratio = out._ess = out._summary = out._block = out._blocks = out._split = None
+        out._delta = out._ratio = out._ess = out._tokens = out._summary = out._block = None
+        out._run_ess = out._run_summaries = out._split = None
         return out
 
     def split(self) -> list[TokenBatch]:
@@ -238,7 +245,7 @@ class TokenBatch:
         block.runs = count
         block._delta = None if self._delta is None else self._delta[part]
         block._ratio = None if self._ratio is None else self._ratio[part]
-        block._ess = block._summary = block._blocks = block._split = None
+        block._ess = block._tokens = block._summary = block._run_ess = block._run_summaries = block._split = None
         block._block = (self, runs)
         return block
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from offpolicylab.objectives import AGG_CHOICES, TokenBatch, aggregate, get_objective
+from offpolicylab.objectives.aggregation import canonical_agg
 from tests.objectives.test_core import AGG_LOSS, AGG_MASK
 
 # rows: (1, 2, 3) full, (4, 5) of 3, the third empty (its inf / nan are padding); B = 3 rows, T = 3
@@ -24,6 +25,18 @@ def test_new_modes_by_hand(mode: str) -> None:
     assert mode in AGG_CHOICES
     assert float(aggregate(AGG_LOSS, AGG_MASK, mode)) == pytest.approx(HAND[mode], rel=1e-15)
     assert float(aggregate(AGG_LOSS, AGG_MASK, mode, finite_padding=False)) == pytest.approx(HAND[mode], rel=1e-15)
+
+
+@pytest.mark.parametrize("mode", AGG_CHOICES)
+def test_a_given_token_count_is_the_one_summed(mode: str) -> None:
+    """``tokens`` = Σ m (the batch's count, shared with the metrics) gives the loss bit for bit; token-mean reads it
+    (a count of 4 instead of 5 → 15 / 4; so do its aliases bnpo and dapo), the other modes do not use it."""
+    loss = AGG_LOSS.nan_to_num(0.0, 0.0, 0.0) * AGG_MASK
+    assert torch.equal(aggregate(loss, AGG_MASK, mode, finite_padding=True, tokens=AGG_MASK.sum()),
+                       aggregate(loss, AGG_MASK, mode, finite_padding=True))
+    wrong = aggregate(loss, AGG_MASK, mode, finite_padding=True, tokens=torch.tensor(4.0, dtype=AGG_MASK.dtype))
+    reads = canonical_agg(mode) == "token-mean"
+    assert float(wrong) == pytest.approx(15 / 4 if reads else float(aggregate(loss, AGG_MASK, mode)), rel=1e-15)
 
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-sum-norm", "dr_grpo"])

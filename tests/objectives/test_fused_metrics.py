@@ -1,10 +1,14 @@
 """The fused standard metrics against (1) a NumPy reference written from the definitions and (2) the unfused
-per-statistic functions (bit for bit), and the ``metrics=False`` switch against the default call.
+per-statistic functions, and the ``metrics=False`` switch against the default call.
 
 Definitions (Δ = logp − behavior_logp over the n valid tokens, r = e^min(Δ, 80)): ratio_mean = mean r, ratio_max = max r,
 ratio_p999 = numpy.quantile(r, 0.999) (linear interpolation), log_ratio_abs_mean = mean |Δ|, m2 = mean Δ²,
 ess = (Σ w)² / (n Σ w²) with w = e^Δ (Kong 1992), kl_k1 = mean(−Δ), kl_k3 = mean(e^Δ − 1 − Δ), mask_frac = share of
 valid tokens outside the objective's token mask, entropy = mean entropy.
+
+The fused path takes r = 1 + expm1(min(Δ, 80)) from the one transcendental k3 needs, so the ratio statistics and the
+ESS equal the unfused ones (r = exp(min(Δ, 80)), ESS from e^(Δ − max Δ)) within float32 rounding, not bit for bit;
+k1, k3, E|Δ|, M2, mask_frac and entropy sum the same terms computed by the same steps and stay bit for bit.
 """
 
 from __future__ import annotations
@@ -55,6 +59,14 @@ def reference_metrics(fields: dict[str, Tensor], token_mask: np.ndarray) -> dict
     delta = fields["logp"].double().numpy()[mask] - fields["behavior_logp"].double().numpy()[mask]
     if delta.size == 0:
         return {"ess": 1.0, "mask_frac": 0.0}
+    return {**reference_summary(delta), "mask_frac": 1.0 - token_mask[mask].sum() / delta.size,
+            "entropy": fields["entropy"].double().numpy()[mask].mean()}
+
+
+def reference_summary(delta: np.ndarray) -> dict[str, float]:
+    """The eight ratio statistics of the valid tokens' log-ratios ``delta`` (float64 NumPy), from the definitions."""
+    if delta.size == 0:
+        return {key: 1.0 if key == "ess" else 0.0 for key in stats.RATIO_METRICS}
     ratio = np.exp(np.minimum(delta, 80.0))
     weights = np.exp(delta - delta.max())  # ESS is scale-free; rescaled so that e^Δ cannot overflow
     return {
@@ -66,8 +78,6 @@ def reference_metrics(fields: dict[str, Tensor], token_mask: np.ndarray) -> dict
         "ess": weights.sum() ** 2 / (delta.size * np.sum(weights**2)),
         "kl_k1": np.mean(-delta),
         "kl_k3": np.mean(np.expm1(np.minimum(delta, 80.0)) - delta),
-        "mask_frac": 1.0 - token_mask[mask].sum() / delta.size,
-        "entropy": fields["entropy"].double().numpy()[mask].mean(),
     }
 
 
@@ -104,47 +114,104 @@ def test_fused_metrics_equal_numpy_definitions(seed: int, dtype: torch.dtype) ->
         assert float(got[key]) == pytest.approx(value, rel=rel, abs=1e-12 if dtype == torch.float64 else 1e-6), key
 
 
+#: The metrics the fused path computes from r = 1 + expm1(min(Δ, 80)) (and its ESS from those r): within float32
+#: rounding of the unfused ones; every other metric is the unfused one bit for bit.
+FROM_THE_RATIO = ("ratio_mean", "ratio_max", "ratio_p999", "ess")
+
+
+def assert_fused_equals_unfused(fused: dict[str, Tensor], unfused: dict[str, Tensor]) -> None:
+    """Bit for bit except :data:`FROM_THE_RATIO` (relative 2e-6 in float32, 1e-14 in float64)."""
+    assert set(fused) == set(unfused)
+    for key, value in unfused.items():
+        if key in FROM_THE_RATIO:
+            rel = 2e-6 if value.dtype == torch.float32 else 1e-14
+            assert float(fused[key]) == pytest.approx(float(value), rel=rel, abs=1e-30), key
+        else:
+            assert torch.equal(fused[key], value), (key, fused[key], value)
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("shape", [(12, 40), (3, 1), (64, 200)])
-def test_fused_metrics_are_bit_identical_to_the_unfused_computation(
-    seed: int, dtype: torch.dtype, shape: tuple[int, int]
-) -> None:
+def test_fused_metrics_equal_the_unfused_computation(seed: int, dtype: torch.dtype, shape: tuple[int, int]) -> None:
     fields = ragged_batch(seed, rows=shape[0], length=shape[1], dtype=dtype, empty_row=shape[0] > 3)
     batch = TokenBatch(**fields)
     token_mask = (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < 0.8).to(dtype) * batch.mask
-    fused = standard_metrics(batch, token_mask)
     unfused = unfused_metrics(batch, token_mask)
-    assert set(fused) == set(unfused)
-    for key in unfused:
-        assert torch.equal(fused[key], unfused[key]), (key, fused[key], unfused[key])
+    assert_fused_equals_unfused(standard_metrics(batch, token_mask), unfused)
     public = stats.ratio_summary(batch.log_ratio, batch.mask)  # the public entry zeroes any padding itself
-    for key, value in public.items():
-        assert torch.equal(value, unfused[key]), key
+    assert_fused_equals_unfused(public, {key: unfused[key] for key in public})
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("shared", ["ratio", "ess", "both"])
-def test_metrics_from_what_the_loss_computed_equal_the_unfused_computation(
-    seed: int, dtype: torch.dtype, shared: str
-) -> None:
+def test_metrics_do_not_depend_on_what_the_loss_computed_first(seed: int, dtype: torch.dtype, shared: str) -> None:
     """An objective's loss may compute the batch's ratio r = e^Δ (PPO clip, CISPO) or its ESS (P3O) before the
-    metrics: the summary then reads them instead of computing its own exp and ESS pass; every metric is the unfused
-    definition's bit for bit either way, and the ESS the loss read is the one the metrics report."""
+    metrics: the metrics are the same bit for bit either way (the summary computes its own ratios), and the ESS the
+    loss read (max-rescaled e^Δ) is the reported one within float32 rounding."""
     fields = ragged_batch(seed, rows=16, length=48, dtype=dtype)
+    token_mask = (torch.rand(16, 48, generator=torch.Generator().manual_seed(seed)) < 0.7).to(dtype)
+    alone = TokenBatch(**fields)
+    plain = standard_metrics(alone, token_mask * alone.mask)
     batch = TokenBatch(**fields)
-    token_mask = (torch.rand(batch.mask.shape, generator=torch.Generator().manual_seed(seed)) < 0.7).to(dtype)
-    token_mask = token_mask * batch.mask
     ess = batch.ess() if shared in ("ess", "both") else None
     if shared in ("ratio", "both"):
         batch.ratio()
-    fused = standard_metrics(batch, token_mask)
-    unfused = unfused_metrics(batch, token_mask)
-    for key in unfused:
-        assert torch.equal(fused[key], unfused[key]), (key, fused[key], unfused[key])
-    assert ess is None or torch.equal(fused["ess"], ess)
-    assert torch.equal(batch.ess(), unfused["ess"])  # the summary's ESS is the batch's from then on
+    metrics = standard_metrics(batch, token_mask * batch.mask)
+    assert all(torch.equal(metrics[key], plain[key]) for key in plain)
+    assert_fused_equals_unfused(metrics, unfused_metrics(batch, token_mask * batch.mask))
+    if ess is not None:
+        assert float(metrics["ess"]) == pytest.approx(float(ess), rel=2e-6 if dtype == torch.float32 else 1e-14)
+
+
+def edge_blocks(seed: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(Δ, mask) of seven run blocks of 6 rows × 50 tokens, ragged, 0 on padding, each an edge of the fused path:
+    random log-ratios, Δ = 0 (on-policy), Δ ~ 1e-3 (k3 ≈ Δ²/2, where Σe^Δ − ΣΔ would cancel), huge log-ratios (up to
+    100: r capped at e^80, Σ r² beyond float32), every ratio small (Δ ≈ −30), no valid token, one valid token."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, length = 6, 50
+    lengths = torch.randint(1, length + 1, (7, rows), generator=gen)
+    lengths[5] = 0
+    lengths[6] = torch.tensor([0, 0, 1, 0, 0, 0])
+    mask = (torch.arange(length)[None, None, :] < lengths[..., None]).to(dtype)
+    noise = torch.randn(7, rows, length, generator=gen, dtype=dtype)
+    scale = torch.tensor([0.7, 0.0, 1e-3, 45.0, 2.0, 1.0, 1.0], dtype=dtype)[:, None, None]
+    shift = torch.tensor([0.0, 0.0, 1e-3, 30.0, -30.0, 0.0, 0.3], dtype=dtype)[:, None, None]
+    delta = (noise * scale + shift) * mask
+    return delta.reshape(7 * rows, length), mask.reshape(7 * rows, length)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_summary_per_run_block_equals_numpy_at_the_edges(seed: int, dtype: torch.dtype) -> None:
+    """Every statistic of every run block (:func:`edge_blocks`) against the float64 NumPy definitions, and each block
+    of the joined call equal to the block's own call bit for bit (each block takes its own path)."""
+    delta, mask = edge_blocks(seed, dtype)
+    joined = stats.fused_ratio_summary(delta, mask, blocks=7)
+    rel = 2e-5 if dtype == torch.float32 else 1e-12
+    for block, (values, valid) in enumerate(zip(delta.chunk(7), mask.chunk(7), strict=True)):
+        want = reference_summary(values.double().numpy()[valid.numpy() > 0])
+        alone = stats.fused_ratio_summary(values, valid)
+        for key, value in want.items():
+            got = float(joined[key][block])
+            assert got == pytest.approx(value, rel=rel, abs=1e-30 if key != "kl_k1" else 1e-7), (block, key)
+            assert torch.equal(joined[key][block], alone[key]), (block, key)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fused_summary_is_the_same_when_every_block_takes_both_paths(dtype: torch.dtype, monkeypatch) -> None:
+    """On the CPU the summary reads whether every block's ratios keep float32 precision from 1 + expm1 and takes the
+    e^Δ path only then; on other devices (no host read) it computes both and picks per block: the same numbers."""
+    delta, mask = edge_blocks(5, dtype)
+    cpu = stats.fused_ratio_summary(delta, mask, blocks=7)
+    monkeypatch.setattr(stats, "_surely", lambda flags: False)
+    both = stats.fused_ratio_summary(delta, mask, blocks=7)
+    for key in stats.RATIO_METRICS:
+        assert torch.equal(both[key], cpu[key]), key
+    easy = stats.fused_ratio_summary(delta[:6], mask[:6])  # a random block alone: both paths, the fast one picked
+    monkeypatch.undo()
+    assert all(torch.equal(easy[key], cpu[key][0]) for key in stats.RATIO_METRICS)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -191,12 +258,14 @@ def test_tail_quantile_from_topk_equals_the_sorted_quantile(valid: int) -> None:
     mask[0, torch.randperm(3000, generator=gen)[:valid]] = 1.0
     batch = TokenBatch(logp=torch.log(values.clamp_min(1e-3)) * mask, behavior_logp=torch.zeros_like(values),
                        advantages=torch.zeros(1, dtype=torch.float64), mask=mask)
-    fused = stats.fused_ratio_summary(batch.log_ratio, mask, batch.ratio())
+    fused = stats.fused_ratio_summary(batch.log_ratio, mask)
     ratio = batch.ratio().numpy()[0][mask.numpy()[0] > 0]
     expected = np.quantile(ratio, 0.999) if valid else 0.0
     assert float(fused["ratio_p999"]) == pytest.approx(expected, rel=1e-12)
-    assert torch.equal(fused["ratio_p999"], stats.masked_quantile(batch.ratio(), mask, 0.999))
-    assert float(fused["ratio_max"]) == (ratio.max() if valid else 0.0)
+    assert float(fused["ratio_max"]) == pytest.approx(ratio.max() if valid else 0.0, rel=1e-15)
+    # the read from the top k alone, on the same values: the sort's quantile bit for bit
+    assert torch.equal(stats._top_quantile(values * mask, mask.sum(-1), 0.999)[1],
+                       stats.masked_quantile(values, mask, 0.999).reshape(1))
 
 
 def test_an_empty_batch_reports_neutral_values() -> None:
