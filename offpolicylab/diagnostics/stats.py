@@ -127,8 +127,8 @@ RATIO_MEAN_FLOOR = 0.125
 #: Ratios below e^80 were not capped (:data:`~offpolicylab.formulas.EXP_CLAMP`), so their ESS is that of e^Δ.
 _UNCAPPED = math.exp(EXP_CLAMP)
 
-#: The per-token rows :func:`fused_ratio_summary` writes and sums in one reduction: k3, r·m, (r·m)², |Δ|, Δ².
-_ROWS = ("kl_k3", "ratio_mean", "square", "log_ratio_abs_mean", "m2")
+#: The per-token sums :func:`fused_ratio_summary` divides by the token count together: of r·m, (r·m)², |Δ|, Δ².
+_SUMS = ("ratio_mean", "square", "log_ratio_abs_mean", "m2")
 
 
 def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Tensor | None = None
@@ -143,20 +143,20 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     where Δ = 0), gives k3 = e − Δ (:func:`~offpolicylab.formulas.k3`, the same steps) and the valid ratios
     r·m = e + m (r on valid tokens, 0 on padding), from which the mean, the ESS
     (:func:`~offpolicylab.formulas.kish_ess_of_sums` of the means of r·m and (r·m)²: ESS is scale-free) and the max
-    and 99.9th percentile are read.  The five per-token terms k3, r·m, (r·m)², |Δ|, Δ² are written into the rows of
-    one scratch buffer and summed by one reduction; the padding is removed by the 0/1 mask (no ``torch.where``, no
-    boolean tensors, no host sync).  The 99.9th percentile and the max come from the ⌈0.001·(N − 1)⌉ + 2 largest r·m
-    (:func:`largest`, N = B·T) instead of a sort of all N: with r ≥ 0 and the padding at 0, the top ranks of the
-    valid ratios are the top ranks of all.
+    and 99.9th percentile are read.  The per-token terms k3, (r·m)², |Δ|, Δ² are written into one scratch buffer in
+    turn, each summed right after (while it is still in the cache; one reduction over all of them, written first, is
+    slower); the padding is removed by the 0/1 mask (no ``torch.where``, no boolean tensors).  The 99.9th percentile
+    and the max come from the ⌈0.001·(N − 1)⌉ + 2 largest r·m (:func:`largest`, N = B·T) instead of a sort of all
+    N: with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all.
 
     Precision: k1, k3, E|Δ| and M2 sum the unfused definitions' terms, computed by the same steps.  Each ratio
     r = 1 + e is within 2⁻²⁴ (float32) of e^min(Δ, 80) below 1 and within 2⁻²³ of it relatively above, so the
     ratio statistics and the ESS agree with the definitions within float32 rounding — not bit for bit — while a
     block's mean ratio is at least :data:`RATIO_MEAN_FLOOR`, its Σ (r·m)² is finite (float32: Δ below ≈ 40) and no
     ratio was capped (the ESS weighs e^Δ uncapped).  A block outside that (every ratio small, or huge log-ratios)
-    takes them from r = e^min(Δ, 80) and the max-rescaled ESS
-    (:func:`effective_sample_size`) instead: on the CPU only when some block needs it (the check reads the flags,
-    which costs no device sync there), on other devices always (both, then ``torch.where``: no host sync).
+    takes them from r = e^min(Δ, 80) and the max-rescaled ESS (:func:`effective_sample_size`) instead: on the CPU
+    only when some block needs it (the check reads the flags, which costs no device sync there), on other devices
+    always (both, then ``torch.where``: no host sync).
     """
     if delta.numel() == 0:
         return {key: _shaped(delta.new_ones(blocks) if key == "ess" else delta.new_zeros(blocks), blocks)
@@ -165,22 +165,19 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     delta = delta.reshape(blocks, -1)
     tokens = mask.sum(-1) if tokens is None else tokens.reshape(blocks)
     count = tokens.clamp_min(1.0)
-    work = delta.new_empty((len(_ROWS), *delta.shape))
-    terms, ratio, square, magnitude, power = work.unbind()
-    torch.add(capped_expm1(delta, out=terms), mask, out=ratio)  # r·m = e + m
-    k3(delta, out=terms, expm1=terms)
-    torch.mul(ratio, ratio, out=square)
-    torch.abs(delta, out=magnitude)
-    torch.mul(delta, delta, out=power)
-    metrics = dict(zip(_ROWS, work.sum(-1).div_(count).unbind(), strict=True))
-    metrics["kl_k1"] = 0.0 - delta.sum(-1) / count  # = (0 − ΣΔ)/count, +0 (not −0) when ΣΔ = 0
+    work, ratio = torch.empty_like(delta), torch.empty_like(delta)
+    torch.add(capped_expm1(delta, out=work), mask, out=ratio)  # r·m = e + m
+    metrics = dict(zip(("kl_k1", "kl_k3"), _kl_terms(delta, count, work, expm1=work), strict=True))
+    sums = (ratio.sum(-1), torch.mul(ratio, ratio, out=work).sum(-1), torch.abs(delta, out=work).sum(-1),
+            torch.mul(delta, delta, out=work).sum(-1))  # each term summed right after it is written (still cached)
+    metrics.update(zip(_SUMS, torch.stack(sums).div_(count).unbind(), strict=True))
     metrics["ratio_max"], metrics["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
     metrics["ess"] = _ess_of_means(metrics["ratio_mean"], metrics["square"], tokens)
     exact = ((metrics["ratio_mean"] >= RATIO_MEAN_FLOOR) & torch.isfinite(metrics.pop("square"))
              & (metrics["ratio_max"] < _UNCAPPED))
     if not _surely(exact):
         torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=ratio), out=ratio).mul_(mask)  # r·m from e^Δ
-        direct = {"ratio_mean": ratio.sum(-1) / count, "ess": _ess_rows(delta, mask, terms)}
+        direct = {"ratio_mean": ratio.sum(-1) / count, "ess": _ess_rows(delta, mask, work)}
         direct["ratio_max"], direct["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
         metrics.update({key: torch.where(exact, metrics[key], value) for key, value in direct.items()})
     return {key: _shaped(metrics[key], blocks) for key in RATIO_METRICS}

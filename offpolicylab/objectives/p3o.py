@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from offpolicylab.diagnostics import stats
-from offpolicylab.formulas import EXP_CLAMP, k3
+from offpolicylab.formulas import EXP_CLAMP, capped_expm1, k3
 from offpolicylab.objectives.base import Objective, register
 from offpolicylab.objectives.batch import TokenBatch
 
@@ -45,10 +45,11 @@ class P3O(Objective):
         ess_rows, kl_weight_rows = batch.per_row(ess), batch.per_row(kl_weight)  # each row its run's
         rho = torch.minimum(batch.ratio(), ess_rows)  # = clamp(min(w, e^80), 0, ESS): w ≥ 0 and ESS ≤ 1 < e^80
         coefficient = -rho * batch.advantages
-        kl = k3(-delta)
+        term = capped_expm1(-delta)  # e^min(−Δ, 80) − 1, shared by k3 and its slope
+        kl = k3(-delta, expm1=term)
         value = coefficient * batch.logp.detach() + kl_weight_rows * kl
         # d e^−Δ/dΔ = −e^−Δ where the cap passes, e^−Δ as autograd's expm1 derivative writes it: expm1(·) + 1
-        slope = (torch.expm1(torch.clamp(-delta, max=EXP_CLAMP)) + 1.0) * stats.indicator(torch.ge, delta, -EXP_CLAMP)
+        slope = (term + 1.0) * stats.indicator(torch.ge, delta, -EXP_CLAMP)
         metrics = {
             "ess": ess,
             "p3o_kl_weight": kl_weight,
