@@ -20,7 +20,8 @@ token, |Δ log π| between (log-softmax always in fp32 from the logits, as ``tra
 
 ``--trainer-weights cast``: the trainer's 16-bit forwards (every row but ``engine``'s sampler side and the fp32
 reference) read 16-bit copies of every weight, as FSDP's ``param_dtype`` runs them (``trainer_weights=cast``).
-``--shapes none``: v6's shipped π₀ alone.  ``--logit-offset c``: every student's logits shifted by c
+``--shapes none``: v6's shipped π₀ alone.  ``--score-padding longest``: every scoring forward over its rows' longest
+response (``score_padding``).  ``--logit-offset c``: every student's logits shifted by c
 (``logit_offset``).  ``chosen_logit.offset_rule`` is the smallest multiple of 0.5 that lifts SmolLM2-135M's share
 of chosen-token fp32 logits ≥ 32 (12.4 %) into the unshifted student (docs/synthetic_lm_v7.md, part 5's rule).
 
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="2x64,4x64,8x64", help="layers x width, comma-separated; none: the anchor "
                                                                  "alone")
+    parser.add_argument("--score-padding", default="fixed", choices=("fixed", "longest"),
+                        help="the length of each scoring forward (score_padding)")
     parser.add_argument("--logit-offset", type=float, default=0.0, help="shift every student's logits by c")
     parser.add_argument("--trainer-weights", default="master", choices=("master", "cast"),
                         help="the weights the trainer's 16-bit forwards read (trainer_weights)")
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, shape, steps in plan:
         policy, seconds = student(shape, steps)
         policy.shift_logits(args.logit_offset)
+        policy.score_padding = args.score_padding
         found = screen_one(policy, world, args.prompts, args.group, args.micro_batch, args.lr, args.seed,
                            args.trainer_weights)
         found["distill_cpu_s"] = seconds

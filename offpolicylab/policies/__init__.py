@@ -18,7 +18,12 @@ from offpolicylab.policies.mixed_precision import TRAINER_PRECISIONS, TRAINER_WE
 from offpolicylab.policies.precision import PRECISIONS
 from offpolicylab.policies.sequence_model import SequenceModelPolicy, StackedSequenceModelPolicy
 from offpolicylab.policies.tabular import CONTEXTS, StackedTabularPolicy, TabularSoftmaxPolicy
-from offpolicylab.policies.transformer import TransformerPolicy, check_compiled
+from offpolicylab.policies.transformer import (
+    SCORE_PADDINGS,
+    TransformerPolicy,
+    check_compiled,
+    check_score_padding,
+)
 from offpolicylab.policies.transformer_stack import StackedTransformerPolicy
 from offpolicylab.registry import MAX_SEED, Param, Registry
 
@@ -71,37 +76,38 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
                                **_shape("sequence_model", world))
 
 
+ENGINE_OPTIONS = ("trainer_precision", "sampler_precision", "logp_micro_batch", "trainer_weights", "logit_offset",
+                  "score_padding")
+"""The transformer options a pretrained world's ``policy_defaults`` (a preset's engines) may set."""
+
+
 def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
-                      sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
-                      lm_head_fp32: bool, logp_micro_batch: int, trainer_weights: str, logit_offset: float,
-                      **sizes: int | None) -> TransformerPolicy:
+                      token_draw: str, compiled: bool, lm_head_fp32: bool, **options: Any) -> TransformerPolicy:
     """π₀ of a world that has one (``init=pretrained``; sizes given must equal π₀'s), else fresh weights; scored in
-    ``trainer_precision`` from ``trainer_weights`` (:mod:`offpolicylab.policies.mixed_precision`), every logit
-    shifted by ``logit_offset`` (:meth:`~offpolicylab.policies.transformer.TransformerPolicy.shift_logits`); ``logp_micro_batch`` > 0: the behaviour
-    log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`).  A
-    pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the options left at
-    their defaults (fp32, fp32, 0, master, 0)."""
+    ``trainer_precision`` from ``trainer_weights`` (:mod:`offpolicylab.policies.mixed_precision`) over
+    ``score_padding``, every logit shifted by ``logit_offset``
+    (:meth:`~offpolicylab.policies.transformer.TransformerPolicy.shift_logits`); ``logp_micro_batch`` > 0: the
+    behaviour log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`).
+    A pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the
+    :data:`ENGINE_OPTIONS` left at their registered defaults."""
     suggested = getattr(world, "policy_defaults", {}) if init == "pretrained" else {}  # a preset's engines
-    trainer_precision = str(suggested.get("trainer_precision", trainer_precision)) if trainer_precision == "fp32" \
-        else trainer_precision
-    sampler_precision = str(suggested.get("sampler_precision", sampler_precision)) if sampler_precision == "fp32" \
-        else sampler_precision
-    logp_micro_batch = int(suggested.get("logp_micro_batch", 0)) if logp_micro_batch == 0 else logp_micro_batch
-    trainer_weights = str(suggested.get("trainer_weights", trainer_weights)) if trainer_weights == "master" \
-        else trainer_weights
-    policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, sampler_precision, token_draw,
-                                compiled, trainer_precision, lm_head_fp32, sizes)
-    policy.set_trainer_precision(trainer_precision, lm_head_fp32, trainer_weights)
-    offset = float(suggested.get("logit_offset", 0.0)) if logit_offset == 0.0 else logit_offset
-    if offset:
-        policy.shift_logits(offset)
-    policy.logp_micro_batch = logp_micro_batch
+    params = POLICIES.params("transformer")
+    engine = {name: type(options[name])(suggested.get(name, options[name]))
+              if options[name] == params[name].default else options[name] for name in ENGINE_OPTIONS}
+    sizes = {name: value for name, value in options.items() if name not in ENGINE_OPTIONS}
+    policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, engine["sampler_precision"],
+                                token_draw, compiled, sizes)
+    policy.set_trainer_precision(engine["trainer_precision"], lm_head_fp32, engine["trainer_weights"])
+    policy.score_padding = check_score_padding(engine["score_padding"])
+    if engine["logit_offset"]:
+        policy.shift_logits(engine["logit_offset"])
+    policy.logp_micro_batch = engine["logp_micro_batch"]
     return policy
 
 
 def _build_transformer(world: World, init: str, max_prompt_len: int, seed: int, sampler_noise_std: float,
-                       sampler_precision: str, token_draw: str, compiled: bool, trainer_precision: str,
-                       lm_head_fp32: bool, sizes: dict[str, int | None]) -> TransformerPolicy:
+                       sampler_precision: str, token_draw: str, compiled: bool,
+                       sizes: dict[str, int | None]) -> TransformerPolicy:
     shape = _shape("transformer", world)
     if not (init == "pretrained" and isinstance(world, PretrainedWorld)):
         _check_prompt_len(max_prompt_len, world)
@@ -110,7 +116,7 @@ def _build_transformer(world: World, init: str, max_prompt_len: int, seed: int, 
         return TransformerPolicy(prompt_vocab_size=getattr(world, "prompt_vocab_size", None),
                                  max_prompt_len=max_prompt_len, seed=seed, sampler_noise_std=sampler_noise_std,
                                  sampler_precision=sampler_precision, token_draw=token_draw, compiled=compiled,
-                                 trainer_precision=trainer_precision, lm_head_fp32=lm_head_fp32, **sizes, **shape)
+                                 **sizes, **shape)
     policy = world.pretrained_policy()
     pretrained = {"d_model": policy.shape.d_model, "num_layers": policy.shape.num_layers,
                   "num_heads": policy.shape.num_heads}
@@ -122,7 +128,6 @@ def _build_transformer(world: World, init: str, max_prompt_len: int, seed: int, 
     policy.sampler_noise_std, policy.sampler_precision = sampler_noise_std, sampler_precision
     policy.token_draw = check_token_draw(token_draw)
     policy.model.compiled = check_compiled(compiled, sampler_precision)
-    policy.set_trainer_precision(trainer_precision, lm_head_fp32)
     return policy
 
 
@@ -174,6 +179,10 @@ POLICIES.register("transformer", build_transformer, {
                           doc="add c to every logit of the initial weights (the LM head's bias): softmax is unchanged "
                               "in exact arithmetic, but 16-bit logits round with the spacing of their magnitude, as a "
                               "real LLM's large logits do (docs/synthetic_lm_v7.md)"),
+    "score_padding": Param("fixed", str, choices=SCORE_PADDINGS,
+                           doc="length of each scoring forward: fixed = every row over the full response length; "
+                               "longest = over its rows' longest response, as Hugging Face / verl micro-batches pad "
+                               "(the recompute's micro-batches and the training forward then differ in length)"),
     "logp_micro_batch": Param(0, int, low=0, doc="> 0: the trainer recomputes the behaviour (old) log-probs right "
                                                   "after generation in micro-batches of this many rows, as verl does; "
                                                   "0: they come from the sampling pass (fp32) or one forward"),

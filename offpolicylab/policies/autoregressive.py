@@ -137,7 +137,7 @@ class AutoregressivePolicy(ABC):
         draws from generator i (batched seeds: each seed's draws are those its separate run would make).
         ``policy_logp=False``: with a reduced-precision engine, ``behavior_logp`` holds the engine's numbers (as
         ``sampler_logp``) and the policy's own are not computed (one forward pass less)."""
-        _check_temperature(temperature)
+        check_temperature(temperature)
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         n = len(prompts)
@@ -198,13 +198,10 @@ class AutoregressivePolicy(ABC):
         Padded positions hold the values of the pad token (the mask removes them).  Logits in a 16-bit
         ``trainer_precision`` are divided by τ in their dtype and normalised in float32 (verl's
         ``logprobs_from_logits``)."""
-        _check_temperature(rollout.temperature)
+        check_temperature(rollout.temperature)
         logits = self._scaled_logits(rollout.prompt_ids, rollout.prompt_mask, rollout.prompt_index,
                                      rollout.response_ids, rollout.temperature)
-        log_probs = torch.log_softmax(logits.float(), -1)
-        logp = log_probs.gather(-1, rollout.response_ids[..., None]).squeeze(-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-        return logp, entropy
+        return token_log_probs(logits, rollout.response_ids)
 
     def prefix_tree_log_probs(self, prompts: Prompts, temperature: float = 1.0) -> Tensor:
         """log softmax(z/τ) ``[N, K, V]`` after every response prefix of length t < T, K = Σ_{t<T} V^t, with grad.
@@ -212,7 +209,7 @@ class AutoregressivePolicy(ABC):
         Node ``offset_t + Σ_{s<t} y_s V^(t−1−s)`` (offset_t = Σ_{s<t} V^s: depth by depth, base-V order, first token
         most significant) holds π(· | x, y_{<t}).  Exact enumeration reads log π(y_t | x, y_{<t}) of all V^T
         responses off these K ≈ V^(T−1)·V/(V−1) distributions.  Logits come from :meth:`prefix_tree_logits`."""
-        _check_temperature(temperature)
+        check_temperature(temperature)
         logits = self.prefix_tree_logits(prompts.ids, prompts.mask, prompts.index)
         return torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
 
@@ -257,6 +254,14 @@ class AutoregressivePolicy(ABC):
                        temperature: float) -> Tensor:
         logits = self.response_logits(prompt_ids, prompt_mask, prompt_index, response_ids)
         return logits if temperature == 1.0 else logits / temperature
+
+
+def token_log_probs(logits: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(log p(y_t), H_t) with log p = log_softmax(float32(z)) and H = −Σ_v p_v log p_v, from ``logits`` [B, T, V]
+    of ``ids`` [B, T], normalised in float32 whatever the logits' dtype (verl's ``logprobs_from_logits``)."""
+    log_probs = torch.log_softmax(logits.float(), -1)
+    logp = log_probs.gather(-1, ids[..., None]).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
 
 
 def _randn(shape: torch.Size, generator: torch.Generator | Sequence[torch.Generator] | None,
@@ -382,7 +387,7 @@ def exponential_of(minus_u: Tensor) -> Tensor:
     return out
 
 
-def _check_temperature(temperature: float) -> None:
+def check_temperature(temperature: float) -> None:
     if not (isinstance(temperature, (int, float)) and temperature > 0 and temperature < float("inf")):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature!r} (use greedy() for argmax)")
 

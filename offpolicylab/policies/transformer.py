@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from offpolicylab.policies.autoregressive import ModulePolicy
+from offpolicylab.contracts import Rollout
+from offpolicylab.policies.autoregressive import ModulePolicy, check_temperature, token_log_probs
 from offpolicylab.policies.mixed_precision import (
     cast_parameters,
     check_trainer_precision,
@@ -43,6 +44,21 @@ from offpolicylab.policies.mixed_precision import (
     loss_scaler,
     trainer_autocast,
 )
+
+SCORE_PADDINGS = ("fixed", "longest")
+
+
+def check_score_padding(padding: str) -> str:
+    """``padding`` if it is one of :data:`SCORE_PADDINGS`, else ``ValueError`` naming them."""
+    if padding not in SCORE_PADDINGS:
+        raise ValueError(f"score_padding={padding!r} is invalid; valid: {', '.join(SCORE_PADDINGS)}")
+    return padding
+
+
+def longest_response(mask: Tensor) -> int:
+    """1 + the last position any row of ``mask`` [B, T] holds a valid token at (1 when none does)."""
+    used = (mask > 0).any(0).nonzero()
+    return int(used[-1]) + 1 if len(used) else 1
 
 
 @dataclass(frozen=True)
@@ -244,6 +260,7 @@ class TransformerPolicy(ModulePolicy):
     (:mod:`offpolicylab.policies.mixed_precision`); ``loss_scaler`` is fp16's dynamic loss scale (else None)."""
 
     SCALER_KEY = "loss_scaler."  # state_dict keys of the loss scaler's state (fp16)
+    score_padding = "fixed"  # the length of a scoring forward (:meth:`score`)
 
     def __init__(self, vocab_size: int, response_len: int, eos_id: int | None = None,
                  prompt_vocab_size: int | None = None, max_prompt_len: int = 16, d_model: int = 64,
@@ -267,12 +284,33 @@ class TransformerPolicy(ModulePolicy):
             self.load_state_dict(state)
 
     # ------------------------------------------------------------------------------------------ scoring
+    def score(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
+        """(logp, entropy) [B, T] as :meth:`ModulePolicy.score`; with ``score_padding = "longest"`` the forward runs
+        over positions 0 … L − 1 only, L = the rows' longest response (as Hugging Face collators and verl's
+        micro-batches pad to the longest sequence), the positions beyond 0.  Causal attention makes the valid
+        positions the same function of the weights either way: only the rounding of reductions over fewer or more
+        keys can differ."""
+        length = longest_response(rollout.response_mask) if self.score_padding == "longest" else self.response_len
+        if length == self.response_len:
+            return super().score(rollout)
+        check_temperature(rollout.temperature)
+        logits = self._logits(rollout.prompt_ids, rollout.prompt_mask, rollout.response_ids[:, :length])
+        if rollout.temperature != 1.0:
+            logits = logits / rollout.temperature
+        logp, entropy = token_log_probs(logits, rollout.response_ids[:, :length])
+        rest = (0, self.response_len - length)
+        return torch.nn.functional.pad(logp, rest), torch.nn.functional.pad(entropy, rest)
+
     def response_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor,
                         response_ids: Tensor) -> Tensor:
         """Logits [B, T, V] from one causal pass over ``[prompt, response[:, :-1]]``."""
         if response_ids.shape[1] != self.response_len:
             raise ValueError(f"response_ids has {response_ids.shape[1]} positions, the policy has response_len "
                              f"{self.response_len}")
+        return self._logits(prompt_ids, prompt_mask, response_ids)
+
+    def _logits(self, prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor) -> Tensor:
+        """Logits [B, L, V] of ``response_ids`` [B, L], L ≤ ``response_len``, in the trainer's precision."""
         prompt, real = self._prompt(prompt_ids, prompt_mask)
         tokens = torch.cat([prompt, response_ids[:, :-1]], dim=1)
         real = torch.cat([real, torch.ones_like(response_ids[:, :-1], dtype=torch.bool)], dim=1)

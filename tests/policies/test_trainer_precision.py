@@ -256,3 +256,37 @@ def test_logit_offset_leaves_fp32_log_probs_and_moves_16_bit_rounding(rollout):
     built = make_policy("transformer", world, init="random", logit_offset=2.5)
     reference = make_policy("transformer", world, init="random")
     assert torch.equal(built.model.head.bias, reference.model.head.bias + 2.5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_score_padding_longest_scores_the_valid_tokens_as_the_full_length_does(rollout, precision, temperature):
+    """score_padding=longest runs the forward over the rows' longest response only (here 5 of 8 positions); causal
+    attention makes the valid tokens the same function, so log π, the entropy and the gradient agree with the
+    full-length forward's on them (bit for bit on this CPU; within fp32 rounding in general), and the positions
+    beyond are 0."""
+    lengths = torch.tensor([3, 5, 2, 5] * (len(rollout) // 4))
+    mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
+    short = rollout.with_(response_mask=mask, temperature=temperature)
+    weights = {"trainer_weights": "cast"} if precision != "fp32" else {}
+    full, cut = policy(precision, **weights), policy(precision, **weights)
+    cut.score_padding = "longest"
+    (logp_full, entropy_full), (logp_cut, entropy_cut) = full.score(short), cut.score(short)
+    valid = mask > 0
+    assert torch.allclose(logp_cut[valid], logp_full[valid], atol=1e-6, rtol=0)
+    assert torch.allclose(entropy_cut[valid], entropy_full[valid], atol=1e-6, rtol=0)
+    assert torch.equal(logp_cut[:, 5:], torch.zeros_like(logp_cut[:, 5:]))
+    (logp_full * mask).sum().backward()
+    (logp_cut * mask).sum().backward()
+    for a, b in zip(full.trainable_parameters(), cut.trainable_parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_score_padding_is_validated(tmp_path, capsys):
+    from tests.cli.test_hostile_inputs import refused
+
+    base = ["run", "--world", "token_mdp", "--objective", "grpo", "--policy", "transformer", "--policy-param",
+            "init=random", "--updates", "2", "--out", str(tmp_path / "out")]
+    err = refused([*base, "--policy-param", "score_padding=packed"], capsys)
+    assert "score_padding" in err and "fixed, longest" in err
+    assert not (tmp_path / "out").exists()
