@@ -190,8 +190,8 @@ def _ess_of_means(mean: Tensor, square: Tensor, tokens: Tensor) -> Tensor:
 
 
 def _surely(flags: Tensor) -> bool:
-    """Whether every flag holds, read only where reading costs no device sync (a CPU tensor); False elsewhere."""
-    return flags.device.type == "cpu" and bool(flags.all())
+    """Whether every flag holds, read only where reading costs no device sync (:func:`_on_host`); False elsewhere."""
+    return _on_host(flags) and bool(flags.all())
 
 
 def kl_estimates(log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -223,19 +223,35 @@ def _top_quantile(values: Tensor, tokens: Tensor, q: float) -> tuple[Tensor, Ten
     """(max, q-quantile) per row of the valid entries of ``values`` [blocks, N] ≥ 0 (finite) whose padding is 0,
     ``tokens`` [blocks] valid entries per row; the quantile interpolates as :func:`masked_quantile` does (with p =
     q·(n − 1), v_(⌊p⌋) + (p − ⌊p⌋)·(v_(⌊p⌋+1) − v_(⌊p⌋)), the same steps; 0 for n = 0, where every value read is
-    padding), read from the top ⌈(1 − q)·(N − 1)⌉ + 2 values (the lower of the two interpolated order statistics is
-    at most (1 − q)·(n − 1) + 1 ranks from the top)."""
+    padding), read from the top values only (:func:`largest`): order statistic ⌊p⌋ is n − ⌊p⌋ ranks from the top.
+
+    Where the counts can be read without a device sync (CPU), the ranks and interpolation weights are worked out on
+    the host and only the c − ⌊q·(c − 1)⌋ top values the largest count c needs are read; elsewhere as tensors, from
+    the top ⌈(1 − q)·(N − 1)⌉ + 2 values (enough for any n ≤ N).  The same numbers either way."""
     n = values.shape[-1]
-    k = min(n, math.ceil((1.0 - q) * (n - 1)) + 2)
+    counts = tokens.tolist() if _on_host(tokens) else None
+    if counts is None:
+        k = min(n, math.ceil((1.0 - q) * (n - 1)) + 2)
+        last = tokens.to(torch.float64) - 1.0  # n − 1, float64 as masked_quantile (float32 positions are off by ~1e-4)
+        position = last.clamp_min(0.0).mul_(q)
+        below = position.floor()
+        low = (last - below).clamp_(0, k - 1).long()  # rank from the top of order statistic ⌊p⌋
+        ranks = torch.stack([low, (low - 1).clamp_min_(0)], -1)  # and of ⌊p⌋ + 1 (the same one at the very top)
+        fraction = position.sub_(below).to(values.dtype)
+    else:
+        positions = [q * max(count - 1.0, 0.0) for count in counts]
+        lows = [max(int(count - 1.0 - math.floor(p)), 0) for count, p in zip(counts, positions, strict=True)]
+        k = min(n, max(lows) + 1)
+        ranks = torch.tensor([[low, max(low - 1, 0)] for low in lows], device=values.device)
+        fraction = torch.tensor([p - math.floor(p) for p in positions], dtype=values.dtype, device=values.device)
     top = largest(values, k)  # [blocks, k], descending
-    last = tokens.to(torch.float64) - 1.0  # n − 1, float64 as masked_quantile (a float32 position is off by ~1e-4)
-    position = last.clamp_min(0.0).mul_(q)
-    below = position.floor()
-    low = (last - below).clamp_(0, k - 1).long()  # rank from the top of order statistic ⌊p⌋
-    ranks = torch.stack([low, (low - 1).clamp_min_(0)], -1)  # and of ⌊p⌋ + 1 (the same one at the very top)
-    pair = top.gather(-1, ranks)  # a gather, not top[low]: indexing with a tensor syncs the host
-    low_value, high_value = pair.unbind(-1)
-    return top[:, 0], low_value + position.sub_(below).to(values.dtype) * (high_value - low_value)
+    low_value, high_value = top.gather(-1, ranks).unbind(-1)  # a gather: indexing with a tensor syncs the host
+    return top[:, 0], low_value + fraction * (high_value - low_value)
+
+
+def _on_host(values: Tensor) -> bool:
+    """Whether reading ``values`` costs no device sync (a CPU tensor)."""
+    return values.device.type == "cpu"
 
 
 TOPK_BLOCK = 64

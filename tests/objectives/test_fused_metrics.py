@@ -202,10 +202,11 @@ def test_fused_summary_per_run_block_equals_numpy_at_the_edges(seed: int, dtype:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_fused_summary_is_the_same_when_every_block_takes_both_paths(dtype: torch.dtype, monkeypatch) -> None:
     """On the CPU the summary reads whether every block's ratios keep float32 precision from 1 + expm1 and takes the
-    e^Δ path only then; on other devices (no host read) it computes both and picks per block: the same numbers."""
+    e^Δ path only then, and works out the percentile's ranks on the host; on other devices (no host read) it computes
+    both paths and picks per block, and the ranks as tensors: the same numbers."""
     delta, mask = edge_blocks(5, dtype)
     cpu = stats.fused_ratio_summary(delta, mask, blocks=7)
-    monkeypatch.setattr(stats, "_surely", lambda flags: False)
+    monkeypatch.setattr(stats, "_on_host", lambda values: False)
     both = stats.fused_ratio_summary(delta, mask, blocks=7)
     for key in stats.RATIO_METRICS:
         assert torch.equal(both[key], cpu[key]), key
@@ -249,9 +250,13 @@ def test_an_objective_that_removes_no_token_reports_the_batch_mask() -> None:
         assert float(out.metrics["mask_frac"]) == 0.0, name
 
 
+@pytest.mark.parametrize("host", [True, False], ids=["ranks-on-host", "ranks-as-tensors"])
 @pytest.mark.parametrize("valid", [0, 1, 2, 999, 1000, 1001, 2500])
-def test_tail_quantile_from_topk_equals_the_sorted_quantile(valid: int) -> None:
-    """The top-k read of the 99.9th percentile at the edges of k: n valid tokens among N = 3000, ties included."""
+def test_tail_quantile_from_topk_equals_the_sorted_quantile(valid: int, host: bool, monkeypatch) -> None:
+    """The top-k read of the 99.9th percentile at the edges of k: n valid tokens among N = 3000, ties included; its
+    ranks worked out on the host (CPU: the k the count needs) or as tensors (other devices: k for any count)."""
+    if not host:
+        monkeypatch.setattr(stats, "_on_host", lambda values: False)
     gen = torch.Generator().manual_seed(valid)
     values = torch.randint(0, 50, (1, 3000), generator=gen).double() / 7.0  # many ties
     mask = torch.zeros(1, 3000, dtype=torch.float64)
