@@ -30,6 +30,8 @@ back to back on fresh inputs (the order rotates between rounds), and ours once m
 installed objectives have that switch; reported: medians, the medians of the paired per-round ratios ours / verl
 (with and without metrics) and, derived from the same paired times, the ratio with metrics every 10th call
 (``metrics_every=10``).  Targets: ≤ 1.5× verl's loss with metrics every call, ≤ 1.0× without.
+``--vs-verl --metrics-alone`` times the ten standard metrics alone, Δ with the one transcendental they need, and
+verl's ``gpg`` loss, paired per round (what the metrics cost against the loss REINFORCE is paired with).
 """
 
 from __future__ import annotations
@@ -328,13 +330,63 @@ def format_verl_table(timings: list[PairTiming], every: int = AMORTIZE_EVERY) ->
     return "\n".join(rows)
 
 
-def run_vs_verl(fields: dict[str, Tensor], repeats: int, warmup: int) -> int:
+def metrics_parts(fields: dict[str, Tensor]) -> dict[str, Any]:
+    """The timed parts of ``--metrics-alone``, each on a fresh batch built outside the timer: the ten standard
+    metrics alone (the batch's token count computed first, as the loss does), Δ = logp − behavior_logp with the one
+    transcendental the metrics need (``capped_expm1``) and one sum, and verl's ``gpg`` loss (forward + backward)."""
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig
+
+    from offpolicylab.formulas import capped_expm1
+    from offpolicylab.objectives.base import standard_metrics
+
+    gpg = VerlSide(core_algos, ActorConfig, VERL_PAIRS[-1])
+
+    def metrics() -> float:
+        batch = our_batch(fields)
+        batch.tokens()
+        start = clock()
+        standard_metrics(batch, batch.mask)
+        return clock() - start
+
+    def floor() -> float:
+        batch = our_batch(fields)
+        start = clock()
+        capped_expm1(batch.delta()).sum()
+        return clock() - start
+
+    return {"ten standard metrics alone": metrics, "Δ + expm1(min(Δ, 80)) + one sum": floor,
+            "verl gpg loss (forward + backward)": lambda: time_verl(gpg, fields)}
+
+
+def run_metrics_alone(fields: dict[str, Tensor], repeats: int, warmup: int) -> int:
+    """What the metrics cost against verl's ``gpg`` (the loss REINFORCE is paired with): paired per round."""
+    parts = metrics_parts(fields)
+    seconds: dict[str, list[float]] = {name: [] for name in parts}
+    for round_index in range(warmup + repeats):
+        names = list(parts)
+        shift = round_index % len(names)
+        measured = {name: parts[name]() for name in names[shift:] + names[:shift]}
+        if round_index >= warmup:
+            for name, value in measured.items():
+                seconds[name].append(value)
+    gpg = seconds[list(parts)[-1]]
+    print("| part | median ms | / verl gpg (median of paired) |\n|---|---:|---:|")
+    for name, values in seconds.items():
+        ratio = statistics.median(a / b for a, b in zip(values, gpg, strict=True))
+        print(f"| {name} | {1e3 * statistics.median(values):.3f} | {ratio:.2f} |")
+    return 0
+
+
+def run_vs_verl(fields: dict[str, Tensor], repeats: int, warmup: int, metrics_alone: bool = False) -> int:
     try:
         import verl
     except ImportError as error:
         print(f"--vs-verl needs verl installed (pip install -c constraints.txt verl): {error}", file=sys.stderr)
         return 2
     print(f"verl {verl.__version__}")
+    if metrics_alone:
+        return run_metrics_alone(fields, repeats, warmup)
     timings = benchmark_vs_verl(VERL_PAIRS, fields, repeats, warmup)
     print(format_verl_table(timings))
     over = [t.label for t in timings if t.ratio(t.ours) > VERL_TARGET or (t.bare and t.ratio(t.bare) > VERL_BARE_TARGET)]
@@ -408,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--objectives", nargs="*", default=None, help="subset (default: all registered)")
     parser.add_argument("--profile", metavar="NAME", default=None, help="profile one objective instead")
     parser.add_argument("--vs-verl", action="store_true", help="time ours vs verl's core_algos losses instead")
+    parser.add_argument("--metrics-alone", action="store_true",
+                        help="with --vs-verl: the ten standard metrics alone, Δ with its one expm1, and verl's gpg")
     parser.add_argument("--before", metavar="REV", default=None,
                         help="time this tree's objectives vs git revision REV's, in this process, instead")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
@@ -420,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [name for name in chosen + ([args.profile] if args.profile else []) if name not in valid]
     if unknown:
         print(f"unknown objective(s) {', '.join(unknown)}; valid: {', '.join(valid)}", file=sys.stderr)
+        return 2
+    if args.metrics_alone and not args.vs_verl:
+        print("--metrics-alone is a part of --vs-verl; valid: --vs-verl --metrics-alone", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     fields = make_fields(args.batch, args.length, args.group_size, args.seed)
@@ -435,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(profile(args.profile, fields))
         return 0
     if args.vs_verl:
-        return run_vs_verl(fields, args.repeats, args.warmup)
+        return run_vs_verl(fields, args.repeats, args.warmup, args.metrics_alone)
     if args.before:
         with tempfile.TemporaryDirectory() as folder:
             module = import_revision(args.before, Path(folder))
