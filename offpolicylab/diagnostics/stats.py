@@ -127,15 +127,12 @@ RATIO_MEAN_FLOOR = 0.125
 #: Ratios below e^80 were not capped (:data:`~offpolicylab.formulas.EXP_CLAMP`), so their ESS is that of e^Δ.
 _UNCAPPED = math.exp(EXP_CLAMP)
 
-#: The per-token sums :func:`fused_ratio_summary` divides by the token count together: of r·m, (r·m)², |Δ|, Δ².
-_SUMS = ("ratio_mean", "square", "log_ratio_abs_mean", "m2")
-
-
-def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Tensor | None = None
-                        ) -> dict[str, Tensor]:
+def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Tensor | None = None,
+                        ess: Tensor | None = None) -> dict[str, Tensor]:
     """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
     :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask`` (``tokens``: Σ mask per
-    block when the caller has it).  ``blocks`` > 1: the statistics of each of ``blocks`` equal consecutive row blocks
+    block when the caller has it; ``ess``: :func:`effective_sample_size` of the same arguments when the caller has
+    it — P3O's loss reads it — reported instead of the one from the ratios, its equal within float32 rounding).  ``blocks`` > 1: the statistics of each of ``blocks`` equal consecutive row blocks
     (several runs' batches joined row-wise), each a [blocks] tensor, every block reduced exactly as it would be
     alone (one call for a stack of runs instead of one per run).
 
@@ -152,8 +149,9 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     Precision: k1, k3, E|Δ| and M2 sum the unfused definitions' terms, computed by the same steps.  Each ratio
     r = 1 + e is within 2⁻²⁴ (float32) of e^min(Δ, 80) below 1 and within 2⁻²³ of it relatively above, so the
     ratio statistics and the ESS agree with the definitions within float32 rounding — not bit for bit — while a
-    block's mean ratio is at least :data:`RATIO_MEAN_FLOOR`, its Σ (r·m)² is finite (float32: Δ below ≈ 40) and no
-    ratio was capped (the ESS weighs e^Δ uncapped).  A block outside that (every ratio small, or huge log-ratios)
+    block's mean ratio is at least :data:`RATIO_MEAN_FLOOR` and its largest ratio below e^80 (none capped: the ESS
+    weighs e^Δ uncapped) and below √(largest float / N), so that Σ (r·m)² is finite (float32, N = 262,144:
+    Δ below ≈ 38).  A block outside that (every ratio small, or huge log-ratios)
     takes them from r = e^min(Δ, 80) and the max-rescaled ESS (:func:`effective_sample_size`) instead: on the CPU
     only when some block needs it (the check reads the flags, which costs no device sync there), on other devices
     always (both, then ``torch.where``: no host sync).
@@ -168,19 +166,29 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     work, ratio = torch.empty_like(delta), torch.empty_like(delta)
     torch.add(capped_expm1(delta, out=work), mask, out=ratio)  # r·m = e + m
     metrics = dict(zip(("kl_k1", "kl_k3"), _kl_terms(delta, count, work, expm1=work), strict=True))
-    sums = (ratio.sum(-1), torch.mul(ratio, ratio, out=work).sum(-1), torch.abs(delta, out=work).sum(-1),
-            torch.mul(delta, delta, out=work).sum(-1))  # each term summed right after it is written (still cached)
-    metrics.update(zip(_SUMS, torch.stack(sums).div_(count).unbind(), strict=True))
+    sums = {"ratio_mean": ratio.sum(-1), "log_ratio_abs_mean": torch.abs(delta, out=work).sum(-1),
+            "m2": torch.mul(delta, delta, out=work).sum(-1)}  # each term summed right after it is written (cached)
+    if ess is None:
+        sums["square"] = torch.mul(ratio, ratio, out=work).sum(-1)
+    metrics.update(zip(sums, torch.stack(tuple(sums.values())).div_(count).unbind(), strict=True))
     metrics["ratio_max"], metrics["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
-    metrics["ess"] = _ess_of_means(metrics["ratio_mean"], metrics["square"], tokens)
-    exact = ((metrics["ratio_mean"] >= RATIO_MEAN_FLOOR) & torch.isfinite(metrics.pop("square"))
-             & (metrics["ratio_max"] < _UNCAPPED))
+    metrics["ess"] = (_ess_of_means(metrics["ratio_mean"], metrics.pop("square"), tokens) if ess is None
+                      else ess.reshape(blocks))
+    exact = (metrics["ratio_mean"] >= RATIO_MEAN_FLOOR) & (metrics["ratio_max"] < _ratio_bound(delta))
     if not _surely(exact):
         torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=ratio), out=ratio).mul_(mask)  # r·m from e^Δ
-        direct = {"ratio_mean": ratio.sum(-1) / count, "ess": _ess_rows(delta, mask, work)}
+        direct = {"ratio_mean": ratio.sum(-1) / count}
         direct["ratio_max"], direct["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
+        if ess is None:
+            direct["ess"] = _ess_rows(delta, mask, work)
         metrics.update({key: torch.where(exact, metrics[key], value) for key, value in direct.items()})
     return {key: _shaped(metrics[key], blocks) for key in RATIO_METRICS}
+
+
+def _ratio_bound(delta: Tensor) -> float:
+    """The ratio below which 1 + expm1 Δ keeps the ESS exact in meaning: below e^80 (no ratio capped, so the ESS
+    weighs e^Δ) and below √(largest float / N), N tokens per row, so that Σ (r·m)² ≤ N·max² is finite."""
+    return min(_UNCAPPED, math.sqrt(torch.finfo(delta.dtype).max / delta.shape[-1]))
 
 
 def _ess_of_means(mean: Tensor, square: Tensor, tokens: Tensor) -> Tensor:

@@ -160,12 +160,13 @@ class TokenBatch:
 
     def ratio_summary(self) -> dict[str, Tensor]:
         """The ratio statistics of the batch (:func:`~offpolicylab.diagnostics.stats.fused_ratio_summary` of
-        :meth:`delta`), per run, computed once per batch.  Its ``ess`` is the summary's own (from the ratios it
-        computes); :meth:`ess` (what P3O's loss reads) is the same value within float32 rounding."""
+        :meth:`delta`), per run, computed once per batch.  Its ``ess`` is :meth:`ess` where the objective already
+        computed it (P3O's loss), else the summary's own from the ratios it computes (the same within float32
+        rounding); a part of a joined batch reads the joined batch's summary (:meth:`run_summaries`, its own ESS)."""
         if self._summary is None:
             if self._block is None:
                 self._summary = stats.fused_ratio_summary(self.delta(), self.mask, blocks=self.runs,
-                                                          tokens=self.tokens())
+                                                          tokens=self.tokens(), ess=self._ess)
             else:
                 joined, index = self._block
                 self._summary = {key: value[index] for key, value in joined.run_summaries().items()}

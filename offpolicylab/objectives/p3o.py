@@ -54,7 +54,7 @@ class P3O(Objective):
             "ess": ess,
             "p3o_kl_weight": kl_weight,
             "clip_frac": stats.fraction(stats.indicator(torch.gt, batch.ratio(), ess_rows), batch.mask, batch.runs),
-            "kl_behavior": batch.total(kl) / batch.total(batch.mask).clamp_min(1.0),  # KL_k3(0) = 0 on padding
+            "kl_behavior": batch.total(kl) / batch.tokens().clamp_min(1.0),  # KL_k3(0) = 0 on padding
         }
         return _p3o_gradient(value, batch.logp, coefficient, kl_weight_rows, slope), batch.mask, metrics
 
