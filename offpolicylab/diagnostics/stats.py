@@ -1,6 +1,8 @@
 """Pure statistics of importance ratios and policies, on masked ``[B, T]`` tensors.
 
-Every function takes ``mask`` (1 = token counts) and returns detached tensors; none calls ``.item()``.
+Every function takes ``mask`` (1 = token counts) and returns detached tensors; the per-update statistics never sync
+a device with the host (:func:`fused_ratio_summary` reads a few numbers only from CPU tensors, where reading costs
+no sync; :func:`stratified_standard_error`, for evaluation, reads the group sizes).
 Notation: r = exp(Δ), Δ = log r = logp − behavior_logp.
 """
 
