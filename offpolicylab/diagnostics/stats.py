@@ -129,14 +129,16 @@ RATIO_MEAN_FLOOR = 0.125
 #: Ratios below e^80 were not capped (:data:`~offpolicylab.formulas.EXP_CLAMP`), so their ESS is that of e^Δ.
 _UNCAPPED = math.exp(EXP_CLAMP)
 
+
 def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Tensor | None = None,
                         ess: Tensor | None = None) -> dict[str, Tensor]:
     """:func:`ratio_summary` of a detached log-ratio ``delta`` that is already 0 on padded tokens (as
-    :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask`` (``tokens``: Σ mask per
+    :attr:`~offpolicylab.objectives.TokenBatch.log_ratio` is), with a binary float ``mask``.  ``tokens``: Σ mask per
     block when the caller has it; ``ess``: :func:`effective_sample_size` of the same arguments when the caller has
-    it — P3O's loss reads it — reported instead of the one from the ratios, its equal within float32 rounding).  ``blocks`` > 1: the statistics of each of ``blocks`` equal consecutive row blocks
-    (several runs' batches joined row-wise), each a [blocks] tensor, every block reduced exactly as it would be
-    alone (one call for a stack of runs instead of one per run).
+    it (P3O's loss reads it), reported instead of the one from the ratios, its equal within float32 rounding.
+    ``blocks`` > 1: the statistics of each of ``blocks`` equal consecutive row blocks (several runs' batches joined
+    row-wise), each a [blocks] tensor, every block reduced exactly as it would be alone (one call for a stack of runs
+    instead of one per run).
 
     Fused: one transcendental, e = e^min(Δ, 80) − 1 (:func:`~offpolicylab.formulas.capped_expm1`; 0 on padding,
     where Δ = 0), gives k3 = e − Δ (:func:`~offpolicylab.formulas.k3`, the same steps) and the valid ratios
@@ -145,18 +147,18 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     and 99.9th percentile are read.  The per-token terms k3, (r·m)², |Δ|, Δ² are written into one scratch buffer in
     turn, each summed right after (while it is still in the cache; one reduction over all of them, written first, is
     slower); the padding is removed by the 0/1 mask (no ``torch.where``, no boolean tensors).  The 99.9th percentile
-    and the max come from the ⌈0.001·(N − 1)⌉ + 2 largest r·m (:func:`largest`, N = B·T) instead of a sort of all
-    N: with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all.
+    and the max come from the largest r·m (:func:`_top_quantile`, :func:`largest`) instead of a sort of all N = B·T:
+    with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all.
 
     Precision: k1, k3, E|Δ| and M2 sum the unfused definitions' terms, computed by the same steps.  Each ratio
     r = 1 + e is within 2⁻²⁴ (float32) of e^min(Δ, 80) below 1 and within 2⁻²³ of it relatively above, so the
     ratio statistics and the ESS agree with the definitions within float32 rounding — not bit for bit — while a
-    block's mean ratio is at least :data:`RATIO_MEAN_FLOOR` and its largest ratio below e^80 (none capped: the ESS
-    weighs e^Δ uncapped) and below √(largest float / N), so that Σ (r·m)² is finite (float32, N = 262,144:
-    Δ below ≈ 38).  A block outside that (every ratio small, or huge log-ratios)
-    takes them from r = e^min(Δ, 80) and the max-rescaled ESS (:func:`effective_sample_size`) instead: on the CPU
-    only when some block needs it (the check reads the flags, which costs no device sync there), on other devices
-    always (both, then ``torch.where``: no host sync).
+    block's mean ratio is at least :data:`RATIO_MEAN_FLOOR` and its largest ratio is below e^80 (none capped: the
+    ESS weighs e^Δ uncapped) and below √(largest float / N), so that Σ (r·m)² is finite (float32, N = 262,144:
+    Δ below ≈ 38).  A block outside that (every ratio small, or huge log-ratios) takes them from r = e^min(Δ, 80)
+    and the max-rescaled ESS (:func:`effective_sample_size`) instead: on the CPU only when some block needs it (the
+    check reads the flags, which costs no device sync there), on other devices always (both, then ``torch.where``:
+    no host sync).
     """
     if delta.numel() == 0:
         return {key: _shaped(delta.new_ones(blocks) if key == "ess" else delta.new_zeros(blocks), blocks)
