@@ -106,6 +106,7 @@ POLICY_DEPENDS: dict[tuple[str, str, Any], dict[str, Any]] = {
     ("transformer", "d_model", 1): {"num_heads": 1, "init": "random"},  # a multiple of num_heads
     ("sequence_model", "max_prompt_len", 1): {},  # shorter than the world's prompts: refused (below)
     ("transformer", "max_prompt_len", 1): {},
+    ("transformer", "trainer_weights", "cast"): {"trainer_precision": "bf16"},  # 16-bit weight copies need a 16-bit trainer
 }
 POLICY_EDGES = [(policy, name, value) for policy in POLICY_WORLDS for name, param in POLICIES.params(policy).items()
                 for value in edges(param) if param.kind is not bool]
