@@ -25,8 +25,8 @@ response (``score_padding``).  ``--logit-offset c``: every student's logits shif
 (``logit_offset``).  ``chosen_logit.offset_rule`` is the smallest multiple of 0.5 that lifts SmolLM2-135M's share
 of chosen-token fp32 logits ≥ 32 (12.4 %) into the unshifted student (docs/synthetic_lm_v7.md, part 5's rule).
 
-Each comparison reports p99, p99.9, max and the share beyond 0.18 (ε = 0.2's upper clip edge in log space), overall
-and by π_old bin; plus the chosen tokens' fp32 logits.  The rule that reads it is in docs/synthetic_lm_v7.md.
+Each comparison reports p99, p99.9, max and the shares beyond 0.18 (ε = 0.2's upper clip edge in log space) and 0.09,
+overall and by π_old bin (``experiments/precision_screen.py``'s ``summary``, the SmolLM2 screen's statistics); plus the chosen tokens' fp32 logits.  The rule that reads it is in docs/synthetic_lm_v7.md.
 """
 
 from __future__ import annotations
@@ -45,30 +45,14 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from precision_screen import summary  # noqa: E402  (experiments/: quantiles of |Δ| by π_old bin)
+
 from offpolicylab.behavior import recompute_behavior_logp  # noqa: E402
 from offpolicylab.policies.precision import sampler_weights  # noqa: E402
 from offpolicylab.run_dir import write_json  # noqa: E402
 from offpolicylab.worlds import synthetic_lm_v6 as v6  # noqa: E402
 
-CLIP = 0.18
-EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 1.0 + 1e-9)
 SMOLLM2 = {"beyond_clip": 0.0102, "p999": 0.296, "chosen_logit_share_ge_32": 0.124}
-
-
-def stats(delta: np.ndarray, old: np.ndarray) -> dict[str, Any]:
-    """Quantiles of |Δ| and the share beyond the clip edge, overall and by π_old bin."""
-    def one(values: np.ndarray) -> dict[str, float]:
-        if not len(values):
-            return {"tokens": 0}
-        return {"tokens": int(len(values)), "p50": float(np.median(values)), "p99": float(np.quantile(values, 0.99)),
-                "p999": float(np.quantile(values, 0.999)), "max": float(values.max()),
-                "beyond_clip": float((values > CLIP).mean())}
-    pi = np.exp(old)
-    out = one(delta)
-    out["by_pi_old"] = {f"[{lo:g}, {min(hi, 1.0):g})": {**one(delta[(pi >= lo) & (pi < hi)]),
-                                                        "share": float(((pi >= lo) & (pi < hi)).mean())}
-                        for lo, hi in zip(EDGES[:-1], EDGES[1:], strict=True)}
-    return out
 
 
 def offset_rule(chosen: np.ndarray, share: float = SMOLLM2["chosen_logit_share_ge_32"]) -> float:
@@ -131,15 +115,15 @@ def screen_one(policy: Any, world: Any, prompts: int, group: int, micro_batch: i
         "chosen_logit": {"p50": float(np.median(chosen)), "p99": float(np.quantile(chosen, 0.99)),
                          "share_ge_32": float((np.abs(chosen) >= 32).mean()), "offset_rule": offset_rule(chosen)},
         "share_pi_old_ge_0.9": float((np.exp(old) >= 0.9).mean()),
-        "step:fp32 drift": stats(np.abs(drift), old),
+        "step:fp32 drift": summary(np.abs(drift), old),
     }
     for precision in ("bf16", "fp16"):
         whole = logp_of(policy, rollout, precision, weights=weights)
-        out[f"rounding:{precision}"] = stats(np.abs(whole - old), old)
-        out[f"batching:{precision}"] = stats(np.abs(logp_of(policy, rollout, precision, micro_batch, weights)
+        out[f"rounding:{precision}"] = summary(np.abs(whole - old), old)
+        out[f"batching:{precision}"] = summary(np.abs(logp_of(policy, rollout, precision, micro_batch, weights)
                                                     - whole), old)
-        out[f"engine:{precision}"] = stats(np.abs(engine_logp(policy, rollout, precision) - whole), old)
-        out[f"step:{precision}"] = stats(np.abs(logp_of(moved, rollout, precision, weights=weights) - whole - drift),
+        out[f"engine:{precision}"] = summary(np.abs(engine_logp(policy, rollout, precision) - whole), old)
+        out[f"step:{precision}"] = summary(np.abs(logp_of(moved, rollout, precision, weights=weights) - whole - drift),
                                          old)
     return out
 
