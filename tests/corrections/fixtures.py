@@ -112,3 +112,14 @@ def sanitised(fixture: Fixture) -> Fixture:
     logp, sampler, mask, adv = fixture
     valid = mask.bool()
     return torch.where(valid, logp, 0.0), torch.where(valid, sampler, 0.0), mask, adv
+
+
+def loss_inputs(name: str, dtype: torch.dtype, seed: int) -> tuple[Tensor, ...]:
+    """(π_old, sampler, mask, A, π_θ, A_t) for an engine's loss: the :func:`sanitised` fixture ``name`` in ``dtype``
+    (its mask too), a current log-prob π_old + 0.1·N(0, 1) (seeded, 0 on padding) and the per-token advantages A_t
+    (A on every valid token, 0 on padding)."""
+    old, sampler, mask, adv = sanitised(FIXTURES[name](dtype))
+    mask = mask.to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    current = (old + 0.1 * torch.randn(old.shape, generator=gen, dtype=torch.float64).to(dtype)) * mask
+    return old, sampler, mask, adv, current, adv.to(dtype)[:, None].expand_as(old) * mask

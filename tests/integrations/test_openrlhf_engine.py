@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from offpolicylab import corrections
-from tests.corrections.fixtures import FIXTURES, sanitised
+from tests.corrections.fixtures import FIXTURES, loss_inputs, sanitised
 from tests.integrations.engine_source import bare_module, installed
 from tests.objectives._golden import run
 
@@ -65,11 +65,7 @@ def test_factor_and_filter_equal_openrlhfs(name: str, kind: str, band: tuple[flo
 @pytest.mark.parametrize("kind", TYPES)
 @pytest.mark.parametrize("name", ["long", "extreme", "empty_rows", "near_one", "top_p"])
 def test_aggregated_loss_equals_openrlhfs(name: str, kind: str, dtype: torch.dtype) -> None:
-    old, sampler, mask, adv = sanitised(FIXTURES[name](dtype))
-    mask = mask.to(dtype)
-    gen = torch.Generator().manual_seed(9)
-    current = (old + 0.1 * torch.randn(old.shape, generator=gen, dtype=torch.float64).to(dtype)) * mask
-    token_adv = adv.to(dtype)[:, None].expand_as(old) * mask
+    old, sampler, mask, adv, current, token_adv = loss_inputs(name, dtype, 9)
     logp = current.clone().requires_grad_(True)
     loss = policy_loss(kind, (0.5, 5.0))(logp, old, token_adv, action_mask=mask, rollout_log_probs=sampler)[0]
     loss.backward()

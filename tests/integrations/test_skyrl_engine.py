@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from offpolicylab import corrections
-from tests.corrections.fixtures import FIXTURES, sanitised
+from tests.corrections.fixtures import FIXTURES, loss_inputs, sanitised
 from tests.integrations.engine_source import bare_module, installed
 from tests.objectives._golden import run
 
@@ -69,11 +69,7 @@ def test_weights_and_keep_equal_skyrls(name: str, config: dict, dtype: torch.dty
 @pytest.mark.parametrize("config", CONFIGS[:3] + CONFIGS[5:6], ids=lambda c: ",".join(c))
 @pytest.mark.parametrize("name", ["long", "extreme", "empty_rows", "near_one"])
 def test_aggregated_loss_equals_skyrls(name: str, config: dict, dtype: torch.dtype) -> None:
-    old, sampler, mask, adv = sanitised(FIXTURES[name](dtype))
-    mask = mask.to(dtype)
-    gen = torch.Generator().manual_seed(7)
-    current = (old + 0.1 * torch.randn(old.shape, generator=gen, dtype=torch.float64).to(dtype)) * mask
-    token_adv = adv.to(dtype)[:, None].expand_as(old) * mask
+    old, sampler, mask, adv, current, token_adv = loss_inputs(name, dtype, 7)
     divided = ppo.apply_loss_reduction_to_advantages_minibatch(token_adv, mask, "token_mean", len(mask),
                                                                old.shape[1])
     algo = omegaconf.OmegaConf.create(dict(policy_loss_type="regular", eps_clip_low=0.2, eps_clip_high=0.2,
