@@ -166,9 +166,24 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     mask = mask.to(delta.dtype).reshape(blocks, -1)
     delta = delta.reshape(blocks, -1)
     tokens = mask.sum(-1) if tokens is None else tokens.reshape(blocks)
+    if _on_host(delta):  # first without the cap, which changes nothing unless some ratio reaches the bound
+        summary, exact = _ratio_statistics(delta, mask, tokens, ess, capped=False)
+        if _surely(exact):
+            return summary
+    return _ratio_statistics(delta, mask, tokens, ess, capped=True)[0]
+
+
+def _ratio_statistics(delta: Tensor, mask: Tensor, tokens: Tensor, ess: Tensor | None,
+                      capped: bool) -> tuple[dict[str, Tensor], Tensor]:
+    """(:func:`fused_ratio_summary` of a [blocks, N] ``delta`` and ``mask``, the [blocks] flags of the blocks whose
+    ratios keep float32 precision from 1 + expm1 Δ).  ``capped``: e = expm1(min(Δ, 80)) as the definition reads;
+    else e = expm1(Δ), the same numbers in every block whose flag holds (their ratios lie below e^80, so every
+    Δ < 80), and the blocks whose flag fails take the e^Δ path (their k3 too: the caller calls again capped)."""
+    blocks = delta.shape[0]
     count = tokens.clamp_min(1.0)
     work, ratio = torch.empty_like(delta), torch.empty_like(delta)
-    torch.add(capped_expm1(delta, out=work), mask, out=ratio)  # r·m = e + m
+    expm1 = capped_expm1(delta, out=work) if capped else torch.expm1(delta, out=work)
+    torch.add(expm1, mask, out=ratio)  # r·m = e + m
     metrics = dict(zip(("kl_k1", "kl_k3"), _kl_terms(delta, count, work, expm1=work), strict=True))
     sums = {"ratio_mean": ratio.sum(-1), "log_ratio_abs_mean": torch.abs(delta, out=work).sum(-1),
             "m2": torch.mul(delta, delta, out=work).sum(-1)}  # each term summed right after it is written (cached)
@@ -179,14 +194,14 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     metrics["ess"] = (_ess_of_means(metrics["ratio_mean"], metrics.pop("square"), tokens) if ess is None
                       else ess.reshape(blocks))
     exact = (metrics["ratio_mean"] >= RATIO_MEAN_FLOOR) & (metrics["ratio_max"] < _ratio_bound(delta))
-    if not _surely(exact):
+    if capped and not _surely(exact):
         torch.exp(torch.clamp(delta, max=EXP_CLAMP, out=ratio), out=ratio).mul_(mask)  # r·m from e^Δ
         direct = {"ratio_mean": ratio.sum(-1) / count}
         direct["ratio_max"], direct["ratio_p999"] = _top_quantile(ratio, tokens, RATIO_TAIL_QUANTILE)
         if ess is None:
             direct["ess"] = _ess_rows(delta, mask, work)
         metrics.update({key: torch.where(exact, metrics[key], value) for key, value in direct.items()})
-    return {key: _shaped(metrics[key], blocks) for key in RATIO_METRICS}
+    return {key: _shaped(metrics[key], blocks) for key in RATIO_METRICS}, exact
 
 
 def _ratio_bound(delta: Tensor) -> float:

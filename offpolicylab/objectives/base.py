@@ -136,10 +136,15 @@ class Objective:
         if batch.runs > 1 and not self.joins_runs:
             raise ValueError(f"objective {self.name!r} cannot score {batch.runs} runs' batches in one call: it is not "
                              "row-wise, keeps state or corrects the sampler mismatch")
+        corrects = (self.tis_cap is not None or self._correction is not None) and batch.sampler_logp is not None
+        direct = None if corrects else self.aggregated_loss(batch)
+        if direct is not None:
+            loss, token_mask, extra = direct
+            return self._output(loss, batch, token_mask, extra, None, metrics)
+        factor = None
         per_token, token_mask, extra = self.token_loss(batch)
         token_mask = token_mask if token_mask is batch.mask else token_mask * batch.mask
         loss_mask = batch.mask
-        factor = None
         if self.tis_cap is not None and batch.sampler_logp is not None:
             factor = tis_weight(batch, self.tis_cap)
             per_token = per_token * factor
@@ -147,6 +152,19 @@ class Objective:
             per_token, token_mask, loss_mask, factor = corrected(self._correction, batch, per_token, token_mask)
         loss = aggregate(per_token, loss_mask, self.agg, finite_padding=True, norm=self.norm_constant,
                          blocks=batch.runs, tokens=batch.tokens() if loss_mask is batch.mask else None)
+        return self._output(loss, batch, token_mask, extra, factor, metrics)
+
+    def aggregated_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
+        """(agg(ℓ), token mask, extra metrics) computed directly — the same loss and gradient, bit for bit, as
+        :meth:`token_loss` aggregated with ``agg`` — where the objective has such a form for its parameters, else
+        None (the default: :meth:`token_loss` and :func:`aggregate`).  Not called when a mismatch correction
+        weighs the per-token loss."""
+        return None
+
+    def _output(self, loss: Tensor, batch: TokenBatch, token_mask: Tensor, extra: dict[str, Tensor],
+                factor: Tensor | None, metrics: bool) -> LossOutput:
+        """The aggregated loss with its regularization terms and, when ``metrics``, the standard metrics, the
+        correction's (``factor``: its per-token factor) and the objective's ``extra`` ones."""
         loss, terms = self.regularized(loss, batch)
         if not metrics:
             return LossOutput(loss=loss, metrics={}, token_mask=token_mask)

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from offpolicylab.diagnostics import stats
 from offpolicylab.formulas import clip_ratio
+from offpolicylab.objectives.aggregation import canonical_agg
 from offpolicylab.objectives.base import Objective, Param, register
 from offpolicylab.objectives.batch import TokenBatch
 
@@ -28,6 +29,43 @@ class Reinforce(Objective):
 
     def token_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
         return -batch.advantages * batch.logp, batch.mask, {}
+
+    def aggregated_loss(self, batch: TokenBatch) -> tuple[Tensor, Tensor, dict[str, Tensor]] | None:
+        """``token-mean``: L = −Σ A·log π / n per run (:func:`policy_gradient_mean`); other modes: None."""
+        if canonical_agg(self.agg) != "token-mean":
+            return None
+        return policy_gradient_mean(batch.logp, batch.advantages, batch.tokens(), batch.runs), batch.mask, {}
+
+
+def policy_gradient_mean(logp: Tensor, advantages: Tensor, tokens: Tensor, blocks: int = 1) -> Tensor:
+    """L = Σ (−A·log π)·m / n over each of ``blocks`` equal row blocks (n = ``tokens`` per block, [blocks]; 0-d
+    for one block): REINFORCE's loss aggregated with ``token-mean``, for ``advantages`` (detached) that are 0 on
+    padded tokens, as a :class:`~offpolicylab.objectives.TokenBatch`'s are.
+
+    The loss and its gradient are those of the written-out form, ``aggregate(-A * logp, m, "token-mean")``, bit for
+    bit: with A = 0 on padding, (−A·log π)·m is −(A·log π) on every token (negation and the 0/1 factor are exact),
+    summed in the same order, and the gradient ((g/n)·m)·(−A) is A·(−g/n).  One product and one sum forward, one
+    product backward (autograd through the written-out form: three products forward, two backward)."""
+    return _PolicyGradientMean.apply(logp, advantages.detach(), tokens.detach().clamp_min(1.0), blocks)
+
+
+class _PolicyGradientMean(torch.autograd.Function):
+    """See :func:`policy_gradient_mean` (first-order gradients only)."""
+
+    @staticmethod
+    def forward(ctx: Any, logp: Tensor, advantages: Tensor, count: Tensor, blocks: int) -> Tensor:
+        ctx.save_for_backward(advantages, count)
+        ctx.blocks = blocks
+        return -(stats.total(advantages * logp.detach(), blocks) / count)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        advantages, count = ctx.saved_tensors
+        scale = -(grad / count)  # [blocks], or 0-d for one block
+        if ctx.blocks == 1:
+            return advantages * scale, None, None, None
+        rows = advantages.reshape(ctx.blocks, -1) * scale[:, None]
+        return rows.reshape(advantages.shape), None, None, None
 
 
 def straight_through(value: Tensor, logp: Tensor, coefficient: Tensor, slope: Tensor) -> Tensor:
