@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import inspect
+import math
 import re
 import shlex
 import statistics
@@ -355,13 +356,95 @@ def metrics_parts(fields: dict[str, Tensor]) -> dict[str, Any]:
         capped_expm1(batch.delta()).sum()
         return clock() - start
 
-    return {"ten standard metrics alone": metrics, "Δ + expm1(min(Δ, 80)) + one sum": floor,
+    reinforce = our_objective(VERL_PAIRS[-1])
+    return {"reinforce with the ten metrics (forward + backward)": lambda: time_ours(reinforce, fields),
+            "reinforce loss alone (forward + backward)": lambda: time_ours(reinforce, fields, metrics=False),
+            "ten standard metrics alone": metrics, "Δ + expm1(min(Δ, 80)) + one sum": floor,
             "verl gpg loss (forward + backward)": lambda: time_verl(gpg, fields)}
 
 
-def run_metrics_alone(fields: dict[str, Tensor], repeats: int, warmup: int) -> int:
+#: e^x − 1 = Σ_{j ≥ 1} x^j / j!, to j = 8 (Horner): below |x| < 1/2 the rest is < 2⁻²⁷ relative
+_EXPM1_TAYLOR = tuple(1.0 / math.factorial(j) for j in range(8, 0, -1))
+
+
+def _precise_expm1(x: Tensor) -> Tensor:
+    """e^x − 1 for a compiled pass: inductor's vectorized ``expm1`` is exp(x) − 1, which loses k3 = (e^x − 1) − x
+    near x = 0, so the Taylor polynomial below |x| < 1/2 and exp(x) − 1 above (where it keeps float32 precision)."""
+    series = torch.full_like(x, _EXPM1_TAYLOR[0])
+    for coefficient in _EXPM1_TAYLOR[1:]:
+        series = series * x + coefficient
+    return torch.where(x.abs() < 0.5, series * x, torch.exp(x) - 1.0)
+
+
+def _one_pass(logp: Tensor, behavior: Tensor, mask: Tensor, entropy: Tensor, advantages: Tensor) -> tuple[Tensor, Tensor]:
+    """[1, N] inputs → ([N/64, 8] per-64-token partial sums of Δ, k3, r·m, |Δ|, Δ², (r·m)², entropy, A·log π;
+    [N/64] 64-token maxima of r·m): every statistic's pass in one loop when compiled."""
+    delta = (logp - behavior).reshape(-1, 64)
+    expm1 = _precise_expm1(torch.clamp(delta, max=80.0))
+    ratio = expm1 + mask.reshape(-1, 64)
+    terms = (delta, expm1 - delta, ratio, delta.abs(), delta * delta, ratio * ratio, entropy.reshape(-1, 64),
+             (advantages * logp).reshape(-1, 64))
+    return torch.stack([term.sum(-1) for term in terms], -1), ratio.amax(-1)
+
+
+def compiled_parts(fields: dict[str, Tensor]) -> dict[str, Any]:
+    """``--compiled``: what one fused pass would cost — a measurement, not the library's code.  ``torch.compile``
+    (inductor) of :func:`_one_pass` (Δ, e = e^min(Δ, 80) − 1, the 64-token partial sums of the metrics' terms and
+    the 64-token maxima of r·m in one loop over the tokens), the partial sums summed and the percentile read from
+    the 136 blocks with the largest maxima (their ratios recomputed eagerly); the second row adds REINFORCE's
+    −Σ A·log π / n to the same pass, its gradient A·(−g/n) backward."""
+    from offpolicylab.diagnostics.stats import largest
+
+    one_pass = torch.compile(_one_pass, dynamic=False)
+
+    def summary(batch: TokenBatch) -> tuple[Tensor, Tensor]:
+        flat = [value.detach().reshape(1, -1) for value in (batch.logp, batch.behavior_logp, batch.mask,
+                                                              batch.entropy, batch.advantages)]
+        partial, maxima = one_pass(*flat)
+        k = 136  # the top ranks the 99.9th percentile of 262,144 tokens needs
+        chosen = maxima.topk(k, sorted=False).indices
+        logp, behavior, mask = (value.reshape(-1, 64).index_select(0, chosen) for value in flat[:3])
+        top = largest((torch.expm1((logp - behavior).clamp(max=80.0)) + mask).reshape(1, -1), k)
+        return partial.sum(0) / batch.tokens(), top
+
+    class Fused(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, logp: Tensor, batch: TokenBatch) -> Tensor:
+            sums, _ = summary(batch)
+            ctx.save_for_backward(batch.advantages, batch.tokens())
+            return -sums[7]
+
+        @staticmethod
+        def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+            advantages, tokens = ctx.saved_tensors
+            return advantages * -(grad / tokens), None
+
+    def metrics() -> float:
+        batch = our_batch(fields)
+        batch.tokens()
+        start = clock()
+        summary(batch)
+        return clock() - start
+
+    def fused() -> float:
+        batch = our_batch(fields)
+        batch.tokens()
+        start = clock()
+        Fused.apply(batch.logp, batch).backward()
+        return clock() - start
+
+    start = time.perf_counter()
+    metrics()
+    print(f"compiled the one pass in {time.perf_counter() - start:.1f} s")
+    return {"compiled: the metrics' one pass + percentile read": metrics,
+            "compiled: reinforce loss + metrics in one pass (forward + backward)": fused}
+
+
+def run_metrics_alone(fields: dict[str, Tensor], repeats: int, warmup: int, compiled: bool = False) -> int:
     """What the metrics cost against verl's ``gpg`` (the loss REINFORCE is paired with): paired per round."""
     parts = metrics_parts(fields)
+    if compiled:
+        parts = {**compiled_parts(fields), **parts}
     seconds: dict[str, list[float]] = {name: [] for name in parts}
     for round_index in range(warmup + repeats):
         names = list(parts)
@@ -378,7 +461,8 @@ def run_metrics_alone(fields: dict[str, Tensor], repeats: int, warmup: int) -> i
     return 0
 
 
-def run_vs_verl(fields: dict[str, Tensor], repeats: int, warmup: int, metrics_alone: bool = False) -> int:
+def run_vs_verl(fields: dict[str, Tensor], repeats: int, warmup: int, metrics_alone: bool = False,
+                compiled: bool = False) -> int:
     try:
         import verl
     except ImportError as error:
@@ -386,7 +470,7 @@ def run_vs_verl(fields: dict[str, Tensor], repeats: int, warmup: int, metrics_al
         return 2
     print(f"verl {verl.__version__}")
     if metrics_alone:
-        return run_metrics_alone(fields, repeats, warmup)
+        return run_metrics_alone(fields, repeats, warmup, compiled)
     timings = benchmark_vs_verl(VERL_PAIRS, fields, repeats, warmup)
     print(format_verl_table(timings))
     over = [t.label for t in timings if t.ratio(t.ours) > VERL_TARGET or (t.bare and t.ratio(t.bare) > VERL_BARE_TARGET)]
@@ -462,6 +546,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vs-verl", action="store_true", help="time ours vs verl's core_algos losses instead")
     parser.add_argument("--metrics-alone", action="store_true",
                         help="with --vs-verl: the ten standard metrics alone, Δ with its one expm1, and verl's gpg")
+    parser.add_argument("--compiled", action="store_true",
+                        help="with --metrics-alone: also one torch.compile'd pass of the metrics (and REINFORCE's "
+                             "loss), a measurement of what fusing would give (needs a C++ compiler)")
     parser.add_argument("--before", metavar="REV", default=None,
                         help="time this tree's objectives vs git revision REV's, in this process, instead")
     parser.add_argument("--clock", choices=tuple(CLOCKS), default="cpu",
@@ -478,6 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.metrics_alone and not args.vs_verl:
         print("--metrics-alone is a part of --vs-verl; valid: --vs-verl --metrics-alone", file=sys.stderr)
         return 2
+    if args.compiled and not args.metrics_alone:
+        print("--compiled is a part of --metrics-alone; valid: --vs-verl --metrics-alone --compiled", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     fields = make_fields(args.batch, args.length, args.group_size, args.seed)
     tokens = int(fields["mask"].sum())
@@ -492,7 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(profile(args.profile, fields))
         return 0
     if args.vs_verl:
-        return run_vs_verl(fields, args.repeats, args.warmup, args.metrics_alone)
+        return run_vs_verl(fields, args.repeats, args.warmup, args.metrics_alone, args.compiled)
     if args.before:
         with tempfile.TemporaryDirectory() as folder:
             module = import_revision(args.before, Path(folder))
