@@ -148,7 +148,9 @@ def fused_ratio_summary(delta: Tensor, mask: Tensor, blocks: int = 1, tokens: Te
     turn, each summed right after (while it is still in the cache; one reduction over all of them, written first, is
     slower); the padding is removed by the 0/1 mask (no ``torch.where``, no boolean tensors).  The 99.9th percentile
     and the max come from the largest r·m (:func:`_top_quantile`, :func:`largest`) instead of a sort of all N = B·T:
-    with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all.
+    with r ≥ 0 and the padding at 0, the top ranks of the valid ratios are the top ranks of all.  On the CPU the
+    cap min(Δ, 80) is skipped first (one pass less): it changes no number in a block whose flags below hold (its
+    ratios lie below e^80, so every Δ < 80); if some block's do not, the summary is computed again with the cap.
 
     Precision: k1, k3, E|Δ| and M2 sum the unfused definitions' terms, computed by the same steps.  Each ratio
     r = 1 + e is within 2⁻²⁴ (float32) of e^min(Δ, 80) below 1 and within 2⁻²³ of it relatively above, so the
