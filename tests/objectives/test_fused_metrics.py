@@ -397,3 +397,27 @@ def test_cispo_clip_fraction_counts_only_valid_tokens(eps_low: float, eps_high: 
     ratio = np.exp(fields["logp"].double().numpy()[valid] - fields["behavior_logp"].double().numpy()[valid])
     outside = (ratio < 1.0 - eps_low) | (ratio > 1.0 + eps_high)
     assert float(out.metrics["clip_frac"]) == pytest.approx(outside.mean(), abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("huge", [80.0, 85.0, 95.0])
+def test_the_uncapped_first_pass_keeps_the_cap_where_a_log_ratio_reaches_it(dtype: torch.dtype, huge: float) -> None:
+    """On the CPU the summary first computes e = expm1(Δ) without the cap min(Δ, 80); a block with a log-ratio at or
+    beyond 80 (e finite above e^80 − 1; inf in float32 past Δ ≈ 88.7) is summarized again with the cap: k3 and every
+    ratio statistic equal the capped definitions in float64 NumPy, and both runs of blocks (one with the huge
+    log-ratio, one without) equal their own calls bit for bit (the other block's path)."""
+    gen = torch.Generator().manual_seed(3)
+    delta = 0.3 * torch.randn(4, 64, generator=gen, dtype=dtype)
+    mask = torch.ones(4, 64, dtype=dtype)
+    mask[1, 40:] = 0.0
+    delta = delta * mask
+    delta[0, 5] = huge
+    joined = stats.fused_ratio_summary(delta, mask, blocks=2)
+    for block in range(2):
+        rows = slice(2 * block, 2 * block + 2)
+        alone = stats.fused_ratio_summary(delta[rows], mask[rows])
+        want = reference_summary(delta[rows].double().numpy()[mask[rows].numpy() > 0])
+        for key in stats.RATIO_METRICS:
+            assert torch.equal(joined[key][block], alone[key]), (block, key)
+            assert float(alone[key]) == pytest.approx(want[key], rel=2e-5 if dtype == torch.float32 else 1e-12,
+                                                      abs=1e-30), (block, key)
