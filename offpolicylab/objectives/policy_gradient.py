@@ -39,8 +39,8 @@ class Reinforce(Objective):
 
 def policy_gradient_mean(logp: Tensor, advantages: Tensor, tokens: Tensor, blocks: int = 1) -> Tensor:
     """L = Σ (−A·log π)·m / n over each of ``blocks`` equal row blocks (n = ``tokens`` per block, [blocks]; 0-d
-    for one block): REINFORCE's loss aggregated with ``token-mean``, for ``advantages`` (detached) that are 0 on
-    padded tokens, as a :class:`~offpolicylab.objectives.TokenBatch`'s are.
+    for one block): REINFORCE's loss aggregated with ``token-mean``, for ``advantages`` (detached) that are 0 and a
+    ``logp`` that is finite on padded tokens, as a :class:`~offpolicylab.objectives.TokenBatch`'s are (Williams 1992).
 
     The loss and its gradient are those of the written-out form, ``aggregate(-A * logp, m, "token-mean")``, bit for
     bit: with A = 0 on padding, (−A·log π)·m is −(A·log π) on every token (negation and the 0/1 factor are exact),
