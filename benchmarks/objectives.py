@@ -30,8 +30,10 @@ back to back on fresh inputs (the order rotates between rounds), and ours once m
 installed objectives have that switch; reported: medians, the medians of the paired per-round ratios ours / verl
 (with and without metrics) and, derived from the same paired times, the ratio with metrics every 10th call
 (``metrics_every=10``).  Targets: ≤ 1.5× verl's loss with metrics every call, ≤ 1.0× without.
-``--vs-verl --metrics-alone`` times the ten standard metrics alone, Δ with the one transcendental they need, and
-verl's ``gpg`` loss, paired per round (what the metrics cost against the loss REINFORCE is paired with).
+``--vs-verl --metrics-alone`` times REINFORCE with and without its metrics, the ten standard metrics alone, Δ with the
+one transcendental they need, and verl's ``gpg`` loss, paired per round (what the metrics cost against the loss
+REINFORCE is paired with); ``--compiled`` adds one ``torch.compile``'d pass of the metrics, alone and with REINFORCE's
+loss in it (:func:`compiled_parts`: a measurement of what fusing would give, not the library's code).
 """
 
 from __future__ import annotations
