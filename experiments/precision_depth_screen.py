@@ -20,7 +20,8 @@ token, |Δ log π| between (log-softmax always in fp32 from the logits, as ``tra
 
 ``--trainer-weights cast``: the trainer's 16-bit forwards (every row but ``engine``'s sampler side and the fp32
 reference) read 16-bit copies of every weight, as FSDP's ``param_dtype`` runs them (``trainer_weights=cast``).
-``--shapes none``: v6's shipped π₀ alone.  ``--score-padding longest``: every scoring forward over its rows' longest
+``--recompute-split-k k``: the ``batching`` row's micro-batches run their linear maps as split-K GEMMs with k
+slices (``recompute_split_k``; the training forward keeps torch's kernels).  ``--shapes none``: v6's shipped π₀ alone.  ``--score-padding longest``: every scoring forward over its rows' longest
 response (``score_padding``).  ``--logit-offset c``: every student's logits shifted by c
 (``logit_offset``).  ``chosen_logit.offset_rule`` is the smallest multiple of 0.5 that lifts SmolLM2-135M's share
 of chosen-token fp32 logits ≥ 32 (12.4 %) into the unshifted student (docs/synthetic_lm_v7.md, part 5's rule).
@@ -137,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logit-offset", type=float, default=0.0, help="shift every student's logits by c")
     parser.add_argument("--trainer-weights", default="master", choices=("master", "cast"),
                         help="the weights the trainer's 16-bit forwards read (trainer_weights)")
+    parser.add_argument("--recompute-split-k", type=int, default=1,
+                        help="> 1: the recompute's micro-batches run split-K GEMMs (recompute_split_k)")
     parser.add_argument("--distill-steps", type=int, default=150)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--group", type=int, default=8)
@@ -157,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         policy, seconds = student(shape, steps)
         policy.shift_logits(args.logit_offset)
         policy.score_padding = args.score_padding
+        policy.recompute_split_k = args.recompute_split_k  # read by the recompute alone (micro-batches > 0)
         found = screen_one(policy, world, args.prompts, args.group, args.micro_batch, args.lr, args.seed,
                            args.trainer_weights)
         found["distill_cpu_s"] = seconds

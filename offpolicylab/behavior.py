@@ -20,6 +20,7 @@ external engine such as vLLM), there are two candidates for log π_b, and RL fra
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,13 +88,15 @@ def resolve_behavior(policy: Policy, rollout: Rollout, source: str) -> Rollout:
 def recompute_behavior_logp(policy: Policy, rollout: Rollout, micro_batch: int = 0) -> Rollout:
     """behavior_logp ← log π(y_t | x, y_<t) from the policy's training forward (``score``, no grad), as verl's
     recompute of old_log_prob — in consecutive micro-batches of ``micro_batch`` rows (0: one forward of every row),
-    its ``log_prob_micro_batch_size``; the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
+    its ``log_prob_micro_batch_size``, with the kernels a policy picks for them (``recompute_kernels``: a
+    transformer's ``recompute_split_k``); the sampler's numbers become ``sampler_logp`` (its own ``sampler_logp`` when it
     reported one).  The objective's log-ratio logp − behavior_logp then measures staleness alone and
     behavior_logp − sampler_logp the sampler/trainer numeric mismatch (Yao et al. 2025, "Your efficient RL framework
     secretly brings you off-policy RL training")."""
     rows = len(rollout)
     step = micro_batch if 0 < micro_batch < rows else rows
-    with torch.no_grad():
+    kernels = getattr(policy, "recompute_kernels", contextlib.nullcontext) if micro_batch > 0 else contextlib.nullcontext
+    with torch.no_grad(), kernels():
         parts = [policy.score(rollout if step == rows else rollout.select(torch.arange(start, min(start + step, rows))))
                  [0] for start in range(0, rows, step)]
     logp = parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -77,7 +77,7 @@ def build_sequence_model(world: World, **params: Any) -> SequenceModelPolicy:
 
 
 ENGINE_OPTIONS = ("trainer_precision", "sampler_precision", "logp_micro_batch", "trainer_weights", "logit_offset",
-                  "score_padding")
+                  "score_padding", "recompute_split_k")
 """The transformer options a pretrained world's ``policy_defaults`` (a preset's engines) may set."""
 
 
@@ -87,7 +87,8 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     ``trainer_precision`` from ``trainer_weights`` (:mod:`offpolicylab.policies.mixed_precision`) over
     ``score_padding``, every logit shifted by ``logit_offset``
     (:meth:`~offpolicylab.policies.transformer.TransformerPolicy.shift_logits`); ``logp_micro_batch`` > 0: the
-    behaviour log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`).
+    behaviour log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`),
+    their GEMMs split-K with ``recompute_split_k`` > 1.
     A pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the
     :data:`ENGINE_OPTIONS` left at their registered defaults."""
     suggested = getattr(world, "policy_defaults", {}) if init == "pretrained" else {}  # a preset's engines
@@ -102,6 +103,7 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     if engine["logit_offset"]:
         policy.shift_logits(engine["logit_offset"])
     policy.logp_micro_batch = engine["logp_micro_batch"]
+    policy.set_recompute_split_k(engine["recompute_split_k"])
     return policy
 
 
@@ -183,6 +185,11 @@ POLICIES.register("transformer", build_transformer, {
                            doc="length of each scoring forward: fixed = every row over the full response length; "
                                "longest = over its rows' longest response, as Hugging Face / verl micro-batches pad "
                                "(the recompute's micro-batches and the training forward then differ in length)"),
+    "recompute_split_k": Param(1, int, low=1, high=16,
+                               doc="> 1: the old-log-prob recompute's linear maps run as split-K GEMMs with this many "
+                                   "fp32 partial sums (the same products added in another order, as a GPU's kernel "
+                                   "for a smaller micro-batch; docs/synthetic_lm_v7.md part 12); needs a 16-bit "
+                                   "trainer_precision and logp_micro_batch > 0"),
     "logp_micro_batch": Param(0, int, low=0, doc="> 0: the trainer recomputes the behaviour (old) log-probs right "
                                                   "after generation in micro-batches of this many rows, as verl does; "
                                                   "0: they come from the sampling pass (fp32) or one forward"),

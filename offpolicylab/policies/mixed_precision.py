@@ -31,14 +31,24 @@ dtype), and it needs no second copy of the weights.
 ``lm_head_fp32 = True`` computes the LM head (the last linear map) in fp32 from the hidden state, so the logits are
 fp32 while the body rounds: MiniMax-M1's fix of the training–inference mismatch (MiniMax 2025, arXiv:2506.13585,
 §3.2).
+
+``recompute_split_k = k > 1`` runs the old-log-prob recompute's linear maps as split-K GEMMs
+(:func:`split_k_linear`, :func:`split_k_gemms`): the same exact products as torch's kernel, their fp32 sum taken in
+another order — the lag-0 difference a GPU shows when its GEMM library picks a split-K kernel for the recompute's
+smaller micro-batches and another for the training forward (He and Thinking Machines Lab 2025, "Defeating
+Nondeterminism in LLM Inference", blog post: batch variance comes from kernels changing their reduction strategy
+with the batch size).  Nothing random is added.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 TRAINER_PRECISIONS = ("fp32", "bf16", "fp16")
 TRAINER_WEIGHTS = ("master", "cast")
@@ -96,3 +106,64 @@ def loss_scaler(precision: str) -> torch.amp.GradScaler | None:
     with the step skipped, ×2 after 2000 finite steps) for ``fp16``; None otherwise (bf16 has fp32's exponent range
     and trains unscaled, as FSDP's bf16 mixed precision does)."""
     return torch.amp.GradScaler("cpu") if precision == "fp16" else None
+
+
+def check_split_k(splits: int, precision: str, micro_batch: int) -> int:
+    """``splits`` if it is 1 (off), or > 1 with a 16-bit ``precision`` and a recompute (``micro_batch`` > 0); else
+    ``ValueError`` saying what is valid."""
+    if splits < 1:
+        raise ValueError(f"recompute_split_k must be >= 1, got {splits}")
+    if splits > 1 and precision == "fp32":
+        raise ValueError(f"recompute_split_k={splits} needs a 16-bit trainer_precision (bf16 or fp16), got fp32 (an "
+                         "fp32 GEMM's order changes its last bit only); valid: recompute_split_k=1 with fp32")
+    if splits > 1 and micro_batch <= 0:
+        raise ValueError(f"recompute_split_k={splits} splits the old-log-prob recompute's GEMMs, but "
+                         "logp_micro_batch=0 (no recompute); valid: logp_micro_batch > 0, or recompute_split_k=1")
+    return splits
+
+
+def split_k_linear(x: Tensor, weight: Tensor, bias: Tensor | None, splits: int, dtype: torch.dtype) -> Tensor:
+    """y = dtype(Σ_{j=1..k} fp32(x_j) fp32(W_j)ᵀ + fp32(b)): the inner dimension cut into k = ``splits`` consecutive
+    slices (``Tensor.tensor_split``), each slice's product in fp32 from the operands rounded to the 16-bit ``dtype``
+    (a product of two 16-bit numbers is exact in fp32), the partial sums and then the bias added in fp32 in slice
+    order, the result rounded once to ``dtype`` — a split-K GEMM with an fp32 workspace.  torch's own 16-bit
+    ``linear`` rounds the same fp32 sum of the same products once too, adding them in its own order."""
+    with torch.autocast(x.device.type, enabled=False):
+        inputs = x.to(dtype).float().tensor_split(splits, -1)
+        weights = weight.to(dtype).float().tensor_split(splits, -1)
+        total = inputs[0] @ weights[0].T
+        for part_x, part_w in zip(inputs[1:], weights[1:], strict=True):
+            total = total + part_x @ part_w.T
+        if bias is not None:
+            total = total + bias.to(dtype).float()
+        return total.to(dtype)
+
+
+class split_k_gemms(TorchFunctionMode):  # noqa: N801 - used as a context manager, like torch.autocast
+    """Inside this block every 16-bit ``torch.nn.functional.linear`` — its input in bf16 / fp16, or an fp32 input
+    under a 16-bit CPU autocast — runs as :func:`split_k_linear` with ``splits`` slices; fp32 maps and every other
+    operation run as before."""
+
+    def __init__(self, splits: int) -> None:
+        super().__init__()
+        self.splits = int(splits)
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.linear:
+            call = dict(zip(("input", "weight", "bias"), args, strict=False)) | kwargs
+            dtype = _gemm_dtype(call["input"])
+            if dtype is not None:
+                return split_k_linear(call["input"], call["weight"], call.get("bias"), self.splits, dtype)
+        return func(*args, **kwargs)
+
+
+def _gemm_dtype(x: Tensor) -> torch.dtype | None:
+    """The 16-bit dtype a linear map of input ``x`` computes in: ``x``'s own, or the CPU autocast's for an fp32
+    input; None for an fp32 map."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return x.dtype
+    if x.dtype == torch.float32 and x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        dtype = torch.get_autocast_dtype("cpu")
+        return dtype if dtype in (torch.bfloat16, torch.float16) else None
+    return None

@@ -24,6 +24,7 @@ which cost a compilation per process (benchmarks/README.md has both sides' speed
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -38,10 +39,12 @@ from offpolicylab.contracts import Rollout
 from offpolicylab.policies.autoregressive import ModulePolicy, check_temperature, token_log_probs
 from offpolicylab.policies.mixed_precision import (
     cast_parameters,
+    check_split_k,
     check_trainer_precision,
     check_trainer_weights,
     head_logits,
     loss_scaler,
+    split_k_gemms,
     trainer_autocast,
 )
 
@@ -261,6 +264,7 @@ class TransformerPolicy(ModulePolicy):
 
     SCALER_KEY = "loss_scaler."  # state_dict keys of the loss scaler's state (fp16)
     score_padding = "fixed"  # the length of a scoring forward (:meth:`score`)
+    recompute_split_k = 1  # > 1: the recompute's GEMMs split-K (:meth:`recompute_kernels`)
 
     def __init__(self, vocab_size: int, response_len: int, eos_id: int | None = None,
                  prompt_vocab_size: int | None = None, max_prompt_len: int = 16, d_model: int = 64,
@@ -329,6 +333,17 @@ class TransformerPolicy(ModulePolicy):
             return head_logits(self.model.head, hidden, True)
         head = {name: weights["head." + name] for name, _ in self.model.head.named_parameters()}
         return torch.func.functional_call(self.model.head, head, (hidden,))
+
+    def set_recompute_split_k(self, splits: int) -> None:
+        """The old-log-prob recompute's GEMMs split into ``splits`` slices of the inner dimension
+        (:func:`~offpolicylab.policies.mixed_precision.split_k_linear`); 1: torch's own kernels.  Needs a 16-bit
+        trainer and ``logp_micro_batch`` > 0 (:func:`~offpolicylab.policies.mixed_precision.check_split_k`)."""
+        self.recompute_split_k = check_split_k(int(splits), self.trainer_precision, self.logp_micro_batch)
+
+    def recompute_kernels(self) -> contextlib.AbstractContextManager:
+        """The block the old-log-prob recompute's micro-batches are scored in: split-K GEMMs with
+        ``recompute_split_k`` > 1 (the kernel a GPU picks for a smaller micro-batch), else nothing."""
+        return split_k_gemms(self.recompute_split_k) if self.recompute_split_k > 1 else contextlib.nullcontext()
 
     def shift_logits(self, offset: float) -> None:
         """z ← z + c for every logit, through the LM head's bias (b ← b + c): softmax(z + c) = softmax(z) in exact
