@@ -76,8 +76,12 @@ def lengths(world: ChainLM, policy: object, seed: int = 0) -> dict[str, float]:
             "truncated": float((~found["ended"]).float().mean()), "steps": float(found["steps"].float().mean())}
 
 
-def pi0_scan(success_samples: int = 32) -> None:
-    world = make_world("synthetic_lm", preset="seed_scale_v6")
+def pi0_scan(success_samples: int = 32, num_layers: int | None = None,
+             temperatures: tuple[float, ...] = TEMPERATURES) -> None:
+    """π₀'s profile and initial success at each t_π₀ of ``temperatures``, from the distilled student of v6's recipe
+    (with ``num_layers`` layers when given)."""
+    sizes = {} if num_layers is None else {"num_layers": num_layers}
+    world = make_world("synthetic_lm", preset="seed_scale_v6", **sizes)
     plain = replace(world.recipe, pi0_temperature=1.0)
     found = _find(world.cache_dir, plain)
     if found is None:
@@ -87,7 +91,7 @@ def pi0_scan(success_samples: int = 32) -> None:
           "format valid | length mean | p90 | truncated | steps | θ |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
-    for t in TEMPERATURES:
+    for t in temperatures:
         policy = v5.sharpen(make_student(plain, found[0]), t)
         with torch.random.fork_rng(devices=[]):
             world.threshold = v5.format_threshold(world, policy)  # type: ignore[arg-type]
@@ -115,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("teacher", "pi0"))
     parser.add_argument("--success-samples", type=int, default=32)
+    parser.add_argument("--num-layers", type=int, default=None, help="pi0: the student's depth (default v6's)")
+    parser.add_argument("--temperatures", default=",".join(str(t) for t in TEMPERATURES),
+                        help="pi0: the t_π₀ values scanned, comma-separated")
     args = parser.parse_args(argv)
     if args.what == "teacher":
         teacher_scan()
     else:
-        pi0_scan(args.success_samples)
+        pi0_scan(args.success_samples, args.num_layers, tuple(float(t) for t in args.temperatures.split(",")))
     return 0
 
 

@@ -107,6 +107,7 @@ POLICY_DEPENDS: dict[tuple[str, str, Any], dict[str, Any]] = {
     ("sequence_model", "max_prompt_len", 1): {},  # shorter than the world's prompts: refused (below)
     ("transformer", "max_prompt_len", 1): {},
     ("transformer", "trainer_weights", "cast"): {"trainer_precision": "bf16"},  # 16-bit weight copies need a 16-bit trainer
+    ("transformer", "recompute_split_k", 16): {"trainer_precision": "bf16", "logp_micro_batch": 2},  # splits a recompute
 }
 POLICY_EDGES = [(policy, name, value) for policy in POLICY_WORLDS for name, param in POLICIES.params(policy).items()
                 for value in edges(param) if param.kind is not bool]

@@ -71,7 +71,8 @@ WORLDS.register(
         "preset": Param("seed_scale", str, choices=PRESET_NAMES,
                         doc="named recipe: seed_scale (a reasoning LLM's token entropies), smollm2 "
                             "(SmolLM2-135M's), seed_scale_v6 (recipe v6, a chain of forks with EOS) or seed_scale_v7 (v6 "
-                            "with a bf16 trainer and sampler and recomputed old log-probs; under v6 / v7 a "
+                            "with an 8-layer π₀, a bf16 trainer on cast weights and a bf16 sampler, logits + 12, old "
+                            "log-probs recomputed with split-K GEMMs; under v6 / v7 a "
                             "parameter at its default below means the preset's value); the parameters below "
                             "override it"),
         "cache_dir": Param(None, str, optional=True, doc="π₀ cache folder (default: the user cache folder)"),

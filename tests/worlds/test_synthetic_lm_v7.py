@@ -1,32 +1,45 @@
-"""Preset ``seed_scale_v7``: v6's world and π₀ (target (a): the same recipe, so the same π₀ file) with the engines
-of docs/synthetic_lm_v7.md as the transformer's defaults; an option given explicitly wins."""
+"""Preset ``seed_scale_v7``: v6's world with an 8-layer π₀ (v6's recipe with ``num_layers = 8``, its file shipped
+with the package) and the engines of docs/synthetic_lm_v7.md (parts 7 and 12) as the transformer's defaults; an
+option given explicitly wins."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
 from offpolicylab.policies import make_policy
 from offpolicylab.worlds import make_world
+from offpolicylab.worlds import synthetic_lm as v5
 from offpolicylab.worlds.synthetic_lm_v6 import CHAIN_PRESETS
 
 
-def test_v7_has_v6s_recipe_and_pi0() -> None:
-    assert CHAIN_PRESETS["seed_scale_v7"].digest() == CHAIN_PRESETS["seed_scale_v6"].digest()
-    v6, v7 = make_world("synthetic_lm", preset="seed_scale_v6"), make_world("synthetic_lm", preset="seed_scale_v7")
-    assert v7.threshold == v6.threshold
-    assert all(torch.equal(v6.pretrained_state[k], v7.pretrained_state[k]) for k in v6.pretrained_state)
+def test_v7_is_v6s_recipe_at_depth_8_and_its_pi0_is_shipped(tmp_path, monkeypatch) -> None:
+    """The recipe differs from v6's in the depth alone; an empty user cache still builds the world from the
+    package's π₀ file (nothing is distilled: distillation would raise here)."""
+    assert CHAIN_PRESETS["seed_scale_v7"] == replace(CHAIN_PRESETS["seed_scale_v6"], num_layers=8)
+    assert (v5.PACKAGED_DIR / f"{CHAIN_PRESETS['seed_scale_v7'].digest()[:32]}.pt").is_file()
+
+    def no_distillation(*args, **kwargs):
+        raise AssertionError("v7's π₀ was distilled instead of loaded")
+
+    monkeypatch.setattr(v5, "distill", no_distillation)
+    world = make_world("synthetic_lm", preset="seed_scale_v7", cache_dir=str(tmp_path))
+    layers = {key.split(".")[1] for key in world.pretrained_state if key.startswith("blocks.")}
+    assert len(layers) == 8
+    v6 = make_world("synthetic_lm", preset="seed_scale_v6", cache_dir=str(tmp_path))
+    assert torch.equal(world._prompts(torch.arange(4)).ids, v6._prompts(torch.arange(4)).ids)
 
 
 def test_v7_trains_with_its_engines_unless_told_otherwise() -> None:
     world = make_world("synthetic_lm", preset="seed_scale_v7")
     policy = make_policy("transformer", world)
     assert (policy.trainer_precision, policy.sampler_precision, policy.logp_micro_batch) == ("bf16", "bf16", 16)
+    assert (policy.trainer_weights, policy.recompute_split_k) == ("cast", 4)
+    assert torch.equal(policy.model.head.bias, world.pretrained_state["head.bias"] + 12.0)  # logit_offset 12
     policy = make_policy("transformer", world, trainer_precision="fp16", sampler_precision="fp16",
                          logp_micro_batch=8)
     assert (policy.trainer_precision, policy.sampler_precision, policy.logp_micro_batch) == ("fp16", "fp16", 8)
-    assert make_policy("transformer", world).trainer_weights == "master"  # the preset's forward: autocast alone
-    cast = make_policy("transformer", world, trainer_weights="cast")
-    assert (cast.trainer_precision, cast.trainer_weights) == ("bf16", "cast")
     plain = make_policy("transformer", make_world("synthetic_lm", preset="seed_scale_v6"))
     assert (plain.trainer_precision, plain.sampler_precision, plain.logp_micro_batch) == ("fp32", "fp32", 0)
-    assert plain.trainer_weights == "master"
+    assert (plain.trainer_weights, plain.recompute_split_k) == ("master", 1)
