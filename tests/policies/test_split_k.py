@@ -111,7 +111,7 @@ def test_the_recompute_scores_its_micro_batches_with_split_k_and_training_does_n
 
 
 def test_refusals_say_what_is_valid(tmp_path, capsys):
-    """docs/bad_input.md: split-K needs a 16-bit trainer and a recompute (logp_micro_batch > 0)."""
+    """docs/bad_input.md: split-K needs a 16-bit trainer, a recompute (logp_micro_batch > 0) and eager blocks."""
     from tests.cli.test_hostile_inputs import refused
 
     base = ["run", "--world", "token_mdp", "--objective", "grpo", "--policy", "transformer", "--policy-param",
@@ -120,6 +120,9 @@ def test_refusals_say_what_is_valid(tmp_path, capsys):
     assert "recompute_split_k=4 needs a 16-bit trainer_precision (bf16 or fp16), got fp32" in err
     err = refused([*base, "--policy-param", "recompute_split_k=4", "--policy-param", "trainer_precision=bf16"], capsys)
     assert "recompute_split_k=4 splits the old-log-prob recompute's GEMMs, but logp_micro_batch=0" in err
+    err = refused([*base, "--policy-param", "recompute_split_k=4", "--policy-param", "trainer_precision=bf16",
+                   "--policy-param", "logp_micro_batch=4", "--policy-param", "compiled=true"], capsys)
+    assert "recompute_split_k=4 cannot run with compiled=true" in err
     err = refused([*base, "--policy-param", "recompute_split_k=0"], capsys)
     assert "recompute_split_k" in err
     assert not (tmp_path / "out").exists()
