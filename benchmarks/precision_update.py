@@ -25,16 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CONFIGS = {
-    "v6 fp32": ("seed_scale_v6", {}),
-    "v7 bf16": (None, {}),  # the preset's engines: bf16 trainer and sampler, 16-row recompute
-    "v7 bf16 cast": (None, {"trainer_weights": "cast", "logit_offset": 11.5}),  # docs/synthetic_lm_v7.md, part 5
+CONFIGS = {  # name: (preset (None: --v7-preset), world parameters, policy parameters)
+    "v6 fp32": ("seed_scale_v6", {}, {}),
+    "v6 fp32 8x64": ("seed_scale_v6", {"num_layers": 8}, {}),  # v7's network in fp32: the depth's own cost
+    "v7": (None, {}, {}),  # the preset: 8 x 64, bf16 trainer on cast weights, bf16 sampler, split-K recompute
 }
-FP16 = ("v7 fp16", (None, {"trainer_precision": "fp16", "sampler_precision": "fp16"}))
+FP16 = ("v7 fp16", (None, {}, {"trainer_precision": "fp16", "sampler_precision": "fp16"}))
 NO_BF16_ISA = "AVX512_CORE"
 
 
-def child(preset: str, params: dict, updates: int, threads: int) -> list[float]:
+def child(preset: str, world_params: dict, params: dict, updates: int, threads: int) -> list[float]:
     """Process seconds of each of ``updates`` + 1 updates (the first a warm-up)."""
     import torch
 
@@ -43,7 +43,7 @@ def child(preset: str, params: dict, updates: int, threads: int) -> list[float]:
     from offpolicylab.worlds import make_world
 
     torch.set_num_threads(threads)
-    world = make_world("synthetic_lm", preset=preset)
+    world = make_world("synthetic_lm", preset=preset, **world_params)
     policy = make_policy("transformer", world, **params)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=1.5e-5, weight_decay=0.01)
     generator = torch.Generator().manual_seed(0)
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        preset, params = json.loads(args.child)
-        print(json.dumps(child(preset, params, args.updates, args.threads)))
+        preset, world_params, params = json.loads(args.child)
+        print(json.dumps(child(preset, world_params, params, args.updates, args.threads)))
         return 0
     medians = {}
     for isa in ("default", NO_BF16_ISA):
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if isa != "default":
             env["ONEDNN_MAX_CPU_ISA"] = isa
         configs = dict(CONFIGS, **dict([FP16])) if args.fp16 and isa == "default" else CONFIGS
-        for name, (preset, params) in configs.items():
-            spec = json.dumps([preset or args.v7_preset, params])
+        for name, (preset, world_params, params) in configs.items():
+            spec = json.dumps([preset or args.v7_preset, world_params, params])
             out = subprocess.run([sys.executable, __file__, "--child", spec, "--updates", str(args.updates),
                                   "--threads", str(args.threads)], env=env, capture_output=True, text=True,
                                  check=True)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
           f"command: python benchmarks/precision_update.py --updates {args.updates} --threads {args.threads}"
           f"{' --fp16' if args.fp16 else ''}")
     for (name, isa), seconds in medians.items():
-        print(f"{name:12s} ISA {isa:12s} {seconds * 1000:8.1f} ms  {seconds / base:5.2f}x v6 fp32")
+        print(f"{name:14s} ISA {isa:12s} {seconds * 1000:8.1f} ms  {seconds / base:5.2f}x v6 fp32")
     return 0
 
 
