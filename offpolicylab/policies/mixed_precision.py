@@ -108,9 +108,10 @@ def loss_scaler(precision: str) -> torch.amp.GradScaler | None:
     return torch.amp.GradScaler("cpu") if precision == "fp16" else None
 
 
-def check_split_k(splits: int, precision: str, micro_batch: int) -> int:
-    """``splits`` if it is 1 (off), or > 1 with a 16-bit ``precision`` and a recompute (``micro_batch`` > 0); else
-    ``ValueError`` saying what is valid."""
+def check_split_k(splits: int, precision: str, micro_batch: int, compiled: bool = False) -> int:
+    """``splits`` if it is 1 (off), or > 1 with a 16-bit ``precision``, a recompute (``micro_batch`` > 0) and eager
+    blocks (not ``compiled``: inductor fuses the partial sums and adds them in its own order); else ``ValueError``
+    saying what is valid."""
     if splits < 1:
         raise ValueError(f"recompute_split_k must be >= 1, got {splits}")
     if splits > 1 and precision == "fp32":
@@ -119,6 +120,10 @@ def check_split_k(splits: int, precision: str, micro_batch: int) -> int:
     if splits > 1 and micro_batch <= 0:
         raise ValueError(f"recompute_split_k={splits} splits the old-log-prob recompute's GEMMs, but "
                          "logp_micro_batch=0 (no recompute); valid: logp_micro_batch > 0, or recompute_split_k=1")
+    if splits > 1 and compiled:
+        raise ValueError(f"recompute_split_k={splits} cannot run with compiled=true (inductor fuses the split-K "
+                         "partial sums and adds them in its own order); valid: compiled=false, or "
+                         "recompute_split_k=1")
     return splits
 
 

@@ -339,12 +339,8 @@ class TransformerPolicy(ModulePolicy):
         (:func:`~offpolicylab.policies.mixed_precision.split_k_linear`); 1: torch's own kernels.  Needs a 16-bit
         trainer and ``logp_micro_batch`` > 0 (:func:`~offpolicylab.policies.mixed_precision.check_split_k`), and eager
         blocks (``compiled = False``)."""
-        splits = check_split_k(int(splits), self.trainer_precision, self.logp_micro_batch)
-        if splits > 1 and self.model.compiled:
-            raise ValueError(f"recompute_split_k={splits} cannot run with compiled=true (inductor fuses the split-K "
-                             "partial sums and adds them in its own order); valid: compiled=false, or "
-                             "recompute_split_k=1")
-        self.recompute_split_k = splits
+        self.recompute_split_k = check_split_k(int(splits), self.trainer_precision, self.logp_micro_batch,
+                                               self.model.compiled)
 
     def recompute_kernels(self) -> contextlib.AbstractContextManager:
         """The block the old-log-prob recompute's micro-batches are scored in: split-K GEMMs with
