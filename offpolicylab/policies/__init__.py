@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from offpolicylab.contracts import InitialLogitsWorld, Policy, PretrainedWorld, Prompts, Rollout, World
@@ -88,13 +89,9 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     ``score_padding``, every logit shifted by ``logit_offset``
     (:meth:`~offpolicylab.policies.transformer.TransformerPolicy.shift_logits`); ``logp_micro_batch`` > 0: the
     behaviour log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`),
-    their GEMMs split-K with ``recompute_split_k`` > 1.
-    A pretrained world's ``policy_defaults`` (a preset's engines, e.g. ``seed_scale_v7``) replace the
-    :data:`ENGINE_OPTIONS` left at their registered defaults."""
-    suggested = getattr(world, "policy_defaults", {}) if init == "pretrained" else {}  # a preset's engines
-    params = POLICIES.params("transformer")
-    engine = {name: type(options[name])(suggested.get(name, options[name]))
-              if options[name] == params[name].default else options[name] for name in ENGINE_OPTIONS}
+    their GEMMs split-K with ``recompute_split_k`` > 1.  A pretrained world's preset engines reach these options
+    through :func:`make_policy` (:func:`preset_engines`)."""
+    engine = {name: options[name] for name in ENGINE_OPTIONS}
     sizes = {name: value for name, value in options.items() if name not in ENGINE_OPTIONS}
     policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, engine["sampler_precision"],
                                 token_draw, compiled, sizes)
@@ -212,9 +209,39 @@ def list_policies() -> list[str]:
 
 def make_policy(kind: str, world: World, **params: Any) -> Policy:
     """Build a policy of ``kind`` sized for ``world`` (its ``vocab_size``, ``max_response_len``, ``eos_id``,
-    ``num_prompts``; optional ``prompt_vocab_size`` and ``initial_logits()``).  Parameters may be CLI strings;
-    an unknown kind or parameter raises ``ValueError`` naming the valid ones."""
-    return POLICIES.build(kind, world, **params)
+    ``num_prompts``; optional ``prompt_vocab_size`` and ``initial_logits()``), with the engine options its preset
+    suggests for those ``params`` leaves unset (:func:`preset_engines`).  Parameters may be CLI strings; an unknown
+    kind or parameter raises ``ValueError`` naming the valid ones."""
+    return POLICIES.build(kind, world, **params, **preset_engines(kind, world, params))
+
+
+def preset_engines(kind: str, world: World, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The :data:`ENGINE_OPTIONS` a pretrained world's preset suggests (``world.policy_defaults``, e.g.
+    ``seed_scale_v7``'s bf16 trainer) for a transformer starting from its π₀, less every option ``params`` gives: a
+    given option is kept even at its registered default (``trainer_precision=fp32`` on v7 trains in fp32).  The
+    preset's 16-bit parts go with what they need: an fp32 trainer leaves out its 16-bit weight copies
+    (``trainer_weights``) and split-K recompute, no recompute (``logp_micro_batch=0``) its split-K — so turning v7's
+    16-bit trainer off is one option, not three.  ``compiled=true`` with the preset's split-K is refused (inductor
+    reorders the split sums, so v7's recompute would not be itself); ``ValueError`` says what is valid."""
+    suggested = getattr(world, "policy_defaults", {})
+    if kind != "transformer" or not suggested:
+        return {}
+    given = POLICIES.resolve(kind, params)
+    if given["init"] != "pretrained":
+        return {}
+    engines = {name: value for name, value in suggested.items() if name in ENGINE_OPTIONS and name not in params}
+    merged = {**given, **engines}
+    if merged["trainer_precision"] == "fp32":
+        engines.pop("trainer_weights", None)
+        engines.pop("recompute_split_k", None)
+    if not merged["logp_micro_batch"]:
+        engines.pop("recompute_split_k", None)
+    if merged["compiled"] and engines.get("recompute_split_k", 1) > 1:
+        raise ValueError(f"compiled=true cannot run this world preset's old-log-prob recompute, whose GEMMs split the "
+                         f"inner dimension (recompute_split_k={engines['recompute_split_k']}: inductor would reorder "
+                         "the split sums); valid: compiled=false, or compiled=true with recompute_split_k=1 (the "
+                         "recompute without its split-K, so no lag-0 ratio component)")
+    return engines
 
 
 __all__ = [

@@ -90,10 +90,11 @@ class ChainRecipe(v5.RecipeBase):
 
 CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe(),
                                           "seed_scale_v7": ChainRecipe(num_layers=8)}
-#: the policy options a preset suggests (a transformer option left at its default takes the preset's): recipe v7 is
-#: v6's world with an 8 × 64 π₀ (the depth its screen chose) trained as the seeds' engines run it — a bf16 trainer on
-#: 16-bit copies of the weights, logits at a real model's level (+12), a bf16 sampler, the old log-probs recomputed in
-#: 16-row micro-batches whose GEMMs split the inner dimension in 4 (docs/synthetic_lm_v7.md, parts 7 and 12)
+#: the policy options a preset suggests (:func:`~offpolicylab.policies.preset_engines`: an option a run leaves
+#: unset takes the preset's): recipe v7 is v6's world with an 8 × 64 π₀ (the depth its screen chose) trained as the
+#: seeds' engines run it — a bf16 trainer on 16-bit copies of the weights, logits at a real model's level (+12), a
+#: bf16 sampler, the old log-probs recomputed in 16-row micro-batches whose GEMMs split the inner dimension in 4
+#: (docs/synthetic_lm_v7.md, parts 7 and 12)
 PRESET_POLICY: dict[str, dict[str, object]] = {
     "seed_scale_v7": {"trainer_precision": "bf16", "sampler_precision": "bf16", "logp_micro_batch": 16,
                       "trainer_weights": "cast", "logit_offset": 12.0, "recompute_split_k": 4}}

@@ -43,3 +43,33 @@ def test_v7_trains_with_its_engines_unless_told_otherwise() -> None:
     plain = make_policy("transformer", make_world("synthetic_lm", preset="seed_scale_v6"))
     assert (plain.trainer_precision, plain.sampler_precision, plain.logp_micro_batch) == ("fp32", "fp32", 0)
     assert (plain.trainer_weights, plain.recompute_split_k) == ("master", 1)
+
+
+def test_an_engine_option_given_at_its_registered_default_is_kept() -> None:
+    """``trainer_precision=fp32`` on v7 trains in fp32 (it used to read as "unset" and become bf16), taking the
+    preset's 16-bit weight copies and split-K recompute with it; the sampler and the recompute stay the preset's."""
+    world = make_world("synthetic_lm", preset="seed_scale_v7")
+    policy = make_policy("transformer", world, trainer_precision="fp32")
+    assert (policy.trainer_precision, policy.trainer_weights, policy.recompute_split_k) == ("fp32", "master", 1)
+    assert (policy.sampler_precision, policy.logp_micro_batch) == ("bf16", 16)
+    policy = make_policy("transformer", world, logp_micro_batch="0", logit_offset="0")
+    assert (policy.trainer_precision, policy.logp_micro_batch, policy.recompute_split_k) == ("bf16", 0, 1)
+    assert torch.equal(policy.model.head.bias, world.pretrained_state["head.bias"])  # logit_offset 0 given
+    every = {"trainer_precision": "fp32", "sampler_precision": "fp32", "logp_micro_batch": 0,
+             "trainer_weights": "master", "logit_offset": 0.0, "score_padding": "fixed", "recompute_split_k": 1}
+    policy = make_policy("transformer", world, **every)
+    assert {name: getattr(policy, name) for name in every if name != "logit_offset"} == {
+        name: value for name, value in every.items() if name != "logit_offset"}
+
+
+def test_compiled_blocks_refuse_the_presets_split_k_recompute(tmp_path, capsys) -> None:
+    """docs/bad_input.md: the preset's split-K recompute cannot run compiled; with recompute_split_k=1 it can."""
+    from tests.cli.test_hostile_inputs import refused
+
+    world = make_world("synthetic_lm", preset="seed_scale_v7")
+    err = refused(["run", "--world", "synthetic_lm", "--world-param", "preset=seed_scale_v7", "--objective", "grpo",
+                   "--policy-param", "compiled=true", "--updates", "2", "--out", str(tmp_path / "out")], capsys)
+    assert "compiled=true cannot run this world preset's old-log-prob recompute" in err
+    assert not (tmp_path / "out").exists()
+    policy = make_policy("transformer", world, compiled="true", recompute_split_k="1")
+    assert (policy.trainer_precision, policy.recompute_split_k) == ("bf16", 1)
