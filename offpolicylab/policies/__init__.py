@@ -91,16 +91,15 @@ def build_transformer(world: World, *, init: str, max_prompt_len: int, seed: int
     behaviour log-probs recomputed after generation in micro-batches of that many rows (:mod:`offpolicylab.behavior`),
     their GEMMs split-K with ``recompute_split_k`` > 1.  A pretrained world's preset engines reach these options
     through :func:`make_policy` (:func:`preset_engines`)."""
-    engine = {name: options[name] for name in ENGINE_OPTIONS}
     sizes = {name: value for name, value in options.items() if name not in ENGINE_OPTIONS}
-    policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, engine["sampler_precision"],
+    policy = _build_transformer(world, init, max_prompt_len, seed, sampler_noise_std, options["sampler_precision"],
                                 token_draw, compiled, sizes)
-    policy.set_trainer_precision(engine["trainer_precision"], lm_head_fp32, engine["trainer_weights"])
-    policy.score_padding = check_score_padding(engine["score_padding"])
-    if engine["logit_offset"]:
-        policy.shift_logits(engine["logit_offset"])
-    policy.logp_micro_batch = engine["logp_micro_batch"]
-    policy.set_recompute_split_k(engine["recompute_split_k"])
+    policy.set_trainer_precision(options["trainer_precision"], lm_head_fp32, options["trainer_weights"])
+    policy.score_padding = check_score_padding(options["score_padding"])
+    if options["logit_offset"]:
+        policy.shift_logits(options["logit_offset"])
+    policy.logp_micro_batch = options["logp_micro_batch"]
+    policy.set_recompute_split_k(options["recompute_split_k"])
     return policy
 
 
@@ -221,8 +220,8 @@ def preset_engines(kind: str, world: World, params: Mapping[str, Any]) -> dict[s
     given option is kept even at its registered default (``trainer_precision=fp32`` on v7 trains in fp32).  The
     preset's 16-bit parts go with what they need: an fp32 trainer leaves out its 16-bit weight copies
     (``trainer_weights``) and split-K recompute, no recompute (``logp_micro_batch=0``) its split-K — so turning v7's
-    16-bit trainer off is one option, not three.  ``compiled=true`` with the preset's split-K is refused (inductor
-    reorders the split sums, so v7's recompute would not be itself); ``ValueError`` says what is valid."""
+    16-bit trainer off is one option, not three.  ``compiled=true`` keeps the preset's split-K, which
+    :func:`~offpolicylab.policies.mixed_precision.check_split_k` then refuses, saying what is valid."""
     suggested = getattr(world, "policy_defaults", {})
     if kind != "transformer" or not suggested:
         return {}
@@ -236,11 +235,6 @@ def preset_engines(kind: str, world: World, params: Mapping[str, Any]) -> dict[s
         engines.pop("recompute_split_k", None)
     if not merged["logp_micro_batch"]:
         engines.pop("recompute_split_k", None)
-    if merged["compiled"] and engines.get("recompute_split_k", 1) > 1:
-        raise ValueError(f"compiled=true cannot run this world preset's old-log-prob recompute, whose GEMMs split the "
-                         f"inner dimension (recompute_split_k={engines['recompute_split_k']}: inductor would reorder "
-                         "the split sums); valid: compiled=false, or compiled=true with recompute_split_k=1 (the "
-                         "recompute without its split-K, so no lag-0 ratio component)")
     return engines
 
 

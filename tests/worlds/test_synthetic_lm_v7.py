@@ -12,6 +12,7 @@ from offpolicylab.policies import make_policy
 from offpolicylab.worlds import make_world
 from offpolicylab.worlds import synthetic_lm as v5
 from offpolicylab.worlds.synthetic_lm_v6 import CHAIN_PRESETS
+from tests.cli.test_hostile_inputs import refused
 
 
 def test_v7_is_v6s_recipe_at_depth_8_and_its_pi0_is_shipped(tmp_path, monkeypatch) -> None:
@@ -64,12 +65,10 @@ def test_an_engine_option_given_at_its_registered_default_is_kept() -> None:
 
 def test_compiled_blocks_refuse_the_presets_split_k_recompute(tmp_path, capsys) -> None:
     """docs/bad_input.md: the preset's split-K recompute cannot run compiled; with recompute_split_k=1 it can."""
-    from tests.cli.test_hostile_inputs import refused
-
     world = make_world("synthetic_lm", preset="seed_scale_v7")
     err = refused(["run", "--world", "synthetic_lm", "--world-param", "preset=seed_scale_v7", "--objective", "grpo",
                    "--policy-param", "compiled=true", "--updates", "2", "--out", str(tmp_path / "out")], capsys)
-    assert "compiled=true cannot run this world preset's old-log-prob recompute" in err
+    assert "recompute_split_k=4 cannot run with compiled=true" in err
     assert not (tmp_path / "out").exists()
     policy = make_policy("transformer", world, compiled="true", recompute_split_k="1")
     assert (policy.trainer_precision, policy.recompute_split_k) == ("bf16", 1)
