@@ -55,7 +55,7 @@ def teacher_scan(samples: int = 512) -> None:
             generator = torch.Generator().manual_seed(1)
             prompts = random_prompts(recipe, samples, generator)
             response, logp = teacher.sample(prompts, generator)
-            found = parse(response, teacher.start[prompts[:, 0] - 13], teacher.rule, prompts)
+            found = parse(response, teacher.start[prompts[:, 0] - 13], teacher.rule_of(prompts[:, 0] - 13), prompts)
             length = found["length"].float()
             entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)[response_mask(response) > 0]
             right = found["right"] & found["ended"] & found["grammar"] & (found["steps"] >= recipe.min_steps)
@@ -77,10 +77,10 @@ def lengths(world: ChainLM, policy: object, seed: int = 0) -> dict[str, float]:
 
 
 def pi0_scan(success_samples: int = 32, num_layers: int | None = None,
-             temperatures: tuple[float, ...] = TEMPERATURES) -> None:
+             temperatures: tuple[float, ...] = TEMPERATURES, num_rules: int = 1) -> None:
     """π₀'s profile and initial success at each t_π₀ of ``temperatures``, from the distilled student of v6's recipe
-    (with ``num_layers`` layers when given)."""
-    sizes = {} if num_layers is None else {"num_layers": num_layers}
+    (with ``num_layers`` layers when given, and ``num_rules`` step rules)."""
+    sizes = {"num_rules": num_rules} if num_layers is None else {"num_layers": num_layers, "num_rules": num_rules}
     world = make_world("synthetic_lm", preset="seed_scale_v6", **sizes)
     plain = replace(world.recipe, pi0_temperature=1.0)
     found = _find(world.cache_dir, plain)
@@ -122,11 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-layers", type=int, default=None, help="pi0: the student's depth (default v6's)")
     parser.add_argument("--temperatures", default=",".join(str(t) for t in TEMPERATURES),
                         help="pi0: the t_π₀ values scanned, comma-separated")
+    parser.add_argument("--num-rules", type=int, default=1, help="pi0: the chain's step rules R (default v6's 1)")
     args = parser.parse_args(argv)
     if args.what == "teacher":
         teacher_scan()
     else:
-        pi0_scan(args.success_samples, args.num_layers, tuple(float(t) for t in args.temperatures.split(",")))
+        pi0_scan(args.success_samples, args.num_layers, tuple(float(t) for t in args.temperatures.split(",")),
+                 args.num_rules)
     return 0
 
 

@@ -75,6 +75,9 @@ WORLDS.register(
                             "log-probs recomputed with split-K GEMMs; under v6 / v7 a "
                             "parameter at its default below means the preset's value); the parameters below "
                             "override it"),
+        "num_rules": Param(1, int, low=1, doc="chain presets (seed_scale_v6, seed_scale_v7) only: step rules R, "
+                                                "key k's chain follows rule k mod R (1: one rule for every key; at "
+                                                "most num_keys)"),
         "cache_dir": Param(None, str, optional=True, doc="π₀ cache folder (default: the user cache folder)"),
     },
     doc="calibrated synthetic LM: random teacher, distilled transformer π₀, key -> digit reward (1/0.1/0)",

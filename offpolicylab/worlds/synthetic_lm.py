@@ -85,9 +85,13 @@ class RecipeBase:
     distill_batch: int = 128
     distill_lr: float = 5e-3
 
+    def identity(self) -> dict[str, Any]:
+        """The fields that name this recipe in its digest and its cache file (all of them here)."""
+        return asdict(self)
+
     def digest(self) -> str:
         """SHA-256 (hex) of the recipe, the build-code version and torch's major.minor version."""
-        text = json.dumps({"recipe": asdict(self), "version": RECIPE_VERSION,
+        text = json.dumps({"recipe": self.identity(), "version": RECIPE_VERSION,
                            "torch": ".".join(torch.__version__.split(".")[:2])}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -464,7 +468,7 @@ def _load_cached(path: Path, recipe: Recipe) -> tuple[dict[str, Tensor], float] 
         return f"not loadable with weights_only=True: {type(exc).__name__}"
     if not isinstance(stored, dict) or not {"recipe", "version", "state", "threshold"} <= set(stored):
         return "not a π₀ cache file (a dict with recipe, version, state and threshold)"
-    if stored["recipe"] != json.dumps(asdict(recipe), sort_keys=True) or stored["version"] != RECIPE_VERSION:
+    if stored["recipe"] != json.dumps(recipe.identity(), sort_keys=True) or stored["version"] != RECIPE_VERSION:
         return "built for another recipe or build version"
     expected = make_student(recipe).state_dict()
     state = stored["state"]
@@ -536,7 +540,7 @@ def _write_cache(path: Path, recipe: Recipe, state: dict[str, Tensor], threshold
     partial = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"recipe": json.dumps(asdict(recipe), sort_keys=True), "version": RECIPE_VERSION,
+        torch.save({"recipe": json.dumps(recipe.identity(), sort_keys=True), "version": RECIPE_VERSION,
                     "state": state, "threshold": threshold}, partial)
         os.replace(partial, path)
     except OSError as exc:

@@ -25,5 +25,9 @@ def build_synthetic_lm(preset: str = "seed_scale", cache_dir: str | None = None,
     if preset not in PRESETS:
         defaults = {name: getattr(Recipe, name) for name in recipe if hasattr(Recipe, name)}
         return build_chain(preset, cache_dir, recipe, defaults)
+    rules = recipe.pop("num_rules", 1)
+    if rules != 1:
+        raise ValueError(f"num_rules={rules!r} is a parameter of the chain presets only; valid: leave it unset with "
+                         f"preset {preset!r}, or choose one of {', '.join(CHAIN_PRESETS)}")
     given = {k: v for k, v in recipe.items() if v is not None}
     return SyntheticLM(replace(PRESETS[preset], **given), cache_dir=cache_dir)

@@ -6,8 +6,9 @@ Tokens (V = 256): 0–9 digits, 10 ANS, 11 EOS, 12 ``=`` (a step's result follow
 
     y = s_1 … s_n  ANS  a  EOS,        s_j = (text)*  =  d_j
 
-The hidden task: a start digit start[k] per key (balanced) and one step rule G, a permutation of the digits without
-fixed points shared by every key.  The chain is right when d_1 = start[k], d_j = G(d_{j−1}) and a = G(d_n).
+The hidden task: a start digit start[k] per key (balanced) and step rules G_0 … G_{R−1} (R = ``num_rules``, 1 in v6
+and v7), permutations of the digits without fixed points; key k follows G = G_{k mod R}.  The chain is right when
+d_1 = start[k], d_j = G(d_{j−1}) and a = G(d_n).
 
 **Teacher** p_T (the v5 random transformer; Zheng et al. 2025, arXiv:2510.01161, motivates the regime): at a text
 position p_T = softmax(α κ(h) (ẑ + b)) over text ∪ {=, ANS} with b_= = ``step_bias``, b_ANS = λ (t − t_c); after ``=``
@@ -21,7 +22,7 @@ at −30; θ its 1st percentile over π₀'s samples); else 1.0 when the chain i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ class ChainRecipe(v5.RecipeBase):
     key_scale: float = 1.0
     digit_scale: float = 0.3
     min_steps: int = 3
+    num_rules: int = 1  # R step rules, key k follows G_{k mod R} (docs/synthetic_lm_v7.md, part 20)
     distill_steps: int = 600  # the design's fallback: 1200 steps project to 19 min on this machine
     pi0_temperature: float = 0.7  # chosen by the design's rule from one scan of the distilled student
     threshold_samples: int = 8
@@ -79,6 +81,9 @@ class ChainRecipe(v5.RecipeBase):
                 raise ValueError(f"{name}={getattr(self, name)} is invalid; valid: an integer >= 1")
         if self.min_steps < 0:
             raise ValueError(f"min_steps={self.min_steps} is invalid; valid: an integer >= 0")
+        if not 1 <= self.num_rules <= self.num_keys:
+            raise ValueError(f"num_rules={self.num_rules} is invalid; valid: an integer in [1, num_keys] "
+                             f"([1, {self.num_keys}])")
         if not 0.05 <= self.pi0_temperature <= 10.0:
             raise ValueError(f"pi0_temperature={self.pi0_temperature} is invalid; valid: a float in [0.05, 10]")
         if not 0.0 <= self.alpha <= v5.MAX_TEACHER_SCALE:
@@ -86,6 +91,14 @@ class ChainRecipe(v5.RecipeBase):
         if not 0.0 <= self.sharpness_spread <= v5.MAX_SHARPNESS_SPREAD:
             raise ValueError(f"sharpness_spread={self.sharpness_spread} is invalid; valid: a float in "
                              f"[0, {v5.MAX_SHARPNESS_SPREAD:g}]")
+
+    def identity(self) -> dict[str, Any]:
+        """The recipe's fields without ``num_rules`` when it is 1: recipes v6 and v7 keep the digest (and so the
+        shipped π₀ file) they had before the field existed."""
+        fields = asdict(self)
+        if self.num_rules == 1:
+            del fields["num_rules"]
+        return fields
 
 
 CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe(),
@@ -98,6 +111,15 @@ CHAIN_PRESETS: dict[str, ChainRecipe] = {"seed_scale_v6": ChainRecipe(),
 PRESET_POLICY: dict[str, dict[str, object]] = {
     "seed_scale_v7": {"trainer_precision": "bf16", "sampler_precision": "bf16", "logp_micro_batch": 16,
                       "trainer_weights": "cast", "logit_offset": 12.0, "recompute_split_k": 4}}
+
+
+def _derangement(generator: torch.Generator) -> Tensor:
+    """A permutation of the digits without fixed points (every step changes the digit): uniform draws until one
+    has none."""
+    while True:
+        rule = torch.randperm(NUM_DIGITS, generator=generator)
+        if bool((rule != torch.arange(NUM_DIGITS)).all()):
+            return rule
 
 
 def _standardise(z: Tensor) -> Tensor:
@@ -159,12 +181,12 @@ class ChainTeacher:
         self.net, self.direction, self.key_logits = v5.random_teacher(recipe)  # CONTEXT_LEN is v5's 3 too
         generator = torch.Generator().manual_seed(recipe.seed + 15485863)
         self.start = (torch.arange(recipe.num_keys) % NUM_DIGITS)[torch.randperm(recipe.num_keys, generator=generator)]
-        while True:  # a permutation without fixed points: every step changes the digit
-            rule = torch.randperm(NUM_DIGITS, generator=generator)
-            if bool((rule != torch.arange(NUM_DIGITS)).all()):
-                break
-        self.rule = rule
+        self.rules = torch.stack([_derangement(generator) for _ in range(recipe.num_rules)])  # [R, 10]
         self.free = torch.cat([torch.tensor([ANS]), torch.arange(STEP, recipe.vocab_size)])  # text-position tokens
+
+    def rule_of(self, key: Tensor) -> Tensor:
+        """Each key's step rule G_{k mod R} as a digit table, [B, 10] for keys [B]."""
+        return self.rules[key % self.rules.shape[0]]
 
     def distribution(self, hidden: Tensor, t: Tensor, state: ChainState, key_token: Tensor) -> Tensor:
         """p_T [B, V] at response position t (a [1] or [B] tensor) from hidden states [B, d] and the state."""
@@ -180,7 +202,8 @@ class ChainTeacher:
         onehot_start = torch.nn.functional.one_hot(self.start[key], NUM_DIGITS).float()
         first = torch.softmax(r.start_bonus * onehot_start + r.key_scale * self.key_logits[key]
                               + r.digit_scale * z_digit, -1)
-        onehot_rule = torch.nn.functional.one_hot(self.rule[state.last_step.clamp(min=0)], NUM_DIGITS).float()
+        after = self.rule_of(key).gather(1, state.last_step.clamp(min=0)[:, None]).squeeze(1)
+        onehot_rule = torch.nn.functional.one_hot(after, NUM_DIGITS).float()
         following = torch.softmax(r.rule_bonus * onehot_rule + r.step_noise * z_digit, -1)
         digit = torch.where((state.last_step < 0)[:, None], first, following)
         probs = torch.zeros(batch, self.vocab_size)
@@ -251,9 +274,11 @@ def response_mask(response: Tensor) -> Tensor:
 def parse(response: Tensor, start: Tensor, rule: Tensor, prompt: Tensor | None = None) -> dict[str, Tensor]:
     """Per row [B]: ``ended`` (an EOS within T), ``grammar`` (digits exactly after ``=``/ANS, EOS exactly after the
     answer digit), ``steps`` (digits after ``=``), ``right`` (d_1 = start, d_j = G(d_{j−1}), answer = G(d_n)),
-    ``length`` (tokens up to and including EOS, T when truncated).  ``start`` [B]: each row's start digit; ``prompt``
-    [B, P] (default: text) gives the tokens before the response."""
+    ``length`` (tokens up to and including EOS, T when truncated).  ``start`` [B]: each row's start digit; ``rule``:
+    G as a digit table, [10] for every row or [B, 10] per row; ``prompt`` [B, P] (default: text) gives the tokens
+    before the response."""
     batch, width = response.shape
+    rule = rule.expand(batch, NUM_DIGITS)
     state = ChainState.start(torch.full((batch, 2), FIRST_TEXT) if prompt is None else prompt)
     grammar = torch.ones(batch, dtype=torch.bool)
     right = torch.ones(batch, dtype=torch.bool)
@@ -267,7 +292,7 @@ def parse(response: Tensor, start: Tensor, rule: Tensor, prompt: Tensor | None =
         digit = live & slot & (token < NUM_DIGITS)
         right &= ~digit | (token == expected)
         answered |= digit & (state.prev == ANS)
-        expected = torch.where(digit, rule[token.clamp(0, NUM_DIGITS - 1)], expected)
+        expected = torch.where(digit, rule.gather(1, token.clamp(0, NUM_DIGITS - 1)[:, None]).squeeze(1), expected)
         state = state.advance(token)
     return {"ended": state.ended, "grammar": grammar & answered, "steps": state.steps, "right": right & answered,
             "length": response_mask(response).sum(1).long()}
@@ -288,7 +313,8 @@ class ChainLM(v5.KeyedLM):
     def parse(self, prompt_index: Tensor, response_ids: Tensor) -> dict[str, Tensor]:
         """:func:`parse` of the responses of these prompts."""
         prompt_index, response_ids = prompt_index.cpu(), response_ids.cpu()
-        return parse(response_ids, self.teacher.start[self.prompt_keys[prompt_index]], self.teacher.rule,
+        keys = self.prompt_keys[prompt_index]
+        return parse(response_ids, self.teacher.start[keys], self.teacher.rule_of(keys),
                      self.prompt_tokens[prompt_index])
 
     def reward(self, prompt_index: Tensor, response_ids: Tensor, response_mask: Tensor,

@@ -53,8 +53,8 @@ def right_chain(world: ChainLM, prompt: int, n: int) -> tuple[list[int], int]:
     digit = int(world.teacher.start[world.prompt_keys[prompt]])
     steps = [digit]
     for _ in range(n - 1):
-        steps.append(int(world.teacher.rule[steps[-1]]))
-    return steps, int(world.teacher.rule[steps[-1]])
+        steps.append(int(world.teacher.rules[0][steps[-1]]))
+    return steps, int(world.teacher.rules[0][steps[-1]])
 
 
 def reward(world: ChainLM, prompt: int, response: torch.Tensor) -> float:
@@ -74,7 +74,7 @@ def test_prompts_spell_the_key_after_the_special_tokens(world):
 
 
 def test_rule_is_a_permutation_without_fixed_points_and_starts_are_balanced(world):
-    rule = world.teacher.rule
+    rule = world.teacher.rules[0]
     assert sorted(rule.tolist()) == list(range(10)) and bool((rule != torch.arange(10)).all())
     counts = torch.bincount(world.teacher.start, minlength=10)
     assert int(counts.max() - counts.min()) <= 1
@@ -86,8 +86,8 @@ def test_reward_on_hand_built_responses(world):
     assert reward(world, 0, spell(world, steps, (answer + 1) % 10)) == pytest.approx(0.1)  # wrong answer
     wrong_start = [(steps[0] + 1) % 10]
     for _ in range(2):
-        wrong_start.append(int(world.teacher.rule[wrong_start[-1]]))
-    consistent = int(world.teacher.rule[wrong_start[-1]])
+        wrong_start.append(int(world.teacher.rules[0][wrong_start[-1]]))
+    consistent = int(world.teacher.rules[0][wrong_start[-1]])
     assert reward(world, 0, spell(world, wrong_start, consistent)) == pytest.approx(0.1)  # consistent but wrong
     long_steps, long_answer = right_chain(world, 0, 6)
     assert reward(world, 0, spell(world, long_steps, long_answer)) == 1.0  # more steps, still right
@@ -154,7 +154,7 @@ def test_teacher_samples_follow_the_grammar_and_its_two_paths_agree(world):
     generator = torch.Generator().manual_seed(0)
     prompts = random_prompts(world.recipe, 64, generator)
     response, sampled = world.teacher.sample(prompts, generator)
-    found = parse(response, world.teacher.start[prompts[:, 0] - 13], world.teacher.rule, prompts)
+    found = parse(response, world.teacher.start[prompts[:, 0] - 13], world.teacher.rules[0], prompts)
     assert bool((found["grammar"] | ~found["ended"]).all())
     assert float(found["ended"].float().mean()) > 0.9
     forced = world.teacher.log_probs(prompts, response)
