@@ -77,10 +77,12 @@ def lengths(world: ChainLM, policy: object, seed: int = 0) -> dict[str, float]:
 
 
 def pi0_scan(success_samples: int = 32, num_layers: int | None = None,
-             temperatures: tuple[float, ...] = TEMPERATURES, num_rules: int = 1) -> None:
+             temperatures: tuple[float, ...] = TEMPERATURES, num_rules: int = 1, distill_steps: int | None = None
+             ) -> None:
     """π₀'s profile and initial success at each t_π₀ of ``temperatures``, from the distilled student of v6's recipe
-    (with ``num_layers`` layers when given, and ``num_rules`` step rules)."""
-    sizes = {"num_rules": num_rules} if num_layers is None else {"num_layers": num_layers, "num_rules": num_rules}
+    (with ``num_layers`` layers and ``distill_steps`` distillation steps when given, and ``num_rules`` step rules)."""
+    given = {"num_layers": num_layers, "distill_steps": distill_steps}
+    sizes = {"num_rules": num_rules, **{k: v for k, v in given.items() if v is not None}}
     world = make_world("synthetic_lm", preset="seed_scale_v6", **sizes)
     plain = replace(world.recipe, pi0_temperature=1.0)
     found = _find(world.cache_dir, plain)
@@ -123,12 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperatures", default=",".join(str(t) for t in TEMPERATURES),
                         help="pi0: the t_π₀ values scanned, comma-separated")
     parser.add_argument("--num-rules", type=int, default=1, help="pi0: the chain's step rules R (default v6's 1)")
+    parser.add_argument("--distill-steps", type=int, default=None, help="pi0: distillation steps (default v6's)")
     args = parser.parse_args(argv)
     if args.what == "teacher":
         teacher_scan()
     else:
         pi0_scan(args.success_samples, args.num_layers, tuple(float(t) for t in args.temperatures.split(",")),
-                 args.num_rules)
+                 args.num_rules, args.distill_steps)
     return 0
 
 
