@@ -11,8 +11,6 @@ the run's group size, drawn with one fixed generator).  The checkpoint is loaded
 from __future__ import annotations
 
 import argparse
-import json
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from torch import Tensor
 from offpolicylab.build import build
 from offpolicylab.config import TrainConfig
 from offpolicylab.rollouts import sample
-from offpolicylab.run_dir import write_json
+from offpolicylab.run_dir import RunDir, write_json
 from offpolicylab.stack import Run
 from offpolicylab.worlds.synthetic_lm_v6 import ANS, EOS, NUM_DIGITS, STEP
 
@@ -42,11 +40,10 @@ def roles(response: Tensor) -> Tensor:
 
 def load_run(run_dir: Path, final: bool) -> Run:
     """The run of ``run_dir``'s config.json, its policy at the last checkpoint when ``final`` (else π₀)."""
-    stored = json.loads((run_dir / "config.json").read_text())
-    names = {field.name for field in fields(TrainConfig)}
-    run = build(TrainConfig.from_dict({k: v for k, v in stored.items() if k in names}))
+    directory = RunDir(run_dir)
+    run = build(TrainConfig.from_dict(directory.read_config()))
     if final:
-        state = torch.load(run_dir / "checkpoint" / "state.pt", map_location="cpu", weights_only=True)
+        state = torch.load(directory.checkpoint_path, map_location="cpu", weights_only=True)
         run.policy.load_state_dict(state["policy"])
     return run
 
