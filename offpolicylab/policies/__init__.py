@@ -167,8 +167,9 @@ POLICIES.register("transformer", build_transformer, {
                                doc="precision of the trainer's forwards (loss, old-log-prob recompute, evaluation "
                                    "scoring) under autocast, fp32 master weights and Adam state, log-softmax in fp32; "
                                    "fp16 with a dynamic loss scale (docs/sampler_precision.md)"),
-    "lm_head_fp32": Param(False, bool, doc="compute the LM head in fp32 under a 16-bit trainer_precision "
-                                           "(MiniMax-M1's fix)"),
+    "lm_head_fp32": Param(False, bool, doc="compute the LM head and its softmax in fp32 in both engines, the "
+                                           "trainer's and the sampler's, under 16-bit precisions (MiniMax-M1's "
+                                           "fix)"),
     "trainer_weights": Param("master", str, choices=TRAINER_WEIGHTS,
                              doc="which weights a 16-bit trainer forward reads: master = the fp32 masters (autocast "
                                  "rounds the matrix products only); cast = 16-bit copies of every weight (FSDP "

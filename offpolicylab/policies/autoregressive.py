@@ -118,6 +118,11 @@ class AutoregressivePolicy(ABC):
         tabular policy names its logits table."""
         return sampler_weights(getattr(self, "model", None), self.sampler_precision)
 
+    def engine_softmax_precision(self) -> str:
+        """The precision the sampling engine normalises its logits in: ``sampler_precision`` (a policy whose
+        engine computes fp32 logits says fp32)."""
+        return self.sampler_precision
+
     # ------------------------------------------------------------------------------------------ shared path
     @property
     def pad_id(self) -> int:
@@ -161,7 +166,7 @@ class AutoregressivePolicy(ABC):
                 if exact:
                     logp = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, -1)
                 else:
-                    logp = engine_log_softmax(logits, temperature, self.sampler_precision)
+                    logp = engine_log_softmax(logits, temperature, self.engine_softmax_precision())
                 engine_logp = logp
                 if noisy:
                     noise = _randn(logp.shape, generator, logp.dtype)

@@ -30,7 +30,8 @@ dtype), and it needs no second copy of the weights.
 
 ``lm_head_fp32 = True`` computes the LM head (the last linear map) in fp32 from the hidden state, so the logits are
 fp32 while the body rounds: MiniMax-M1's fix of the training–inference mismatch (MiniMax 2025, arXiv:2506.13585,
-§3.2).
+§3.2).  The fix is in both engines: the sampler (a 16-bit ``sampler_precision``) also keeps the head's fp32 weights,
+applies them to fp32(h) and normalises its fp32 logits in fp32.
 
 ``recompute_split_k = k > 1`` runs the old-log-prob recompute's linear maps as split-K GEMMs
 (:func:`split_k_linear`, :func:`split_k_gemms`): the same exact products as torch's kernel, their fp32 sum taken in

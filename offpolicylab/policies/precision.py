@@ -98,17 +98,23 @@ def _linear_weights(module: nn.Module) -> list[str]:
 
 
 @contextlib.contextmanager
-def sampler_weights(root: nn.Module | None, precision: str, tables: Sequence[Tensor] = ()) -> Iterator[None]:
+def sampler_weights(root: nn.Module | None, precision: str, tables: Sequence[Tensor] = (),
+                    fp32_modules: Sequence[nn.Module] = ()) -> Iterator[None]:
     """Inside this block ``root``'s floating parameters and the ``tables`` (each a logits table, rounded per row
     like a linear map's weight) hold the sampler's copy (:func:`stored_weight`), and for FP8 every linear map's
     input is rounded through FP8 per row (a forward pre-hook); on exit the trainer's tensors and modules are put
-    back exactly (the parameters' ``.data`` swapped, no copy of the originals).  ``fp32`` changes nothing."""
+    back exactly (the parameters' ``.data`` swapped, no copy of the originals).  The parameters of
+    ``fp32_modules`` (e.g. an fp32 LM head) are left in fp32 and their inputs unrounded.  ``fp32`` changes
+    nothing."""
     if precision == "fp32":
         yield
         return
     params: dict[int, tuple[Tensor, bool]] = {id(t): (t, True) for t in tables}
+    kept = {id(module) for module in fp32_modules}
     linear_modules = []
     for module in (root.modules() if root is not None else ()):
+        if id(module) in kept:
+            continue
         linear = set(_linear_weights(module))
         if linear:
             linear_modules.append(module)

@@ -47,6 +47,7 @@ from offpolicylab.policies.mixed_precision import (
     split_k_gemms,
     trainer_autocast,
 )
+from offpolicylab.policies.precision import sampler_weights
 
 SCORE_PADDINGS = ("fixed", "longest")
 
@@ -396,7 +397,17 @@ class TransformerPolicy(ModulePolicy):
             hidden = self.model(prompt, real, state)
         else:
             hidden = self.model.step(response_ids[:, t - 1: t], state)
-        return self.model.head(hidden[:, -1])
+        return head_logits(self.model.head, hidden[:, -1], self.lm_head_fp32)
+
+    def sampler_engine(self) -> contextlib.AbstractContextManager[None]:
+        """The sampling engine: the network's weights stored in ``sampler_precision``; with ``lm_head_fp32`` the
+        head keeps its fp32 weights and reads fp32(h), as MiniMax-M1's fix runs in both engines."""
+        return sampler_weights(self.model, self.sampler_precision,
+                               fp32_modules=[self.model.head] if self.lm_head_fp32 else ())
+
+    def engine_softmax_precision(self) -> str:
+        """fp32 with ``lm_head_fp32`` (fp32 logits are normalised in fp32), else ``sampler_precision``."""
+        return "fp32" if self.lm_head_fp32 else self.sampler_precision
 
     # ------------------------------------------------------------------------------------------ state
     def _prompt(self, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -89,6 +89,40 @@ def test_lm_head_fp32_gives_fp32_logits_of_the_rounded_body(rollout):
     assert not torch.equal(logits, policy("bf16").response_logits(*args).float())  # the head is not rounded
 
 
+def test_lm_head_fp32_sampler_applies_the_fp32_head_to_the_16_bit_body(rollout):
+    """MiniMax-M1's fix in the sampler too: inside the bf16 engine the body's weights are bf16 and the head's stay
+    fp32; the first step's logits are z = W h + b in fp32 (h the bf16 body's hidden state, W, b the fp32 head), and
+    the engine's log-probs are the fp32 log-softmax of z, not of z rounded to bf16."""
+    net = policy("bf16", lm_head_fp32=True, sampler_precision="bf16")
+    head = net.model.head
+    weight, bias = head.weight.detach().double().clone(), head.bias.detach().double().clone()
+    ids, mask, index = rollout.prompt_ids[:4], rollout.prompt_mask[:4], rollout.prompt_index[:4]
+    with torch.no_grad(), net.sampler_engine():
+        assert head.weight.dtype == torch.float32 and net.model.token.weight.dtype == torch.bfloat16
+        prompt, real = net._prompt(ids, mask)
+        hidden = net.model(prompt, real)[:, -1]
+        logits = net.next_logits(net.start_decoding(ids, mask, index), ids, mask, index,
+                                 torch.zeros(4, WIDTH, dtype=torch.long), 0)
+    assert hidden.dtype == torch.bfloat16 and logits.dtype == torch.float32
+    expected = hidden.double() @ weight.T + bias
+    assert torch.allclose(logits.double(), expected, atol=1e-5, rtol=1e-6)
+    assert float((expected - expected.to(torch.bfloat16).double()).abs().max()) > 1e-4  # bf16 would round them
+    assert all(p.dtype == torch.float32 for p in net.model.parameters())  # the trainer's weights are back
+    prompts = Prompts(ids=ids, mask=mask, index=index)
+    sampled = net.sample(prompts, 1, 1.0, torch.Generator().manual_seed(1))
+    first = torch.log_softmax(expected, -1).gather(1, sampled.response_ids[:, :1]).squeeze(1)
+    assert torch.allclose(sampled.sampler_logp[:, 0].double(), first, atol=2e-6, rtol=0)
+
+
+def test_lm_head_fp32_changes_nothing_in_an_fp32_sampler(rollout):
+    """With sampler_precision=fp32 the head is fp32 already: the same draws and log-probs bit for bit."""
+    prompts = Prompts(ids=rollout.prompt_ids[:4], mask=rollout.prompt_mask[:4], index=rollout.prompt_index[:4])
+    plain = policy("bf16").sample(prompts, 2, 1.0, torch.Generator().manual_seed(2))
+    fixed = policy("bf16", lm_head_fp32=True).sample(prompts, 2, 1.0, torch.Generator().manual_seed(2))
+    assert torch.equal(plain.response_ids, fixed.response_ids)
+    assert torch.equal(plain.sampler_logp, fixed.sampler_logp)
+
+
 def test_fp32_is_the_plain_forward(rollout):
     """trainer_precision=fp32 runs no autocast: the same numbers as a policy built without the option."""
     plain = TransformerPolicy(vocab_size=VOCAB, response_len=WIDTH, max_prompt_len=4, d_model=32, num_layers=LAYERS,
