@@ -4,8 +4,8 @@
     python benchmarks/synthetic_lm_floor.py --world-param preset=seed_scale_v6 --lr 1.5e-5 --schedule stale_k:256 \
         --grid-cells 27 --grid-updates 2000 --budget-min 120        # recipe v6 and its grid's 120-minute budget
 
-Measures, on the world's defaults (π₀, 8 prompts × 8 responses × 32 tokens, V = 256) or the ``--world-param``
-recipe, medians over ``--repeats`` calls after a warm-up:
+Measures, on recipe v5 (the grid file's preset: π₀, 8 prompts × 8 responses × 32 tokens, V = 256) or the
+``--world-param`` recipe, medians over ``--repeats`` calls after a warm-up:
 
 - the three pieces of work every update does — **sampling** one batch (32 key/value-cached decoding steps),
   the **reward** of its 64 responses (the teacher network's pass) and **scoring + backward** (one teacher-forced pass
@@ -161,7 +161,7 @@ def main() -> None:
     parser.add_argument("--budget-min", type=float, default=45.0, help="the grid's wall-time budget, minutes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    world_params = key_values(args.world_param)
+    world_params = {"preset": "seed_scale", **key_values(args.world_param)}  # the grid file's recipe, v5
     world = make_world("synthetic_lm", **world_params)
     policy = world.pretrained_policy()
     prompts = world.sample_prompts(8, torch.Generator().manual_seed(0))

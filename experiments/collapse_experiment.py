@@ -93,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 SMALL_BASE = {
-    "world_params": {"vocab_size": 32, "response_len": 8, "num_keys": 8, "num_train_prompts": 32, "d_model": 16,
-                     "num_layers": 1, "num_heads": 2, "distill_steps": 30, "distill_batch": 16},
+    "world_params": {"preset": "seed_scale", "vocab_size": 32, "response_len": 8, "num_keys": 8,
+                     "num_train_prompts": 32, "d_model": 16, "num_layers": 1, "num_heads": 2, "distill_steps": 30,
+                     "distill_batch": 16},
     "updates": 12, "prompts_per_update": 4, "group_size": 4, "eval_every": 4, "eval_samples": 2, "sample_every": 0,
     "checkpoint_every": 100, "lr": 0.003,
 }
@@ -103,8 +104,8 @@ SMALL_SEEDS = 2
 
 
 def small_grid(grid: dict[str, Any]) -> dict[str, Any]:
-    """The same objectives and schedule forms at CI size: the base takes :data:`SMALL_BASE` (a tiny synthetic-LM
-    recipe, 12 updates of 4 prompts × 4), every ``stale_k:K`` becomes ``stale_k:6`` (labels kept), and the first two
+    """The same objectives and schedule forms at CI size: the base takes :data:`SMALL_BASE` (a tiny recipe-v5
+    synthetic LM, 12 updates of 4 prompts × 4), every ``stale_k:K`` becomes ``stale_k:6`` (labels kept), and the first two
     seeds run."""
     small = json.loads(json.dumps(grid))
     small["base"] = {**small.get("base", {}), **json.loads(json.dumps(SMALL_BASE))}

@@ -29,7 +29,8 @@ the student's), and the stale minibatches' responses report where their tokens o
 responses, in truncated ones — beside a chance placement (:func:`concentration`).  ``--measure-from`` reads only the
 late updates; ``--probe-size 0 --no-rescore`` skips the forwards a real model cannot spare.
 
-    OMP_NUM_THREADS=1 python experiments/synthetic_lm_lag_tails.py --lr 3e-5 --out runs/lag_tails_v5.json
+    OMP_NUM_THREADS=1 python experiments/synthetic_lm_lag_tails.py --world-param preset=seed_scale --lr 3e-5 \
+        --out runs/lag_tails_v5.json
     OMP_NUM_THREADS=1 python experiments/synthetic_lm_lag_tails.py --world-param preset=seed_scale_v6 --lr 1.5e-5 \\
         --out runs/lag_tails_v6.json
     python experiments/synthetic_lm_lag_tails.py --table runs/lag_tails_v5.json runs/lag_tails_v6.json
@@ -455,7 +456,7 @@ def response_lines(resp: dict) -> list[str]:
 def table(results: list[dict]) -> str:
     lines = []
     for res in results:
-        lines.append(f"\n## {res['world_params'] or 'default (seed_scale)'}  lr {res['lr']:g}  {res['updates']} updates"
+        lines.append(f"\n## {res['world_params'] or 'seed_scale (the default when run)'}  lr {res['lr']:g}  {res['updates']} updates"
                      f"  clip_frac {100 * res['clip_frac_mean']:.4f} %  ({res['seconds']:.0f} s)")
         step = res["adam_step_over_lr"]
         lines.append(f"|Δθ|/lr: median {step['median_of_medians']:.3f}, p99 {step['median_p99']:.2f} (median over "

@@ -163,22 +163,22 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         """Fill the fields left unset (None) that a world or policy may choose (:func:`chosen_defaults`)."""
-        for name, (value, _) in chosen_defaults(self.world, self.policy).items():
+        for name, (value, _) in chosen_defaults(self.world, self.policy, self.world_params).items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
 
     def with_defaults(self) -> tuple[TrainConfig, dict[str, Any]]:
         """(a copy with the unset fields filled, those values); construction already fills them, so a config built
         by :class:`TrainConfig` is returned as it is, with nothing filled."""
-        filled = {name: value for name, (value, _) in chosen_defaults(self.world, self.policy).items()
-                  if getattr(self, name) is None}
+        chosen = chosen_defaults(self.world, self.policy, self.world_params)
+        filled = {name: value for name, (value, _) in chosen.items() if getattr(self, name) is None}
         return replace(self, **filled), filled
 
     def sources(self) -> dict[str, str]:
         """{field: who chose its value} for the fields a world or policy may choose whose value is that choice:
         ``"world W"``, ``"policy P"`` or ``"default"`` (a field given the same value explicitly counts as chosen)."""
-        return {name: source for name, (value, source) in chosen_defaults(self.world, self.policy).items()
-                if getattr(self, name) == value}
+        chosen = chosen_defaults(self.world, self.policy, self.world_params)
+        return {name: source for name, (value, source) in chosen.items() if getattr(self, name) == value}
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Every field goes through its :class:`Param` when it is set (at construction and after): strings are
@@ -235,14 +235,31 @@ def upgrade_config(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def chosen_defaults(world: str, policy: str | None) -> dict[str, tuple[Any, str]]:
-    """{field: (value, who chose it)} for the fields in :data:`DEFAULTS`: the world's suggestion
-    (:func:`offpolicylab.worlds.world_train_defaults`, ``"world W"``), else the policy's (:data:`POLICY_DEFAULTS`,
-    ``"policy P"``; the policy itself may be the world's choice), else :data:`DEFAULTS` (``"default"``)."""
+def upgrade_stored_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's config.json (``data``) in today's terms: :func:`upgrade_config`'s renames, and each world parameter
+    whose default has changed (the world's ``earlier_defaults``: ``synthetic_lm``'s ``preset``) that the run left
+    out set to the default it ran with — every config.json written since records that parameter
+    (:class:`~offpolicylab.registry.Param` ``recorded``), so one without it was written before the change."""
+    from offpolicylab.worlds import world_earlier_defaults
+
+    data = upgrade_config(data)
+    params = data.get("world_params")
+    earlier = world_earlier_defaults(str(data.get("world")))
+    if not isinstance(params, dict) or not set(earlier) - set(params):
+        return data
+    return {**data, "world_params": {**earlier, **params}}
+
+
+def chosen_defaults(world: str, policy: str | None,
+                    world_params: dict[str, Any] | None = None) -> dict[str, tuple[Any, str]]:
+    """{field: (value, who chose it)} for the fields in :data:`DEFAULTS`: the world's suggestion for its parameters
+    ``world_params`` (:func:`offpolicylab.worlds.world_train_defaults`, ``"world W"``), else the policy's
+    (:data:`POLICY_DEFAULTS`, ``"policy P"``; the policy itself may be the world's choice), else :data:`DEFAULTS`
+    (``"default"``)."""
     # imported here: the worlds package (torch, gymnasium) is heavy and this module is imported by every tool
     from offpolicylab.worlds import world_train_defaults
 
-    suggested = world_train_defaults(str(world))
+    suggested = world_train_defaults(str(world), world_params)
     policy = policy or suggested.get("policy") or DEFAULTS["policy"]
     out: dict[str, tuple[Any, str]] = {}
     for name, value in DEFAULTS.items():

@@ -30,6 +30,9 @@ from typing import Any
 from offpolicylab.config import TrainConfig
 
 DEMO_STALENESS = {"token_mdp": 32, "synthetic_lm": 256}
+#: the synthetic-LM recipe the demo runs when ``--preset`` is not given: recipe v5, for speed (the world's default,
+#: recipe v7, costs several times more per update: benchmarks/README.md)
+DEMO_PRESET = "seed_scale"
 DEMO_WORLDS = tuple(DEMO_STALENESS)
 #: updates per run when ``--updates`` is not given
 DEMO_UPDATES = {"token_mdp": 128, "synthetic_lm": 350}
@@ -48,8 +51,9 @@ PARAM_SYMBOLS = {"eps": "ε", "tau": "τ"}
 def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
               world_params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The demo's runs.  ``synthetic_lm``: ε-clipped grpo (ε = 0.2) and m2po (τ = 0.04) at staleness 256 and
-    on-policy ε-clipped grpo, seeds 0–2, 350 updates, evaluated every 25 updates (15 points), with the world's
-    transformer π₀ and training defaults (the seeds' drift: grpo clips ≈ 1 % of the tokens at s = 256, as in the
+    on-policy ε-clipped grpo, seeds 0–2, 350 updates, evaluated every 25 updates (15 points), on recipe
+    :data:`DEMO_PRESET` unless ``world_params`` names another preset, with its transformer π₀ and training
+    defaults (the seeds' drift: grpo clips ≈ 1 % of the tokens at s = 256, as in the
     M2PO paper) and its Monte-Carlo return, tokens drawn by inverse CDF (``token_draw=inverse_cdf``: one uniform per
     token), the collapse detector watching every update (``collapse_tail`` on, as in every run) — the clip removes the tokens that moved, the answer tokens where learning happens, and ε-clipped grpo gains a
     fraction of what m2po gains (``experiments/RESULTS.md`` §4).
@@ -77,11 +81,24 @@ def demo_grid(updates: int | None = None, world: str = "synthetic_lm",
             "schedule": f"stale_k:{toy_staleness(updates)}",
         }
         return {"base": base, "axes": {"objective": objectives}}
-    base = {"world": "synthetic_lm", "world_params": dict(world_params or {}), "updates": updates,
+    base = {"world": "synthetic_lm", "world_params": {"preset": DEMO_PRESET, **(world_params or {})},
+            "updates": updates,
             "eval_every": 25, "sample_every": 0, "checkpoint_every": 350,
             "schedule": f"stale_k:{DEMO_STALENESS[world]}", "policy_params": {"token_draw": "inverse_cdf"}}
     m2po = {"label": "m2po", "objective": "m2po", "objective_params": {"tau": 0.04}}
     return {"base": base, "axes": {"objective": [clipped, m2po, reference], "seed": [0, 1, 2]}}
+
+
+def demo_world_params(world: str, preset: str | None) -> dict[str, Any] | None:
+    """The world parameters ``--preset`` asks for: None when not given; a ``ValueError`` naming what is valid for an
+    unknown preset, or for a preset with ``--world token_mdp`` (which has none)."""
+    if preset is None:
+        return None
+    if world != "synthetic_lm":
+        raise ValueError(f"--preset {preset} is a synthetic_lm option; valid: leave it out with --world {world}")
+    from offpolicylab.worlds import WORLDS
+
+    return {"preset": WORLDS.resolve("synthetic_lm", {"preset": preset}, fill_defaults=False)["preset"]}
 
 
 def toy_staleness(updates: int) -> int:
@@ -100,7 +117,10 @@ def describe(grid: dict[str, Any], workers: int) -> str:
     own = base["updates"] - first
     stale = (f"the stale runs ({base['schedule']}) train on π₀'s data for their first {first} updates, then {own} "
              f"on data of their own policy {lag} updates old")
-    return (f"demo: {runs} runs of {base['updates']} updates on {base['world']} ({workers} worker"
+    world = base["world"]
+    if "preset" in base.get("world_params", {}):
+        world += f" (preset {base['world_params']['preset']})"
+    return (f"demo: {runs} runs of {base['updates']} updates on {world} ({workers} worker"
             f"{'s' if workers != 1 else ''}); π₀ is built or loaded first, then progress with an ETA follows\n"
             f"demo: {stale}")
 
@@ -111,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world", default="synthetic_lm", choices=DEMO_WORLDS,
                         help="synthetic_lm (default: grpo vs m2po at stale_k:256 and on-policy grpo, 3 seeds, on the "
                              "seed-scale LM world) or token_mdp (exact returns, under a minute)")
+    parser.add_argument("--preset", default=None, metavar="NAME",
+                        help=f"synthetic_lm only: the recipe (default {DEMO_PRESET}, recipe v5, for speed; "
+                             "seed_scale_v7 is the world's default, several times slower per update)")
     parser.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     parser.add_argument("--workers", type=int, default=DEMO_WORKERS,
                         help=f"parallel processes (default {DEMO_WORKERS}: the nine LM runs end together on 2 cores)")
@@ -128,7 +151,7 @@ def run_command(args: argparse.Namespace) -> int:
     from offpolicylab.sweep import run_sweep
     from offpolicylab.worlds import make_world
 
-    grid = demo_grid(args.updates, args.world)
+    grid = demo_grid(args.updates, args.world, demo_world_params(args.world, args.preset))
     if args.report_to is not None:
         grid["base"]["report_to"] = args.report_to
     TrainConfig.from_dict(grid["base"])  # bad options are refused before π₀ is built

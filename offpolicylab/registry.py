@@ -44,8 +44,9 @@ _FALSE_WORDS = ("false", "0", "no")
 @dataclass(frozen=True)
 class Param:
     """One parameter: default, kind (``bool``, ``int``, ``float``, ``str``, ``list`` of floats or ``dict``), valid
-    range (``low`` / ``high``, open or closed), ``choices``, ``length`` (list kind), ``optional`` (None allowed) and
-    ``doc``, its help text."""
+    range (``low`` / ``high``, open or closed), ``choices``, ``length`` (list kind), ``optional`` (None allowed),
+    ``doc``, its help text, and ``recorded``: a run's config.json holds its value even when the run left it at the
+    default (a parameter whose default has changed between versions, so a stored run keeps the value it ran with)."""
 
     default: Any
     kind: type = float
@@ -57,6 +58,7 @@ class Param:
     optional: bool = False
     length: int | None = None
     doc: str = ""
+    recorded: bool = False
 
     def valid_text(self) -> str:
         """What a valid value looks like, for error messages."""
@@ -215,13 +217,13 @@ def coerce(kind: type, value: Any) -> Any:
 def resolve(what: str, specs: Mapping[str, Param], given: Mapping[str, Any], *,
             fill_defaults: bool = True) -> dict[str, Any]:
     """Validate ``given`` against ``specs``: every parameter's value (the default where not given, when
-    ``fill_defaults``), in the order of ``specs``.  An unknown name raises ``ValueError`` naming ``what`` and the
-    valid names."""
+    ``fill_defaults``; a ``recorded`` parameter's always), in the order of ``specs``.  An unknown name raises
+    ``ValueError`` naming ``what`` and the valid names."""
     unknown = sorted(set(given) - set(specs))
     if unknown:
         raise ValueError(f"{what} has no parameter {', '.join(unknown)}; valid: {', '.join(specs) or 'none'}")
     return {key: spec.validate(key, given.get(key, spec.default)) for key, spec in specs.items()
-            if fill_defaults or key in given}
+            if fill_defaults or key in given or spec.recorded}
 
 
 @dataclass(frozen=True)

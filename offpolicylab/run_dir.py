@@ -218,10 +218,16 @@ class RunDir:
         write_text_atomically(self.config_path, json.dumps({**config, ENVIRONMENT_KEY: environment}, indent=2) + "\n")
 
     def read_config(self) -> dict[str, Any]:
-        """The run's configuration as config.json holds it, without the environment record."""
+        """The run's configuration as config.json holds it, without the environment record, in today's terms
+        (:func:`~offpolicylab.config.upgrade_stored_config`: a run written before a world parameter's default
+        changed gets the value it ran with)."""
+        from offpolicylab.config import (
+            upgrade_stored_config,  # the config layer (and its worlds) only when read
+        )
+
         config = self._read_config_file()
         config.pop(ENVIRONMENT_KEY, None)
-        return config
+        return upgrade_stored_config(config)
 
     def read_environment(self) -> dict[str, Any]:
         """config.json's environment record (package versions, git commit); empty for runs written before it."""

@@ -2,7 +2,8 @@
 
     python -m offpolicylab.synthetic_lm_calibration [--world-param k=v ...] [--profile PROFILE.json]
                                             [--lrs 1e-4,3e-4,1e-3] [--kl-updates 30] [--success-samples 32]
-    python experiments/synthetic_lm_drift.py --lrs 3e-5,1e-4,3e-4 --out runs/drift [--updates 300] [--workers 2]
+    python experiments/synthetic_lm_drift.py [--world-param k=v ...] --lrs 3e-5,1e-4,3e-4 --out runs/drift \
+        [--updates 300] [--workers 2]
 
 prints (1) π₀'s token profile on temperature-1 samples (one per training prompt) side by side with a reference
 profile (``offpolicylab.diagnostics.profile``, the same statistics code as ``offpolicylab calibrate``), (2) π₀'s
@@ -49,7 +50,7 @@ from offpolicylab.profile_files import load_profile
 from offpolicylab.stack import Run, Stack
 from offpolicylab.trainer import UpdateHook, train
 from offpolicylab.worlds import make_world
-from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, SyntheticLM
+from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, PRESETS, SyntheticLM
 
 
 def policy_token_profile(world: SyntheticLM, policy: Any, samples_per_prompt: int = 1, seed: int = 0) -> dict:
@@ -92,6 +93,9 @@ PAPER_CLIP_FRACTIONS = {  # M2PO paper (Zheng et al. 2025, arXiv:2510.01161), Fi
 }
 S0_WINDOW = (3e-4, 1.5e-3)
 """Item range of ε = 0.2 GRPO's clip fraction at the papers' s = 0 (4 minibatch updates per rollout batch)."""
+PROFILED_PRESET = "seed_scale"
+"""The preset :func:`main` measures when ``--world-param preset=`` is not given: recipe v5, whose token roles its
+profile reads (the world's default since recipe v7 is a chain world: experiments/synthetic_lm_v6_calibration.py)."""
 STALE_WINDOW = (3e-3, 2.5e-2)
 """Item range of ε = 0.2 GRPO's clip fraction over the first 300 updates at ``stale_k:256``."""
 S0_TARGET = math.sqrt(0.0007 * 0.0005)
@@ -235,7 +239,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kl-updates", type=int, default=30)
     parser.add_argument("--success-samples", type=int, default=32)
     args = parser.parse_args(argv)
-    world_params = parse_assignments(args.world_param, "--world-param")
+    world_params = {"preset": PROFILED_PRESET, **parse_assignments(args.world_param, "--world-param")}
+    if world_params["preset"] not in PRESETS:
+        parser.error(f"--world-param preset={world_params['preset']} is not a recipe-v5 preset; valid: "
+                     f"{', '.join(PRESETS)} (recipes v6 and v7: experiments/synthetic_lm_v6_calibration.py)")
     world = make_world("synthetic_lm", **world_params)
     initial = world.pretrained_policy()
     print(seed_scale_table(world, initial))

@@ -30,8 +30,9 @@ SMALL: dict[str, dict[str, Any]] = {
     "bandit": {},
     "three_arm_pitfall": {},
     "token_mdp": {"vocab_size": 3, "length": 3, "num_prompts": 2},
-    "synthetic_lm": {"vocab_size": 32, "response_len": 4, "num_keys": 4, "num_train_prompts": 8, "d_model": 8,
-                     "num_heads": 2, "num_layers": 1, "distill_steps": 0, "distill_batch": 4},
+    "synthetic_lm": {"preset": "seed_scale", "vocab_size": 32, "response_len": 4, "num_keys": 4,
+                     "num_train_prompts": 8, "d_model": 8, "num_heads": 2, "num_layers": 1, "distill_steps": 0,
+                     "distill_batch": 4},
 }
 #: Documented dependencies between parameters (each says so in its doc): the edge is tried with these set.
 DEPENDS: dict[tuple[str, str, Any], dict[str, Any]] = {

@@ -17,7 +17,13 @@ from offpolicylab.registry import MAX_SEED, Param, Registry
 from offpolicylab.worlds.bandits import SoftmaxBandit, random_bandit, three_arm_pitfall
 from offpolicylab.worlds.gym_envs import ENV_IDS, register_envs
 from offpolicylab.worlds.synthetic_lm import RECIPE_PARAMS, SyntheticLM
-from offpolicylab.worlds.synthetic_lm_presets import PRESET_NAMES, build_synthetic_lm
+from offpolicylab.worlds.synthetic_lm_presets import (
+    DEFAULT_PRESET,
+    EARLIER_DEFAULT_PRESET,
+    PRESET_NAMES,
+    build_synthetic_lm,
+    preset_train_defaults,
+)
 from offpolicylab.worlds.token_mdp import CREDITS, FAMILIES, TokenMDP
 
 WORLDS: Registry[World] = Registry("world", plugins="offpolicylab.worlds")
@@ -68,13 +74,13 @@ WORLDS.register(
     "synthetic_lm", build_synthetic_lm,
     {
         **RECIPE_PARAMS,
-        "preset": Param("seed_scale", str, choices=PRESET_NAMES,
-                        doc="named recipe: seed_scale (a reasoning LLM's token entropies), smollm2 "
-                            "(SmolLM2-135M's), seed_scale_v6 (recipe v6, a chain of forks with EOS) or seed_scale_v7 (v6 "
-                            "with an 8-layer π₀, a bf16 trainer on cast weights and a bf16 sampler, logits + 12, old "
-                            "log-probs recomputed with split-K GEMMs; under v6 / v7 a "
-                            "parameter at its default below means the preset's value); the parameters below "
-                            "override it"),
+        "preset": Param(DEFAULT_PRESET, str, choices=PRESET_NAMES, recorded=True,
+                        doc="named recipe: seed_scale_v7 (the default: recipe v6's world with an 8-layer π₀, a bf16 "
+                            "trainer on cast weights and a bf16 sampler, logits + 12, old log-probs recomputed with "
+                            "split-K GEMMs; lr 1.5e-5), seed_scale_v6 (recipe v6, a chain of forks with EOS; lr "
+                            "1.5e-5), seed_scale (recipe v5, a reasoning LLM's token entropies; the default before "
+                            "v7) or smollm2 (SmolLM2-135M's); under v6 / v7 a parameter at its default below means "
+                            "the preset's value; the parameters below override it"),
         "num_rules": Param(1, int, low=1, doc="chain presets (seed_scale_v6, seed_scale_v7) only: step rules R, "
                                                 "key k's chain follows rule k mod R (1: one rule for every key; at "
                                                 "most num_keys)"),
@@ -83,6 +89,8 @@ WORLDS.register(
     doc="calibrated synthetic LM: random teacher, distilled transformer π₀, key -> digit reward (1/0.1/0)",
     train_defaults={"optimizer": "adamw", "lr": 3e-5, "advantage": "std", "grad_clip": 1.0,
                     "prompts_per_update": 8, "group_size": 8, "temperature": 1.0, "policy": "transformer"},
+    param_train_defaults=preset_train_defaults,
+    earlier_defaults={"preset": EARLIER_DEFAULT_PRESET},
 
 )
 
@@ -94,10 +102,21 @@ def register_world(name: str, builder: Callable[..., World], params: dict[str, P
     WORLDS.register(name, builder, params, doc, train_defaults=dict(train_defaults or {}))
 
 
-def world_train_defaults(name: str) -> dict[str, Any]:
-    """TrainConfig values a world suggests (e.g. AdamW and its learning rate) for fields a config leaves unset;
-    empty for worlds without any (and for unknown names, which :func:`make_world` reports)."""
-    return dict(WORLDS.get(name).meta.get("train_defaults", {})) if name in WORLDS else {}
+def world_train_defaults(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """TrainConfig values a world suggests (e.g. AdamW and its learning rate) for fields a config leaves unset, with
+    those its parameters ``params`` suggest over them (``synthetic_lm``: the preset's learning rate); empty for
+    worlds without any (and for unknown names, which :func:`make_world` reports)."""
+    if name not in WORLDS:
+        return {}
+    meta = WORLDS.get(name).meta
+    of_params = meta.get("param_train_defaults")
+    return {**meta.get("train_defaults", {}), **(of_params(dict(params or {})) if of_params else {})}
+
+
+def world_earlier_defaults(name: str) -> dict[str, Any]:
+    """{parameter: the default it had before its current one} for a world's parameters whose default has changed
+    (a stored run's configuration that leaves one out ran with that value); empty for other worlds."""
+    return dict(WORLDS.get(name).meta.get("earlier_defaults", {})) if name in WORLDS else {}
 
 
 def list_worlds() -> list[str]:
@@ -133,5 +152,6 @@ __all__ = [
     "make_world",
     "register_world",
     "three_arm_pitfall",
+    "world_earlier_defaults",
     "world_train_defaults",
 ]

@@ -14,8 +14,25 @@ PRESET_NAMES = (*PRESETS, *CHAIN_PRESETS)
 """Every preset the world accepts: v5's :data:`~offpolicylab.worlds.synthetic_lm.PRESETS` and v6's
 :data:`~offpolicylab.worlds.synthetic_lm_v6.CHAIN_PRESETS`."""
 
+DEFAULT_PRESET = "seed_scale_v7"
+"""The preset a run that names none gets: recipe v7, whose calibration (docs/synthetic_lm_v7.md) met the M2PO paper's
+clip windows at staleness 0 and 256."""
 
-def build_synthetic_lm(preset: str = "seed_scale", cache_dir: str | None = None,
+EARLIER_DEFAULT_PRESET = "seed_scale"
+"""The default preset before v7 (recipe v5): a stored run whose configuration names no preset ran it."""
+
+PRESET_TRAIN_DEFAULTS: dict[str, dict[str, Any]] = {"seed_scale_v6": {"lr": 1.5e-5}, "seed_scale_v7": {"lr": 1.5e-5}}
+"""Training settings a preset suggests over the world's own (a run's explicit value wins): the learning rate each
+chain recipe's calibration chose (v6: the stale clip window decided 1.5e-5, docs/synthetic_lm_v6.md; v7 kept it)."""
+
+
+def preset_train_defaults(world_params: dict[str, Any]) -> dict[str, Any]:
+    """The training settings :data:`PRESET_TRAIN_DEFAULTS` suggests for the preset ``world_params`` names (the
+    default preset when none); empty for a preset without any or an unknown one (the world's build refuses it)."""
+    return dict(PRESET_TRAIN_DEFAULTS.get(str(world_params.get("preset", DEFAULT_PRESET)), {}))
+
+
+def build_synthetic_lm(preset: str = DEFAULT_PRESET, cache_dir: str | None = None,
                        **recipe: Any) -> SyntheticLM | ChainLM:
     """The ``synthetic_lm`` world for ``worlds.make_world``: the named :data:`PRESETS` recipe with the given recipe
     fields (keyword arguments; a ``None`` value keeps the preset's); a v6 preset builds recipe v6's chain world

@@ -402,7 +402,8 @@ def build_chain(preset: str, cache_dir: str | None, given: dict[str, Any], regis
         if value is None or registry_defaults.get(name, object()) == value:
             continue
         if name in V5_ONLY or not hasattr(recipe, name):
-            raise ValueError(f"{name}={value!r} is not a parameter of preset {preset!r}; valid: leave it unset")
+            raise ValueError(f"{name}={value!r} is not a parameter of preset {preset!r}; valid: leave it unset, or "
+                             "name a recipe-v5 preset (preset=seed_scale)")
         changes[name] = value
     world = ChainLM(replace(recipe, **changes), cache_dir=cache_dir)
     world.policy_defaults = dict(PRESET_POLICY.get(preset, {}))

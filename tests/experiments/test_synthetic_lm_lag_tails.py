@@ -23,7 +23,7 @@ SPEC = importlib.util.spec_from_file_location("synthetic_lm_lag_tails",
 lag_tails = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(lag_tails)
 
-TINY = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16, "num_heads": 2,
+TINY = {"preset": "seed_scale", "vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16, "num_heads": 2,
         "num_layers": 1, "distill_steps": 20, "distill_batch": 16}
 
 

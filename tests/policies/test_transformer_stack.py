@@ -23,7 +23,7 @@ from tests.trainer.test_seeds import assert_same_run, interrupted
 
 SEEDS = [3, 7, 11]
 ROWS = 5  # rows per member
-TINY_WORLD = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
+TINY_WORLD = {"preset": "seed_scale", "vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
               "num_heads": 2, "num_layers": 2, "distill_steps": 20, "distill_batch": 16}
 
 

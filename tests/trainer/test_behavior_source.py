@@ -20,7 +20,7 @@ from offpolicylab.trainer import train
 from tests.trainer.golden_runs import normalized_metrics
 
 SMALL_MDP = {"vocab_size": 3, "length": 4, "num_prompts": 3}
-TINY_LM = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
+TINY_LM = {"preset": "seed_scale", "vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
            "num_heads": 2, "num_layers": 2, "distill_steps": 20, "distill_batch": 16}
 RUNS = {
     "tabular": dict(world="token_mdp", world_params={**SMALL_MDP, "family": "forking"}, objective="p3o", updates=6),

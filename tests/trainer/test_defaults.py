@@ -27,10 +27,15 @@ def test_unset_fields_take_the_world_then_the_policy_default() -> None:
     assert 1e-5 <= llm.lr <= 2e-4  # the learning rates LoRA fine-tuning uses
     kept = TrainConfig(world="gsm8k", policy="hf", lr=3e-5)
     assert kept.lr == 3e-5 and "lr" not in kept.sources() and kept.eval_samples == POLICY_DEFAULTS["hf"]["eval_samples"]
-    lm = TrainConfig(world="synthetic_lm")
-    assert (lm.policy, lm.optimizer, lm.lr) == ("transformer", "adamw", 3e-5)
+    lm = TrainConfig(world="synthetic_lm")  # the default preset, seed_scale_v7: its calibrated rate
+    assert (lm.policy, lm.optimizer, lm.lr) == ("transformer", "adamw", 1.5e-5)
     assert lm.sources()["optimizer"] == "world synthetic_lm" and lm.with_defaults() == (lm, {})
-    assert TrainConfig(world="synthetic_lm", lr="none").lr == 3e-5  # none: the world's choice
+    assert lm.sources()["lr"] == "world synthetic_lm"
+    assert TrainConfig(world="synthetic_lm", lr="none").lr == 1.5e-5  # none: the world's choice
+    v5 = {"preset": "seed_scale"}
+    assert TrainConfig(world="synthetic_lm", world_params=v5).lr == 3e-5  # recipe v5's rate
+    assert TrainConfig.from_dict({"world": "synthetic_lm", "world_params": {"preset": "seed_scale_v6"}}).lr == 1.5e-5
+    assert TrainConfig(world="synthetic_lm", world_params=v5, lr=1e-4).lr == 1e-4  # an explicit rate wins
 
 
 def test_constructor_and_mapping_apply_the_same_defaults() -> None:
@@ -46,7 +51,7 @@ def test_start_line_names_what_the_world_and_policy_chose() -> None:
     line = describe_run(TrainConfig(world="synthetic_lm", objective="m2po", updates=40))
     assert line.startswith("offpolicylab: synthetic_lm / transformer / m2po / on_policy, 40 updates (0..39); "
                            "prompts_per_update 8, group_size 8, temperature 1, advantage std, optimizer adamw, "
-                           "lr 3e-05, grad_clip 1, eval_samples 4 (chosen by world synthetic_lm: policy, ")
+                           "lr 1.5e-05, grad_clip 1, eval_samples 4 (chosen by world synthetic_lm: policy, ")
     line = describe_run(TrainConfig(world="gsm8k", policy="hf", lr=2e-4, eval_samples=1), "micro-batches of 4")
     assert line.endswith("lr 0.0002, grad_clip 1, eval_samples 1 (chosen by policy hf: eval_samples); "
                          "scoring: micro-batches of 4")

@@ -130,7 +130,7 @@ def test_without_kl_tracking_no_frozen_copy_is_kept(tmp_path: Path, monkeypatch:
     """In a world that cannot be enumerated (a tiny synthetic LM), eval_kl_init=off keeps no second policy (the
     memory it saves); an enumerable world keeps π₀ for its exact KL either way."""
     monkeypatch.setenv("OFFPOLICYLAB_CACHE", str(tmp_path / "cache"))
-    tiny = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
+    tiny = {"preset": "seed_scale", "vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16,
             "num_heads": 2, "num_layers": 1, "distill_steps": 2, "distill_batch": 8}
     config = TrainConfig(world="synthetic_lm", world_params=tiny, objective="grpo", updates=2)
     assert not is_enumerable(build(config).world)

@@ -44,14 +44,14 @@ def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("case", list(foreign_files(Recipe())))
-def test_a_foreign_file_at_the_default_recipes_name_is_ignored(tmp_path: Path, case: str,
+def test_a_foreign_file_at_the_v5_recipes_name_is_ignored(tmp_path: Path, case: str,
                                                                capsys: pytest.CaptureFixture[str],
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     name = SHIPPED.name
     torch.save(foreign_files(Recipe())[case], tmp_path / name)
     monkeypatch.setattr(synthetic_lm, "distill", _no_build)
 
-    world = make_world("synthetic_lm", cache_dir=str(tmp_path))
+    world = make_world("synthetic_lm", preset="seed_scale", cache_dir=str(tmp_path))
 
     shipped = read_cached(SHIPPED, Recipe())
     assert shipped is not None and world.threshold == shipped[1]  # the packaged copy, no build

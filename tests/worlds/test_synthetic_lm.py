@@ -18,8 +18,9 @@ from offpolicylab.policies import make_policy
 from offpolicylab.worlds import make_world, world_train_defaults
 from offpolicylab.worlds.synthetic_lm import ANS, FIRST_TEXT, NUM_DIGITS, Recipe, SyntheticLM
 
-TINY = {"vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16, "d_model": 16, "num_heads": 2,
-        "num_layers": 1, "distill_steps": 40, "distill_batch": 16, "alpha": 7.0, "delta": 0.125}
+TINY = {"preset": "seed_scale", "vocab_size": 32, "response_len": 8, "num_keys": 4, "num_train_prompts": 16,
+        "d_model": 16, "num_heads": 2, "num_layers": 1, "distill_steps": 40, "distill_batch": 16, "alpha": 7.0,
+        "delta": 0.125}
 # (alpha, delta: the smollm2 preset's broad teacher, so that a 40-step student samples text the teacher finds likely)
 
 
@@ -171,7 +172,7 @@ def test_cache_is_deterministic_and_keyed_by_the_recipe(world, cache, tmp_path):
     assert other.cache_path.name == world.cache_path.name
     assert other.threshold == world.threshold
     assert all(torch.equal(other.pretrained_state[k], world.pretrained_state[k]) for k in world.pretrained_state)
-    changed = replace(Recipe(**{k: v for k, v in TINY.items()}), alpha=world.recipe.alpha * 2)
+    changed = replace(Recipe(**{k: v for k, v in TINY.items() if k != "preset"}), alpha=world.recipe.alpha * 2)
     assert changed.digest() != world.recipe.digest()
     # a file under the new recipe's name that holds another recipe is rebuilt, not reused
     shutil.copy(world.cache_path, tmp_path / SyntheticLM(changed, cache_dir=tmp_path).cache_path.name)
@@ -219,7 +220,7 @@ def test_cli_run_trains_with_the_world_defaults(cache, tmp_path, capsys):
     args += [x for k, v in TINY.items() for x in ("--world-param", f"{k}={v}")]
     assert cli.main(args) == 0
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    for key, value in world_train_defaults("synthetic_lm").items():
+    for key, value in world_train_defaults("synthetic_lm", TINY).items():
         if key not in ("prompts_per_update", "group_size"):
             assert config[key] == value, key
     assert config["prompts_per_update"] == 2  # a flag that was given wins
@@ -320,8 +321,8 @@ def test_calibration_updates_are_a_training_runs_updates(cache, tmp_path, change
 
 
 # ------------------------------------------------------------------ the shipped recipes against the real-LM profiles
-def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
-    """The default (``seed_scale``) recipe's π₀ — the copy shipped with the package — has the token entropies of a
+def test_seed_scale_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
+    """The ``seed_scale`` recipe's (v5, the default before v7) π₀ — the copy shipped with the package — has the token entropies of a
     reasoning LLM's chain of thought: 45–60 % of its temperature-1 tokens below 0.01 nat and the 80th percentile in
     [0.5, 0.85] nat (Qwen3-8B: over 50 % and 0.672 nat, Wang et al. 2025, arXiv:2506.01939), a rare-token tail
     (sampled π(y) < 1e-3) kept, and the answer digit (where the reward is decided) a fork; printed beside Qwen3-8B's
@@ -335,8 +336,8 @@ def test_default_world_has_a_reasoning_llms_token_entropies(tmp_path, capsys):
     from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, read_cached
 
     shipped = PACKAGED_DIR / f"{Recipe().digest()[:32]}.pt"
-    assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold the default recipe's π₀"
-    world = make_world("synthetic_lm", cache_dir=str(tmp_path))  # empty cache: the shipped copy is used
+    assert read_cached(shipped, Recipe()) is not None, f"{shipped} must hold recipe v5's π₀"
+    world = make_world("synthetic_lm", preset="seed_scale", cache_dir=str(tmp_path))  # the shipped copy is used
     assert not any(tmp_path.iterdir()), "the shipped π₀ must be found without a build"
     pi0 = world.pretrained_policy()
     print(seed_scale_table(world, pi0))
@@ -378,12 +379,12 @@ def test_smollm2_preset_matches_the_committed_smollm2_profile(tmp_path, capsys):
 
 
 def test_a_preset_is_overridden_by_the_parameters_given(cache):
-    shape = {k: v for k, v in TINY.items() if k not in ("alpha", "delta")}
+    shape = {k: v for k, v in TINY.items() if k not in ("alpha", "delta", "preset")}
     world = make_world("synthetic_lm", preset="smollm2", cache_dir=str(cache), **{**shape, "alpha": 3.0})
     assert (world.recipe.alpha, world.recipe.delta, world.recipe.pi0_temperature) == (3.0, 0.125, 1.0)
-    assert (Recipe().alpha, Recipe().delta, Recipe().pi0_temperature) == (64.0, 0.0, 0.8)  # the default preset
+    assert (Recipe().alpha, Recipe().delta, Recipe().pi0_temperature) == (64.0, 0.0, 0.8)  # preset seed_scale
     with pytest.raises(ValueError, match="preset"):
-        make_world("synthetic_lm", preset="qwen", cache_dir=str(cache), **TINY)
+        make_world("synthetic_lm", cache_dir=str(cache), **{**TINY, "preset": "qwen"})
 
 
 # ------------------------------------------------------------------------------------------ drift calibration

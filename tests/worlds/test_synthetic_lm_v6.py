@@ -198,8 +198,8 @@ def test_preset_dispatch_and_parameters(world, tmp_path):
                    cache_dir=str(tmp_path))
 
 
-def test_v5_default_recipe_is_untouched():
-    """The default world stays v5: its recipe digest (the shipped π₀'s file name) is unchanged."""
+def test_v5_recipe_is_untouched():
+    """Recipe v5 (preset ``seed_scale``) is unchanged: its recipe digest (the shipped π₀'s file name) is the same."""
     from offpolicylab.worlds.synthetic_lm import PACKAGED_DIR, PRESETS
 
     assert (PACKAGED_DIR / f"{PRESETS['seed_scale'].digest()[:32]}.pt").exists()

@@ -72,3 +72,28 @@ def test_compiled_blocks_refuse_the_presets_split_k_recompute(tmp_path, capsys) 
     assert not (tmp_path / "out").exists()
     policy = make_policy("transformer", world, compiled="true", recompute_split_k="1")
     assert (policy.trainer_precision, policy.recompute_split_k) == ("bf16", 1)
+
+
+def test_the_default_world_is_v7_and_its_pi0_meets_target_a(tmp_path, capsys) -> None:
+    """Held-out check of the default world, (a): ``make_world("synthetic_lm")`` with no preset is recipe v7, and its
+    shipped π₀ (fp32 statistics, temperature-1 samples) has v6's profile windows — 45–60 % of tokens below
+    0.01 nat and the 80th percentile in [0.5, 0.85] nat (Qwen3-8B's chain of thought: 50.64 %, 0.672 nat; Wang et
+    al. 2025, arXiv:2506.01939) — and an initial success in [5, 30] % (docs/synthetic_lm_v6.md, target (e);
+    measured 52.5 %, 0.514 nat, 21.9 % in docs/synthetic_lm_v7.md, part 13)."""
+    from offpolicylab.synthetic_lm_calibration import (
+        SEED_SCALE_TARGETS,
+        initial_success,
+        policy_token_profile,
+    )
+
+    world = make_world("synthetic_lm", cache_dir=str(tmp_path))
+    assert world.recipe == CHAIN_PRESETS["seed_scale_v7"] and not any(tmp_path.iterdir())
+    pi0 = world.pretrained_policy()
+    assert pi0.trainer_precision == "fp32" and pi0.sampler_precision == "fp32"
+    profile = policy_token_profile(world, pi0)
+    success = initial_success(world, pi0, samples=8)
+    print(profile["share_entropy_below_0.01"], profile["entropy_p80"], success["success"], success["success_se"])
+    (low_s, high_s), (low_p, high_p) = SEED_SCALE_TARGETS.values()
+    assert low_s <= profile["share_entropy_below_0.01"] <= high_s
+    assert low_p <= profile["entropy_p80"] <= high_p
+    assert 0.05 <= success["success"] <= 0.30
