@@ -1,6 +1,7 @@
 """Target (b) and (p) of recipe v7 (docs/synthetic_lm_v7.md) read from finished or cut run directories: the mean
 ``clip_frac`` over the updates run, by lag (the consumed minibatch's staleness) and by quarter, and ``sampler_kl``
-over the first 20 updates and over all.
+over the first 20 updates, over all, over the last 100 and — (p)'s growth — the largest mean over consecutive
+windows of 250 updates (updates 0–249, 250–499, …; a shorter last window counts too).
 
     python experiments/synthetic_lm_v7_summary.py runs/v7/bf16_s0 runs/v7/bf16_s256 runs/v7/fp16_s0 \\
         --json experiments/results/synthetic_lm_v7_b.json
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from offpolicylab.run_dir import write_json
+
+WINDOW = 250  # updates per window of (p)'s growth
 
 
 def summary(run: Path) -> dict[str, Any]:
@@ -36,6 +39,9 @@ def summary(run: Path) -> dict[str, Any]:
             if len(by_lag) <= 8 else None,
             "sampler_kl_first20": statistics.mean(kl[:20]) if kl else None,
             "sampler_kl_mean": statistics.mean(kl) if kl else None,
+            "sampler_kl_last100": statistics.mean(kl[-100:]) if kl else None,
+            "sampler_kl_window_max": max(statistics.mean(kl[i:i + WINDOW]) for i in range(0, len(kl), WINDOW))
+            if kl else None,
             "time_update_s_median": statistics.median(float(row["time_update_s"]) for row in rows)}
 
 
