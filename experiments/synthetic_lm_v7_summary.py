@@ -1,7 +1,9 @@
 """Target (b) and (p) of recipe v7 (docs/synthetic_lm_v7.md) read from finished or cut run directories: the mean
 ``clip_frac`` over the updates run, by lag (the consumed minibatch's staleness) and by quarter, and ``sampler_kl``
 over the first 20 updates, over all, over the last 100 and — (p)'s growth — the largest mean over consecutive
-windows of 250 updates (updates 0–249, 250–499, …; a shorter last window counts too).
+windows of 250 updates (updates 0–249, 250–499, …; a shorter last window counts too); and the mean |log π_sampler −
+log π_trainer| per token (``sampler_log_ratio_abs_mean``) over the first 20 updates, which, unlike the k1 estimate,
+cannot average to zero.
 
     python experiments/synthetic_lm_v7_summary.py runs/v7/bf16_s0 runs/v7/bf16_s256 runs/v7/fp16_s0 \\
         --json experiments/results/synthetic_lm_v7_b.json
@@ -30,6 +32,7 @@ def summary(run: Path) -> dict[str, Any]:
         by_lag.setdefault(round(float(row["staleness_mean"])), []).append(value)
     quarter = max(1, len(rows) // 4)
     kl = [float(row["sampler_kl"]) for row in rows if row.get("sampler_kl")]
+    gap = [float(row["sampler_log_ratio_abs_mean"]) for row in rows if row.get("sampler_log_ratio_abs_mean")]
     config = json.loads((run / "config.json").read_text()) if (run / "config.json").exists() else {}
     return {"updates": len(rows), "schedule": config.get("schedule"), "policy_params": config.get("policy_params"),
             "clip_frac_mean": statistics.mean(clip), "clip_frac_max": max(clip),
@@ -40,6 +43,7 @@ def summary(run: Path) -> dict[str, Any]:
             "sampler_kl_first20": statistics.mean(kl[:20]) if kl else None,
             "sampler_kl_mean": statistics.mean(kl) if kl else None,
             "sampler_kl_last100": statistics.mean(kl[-100:]) if kl else None,
+            "sampler_abs_log_ratio_first20": statistics.mean(gap[:20]) if gap else None,
             "sampler_kl_window_max": max(statistics.mean(kl[i:i + WINDOW]) for i in range(0, len(kl), WINDOW))
             if kl else None,
             "time_update_s_median": statistics.median(float(row["time_update_s"]) for row in rows)}
