@@ -240,7 +240,7 @@ def upgrade_stored_config(data: dict[str, Any]) -> dict[str, Any]:
     whose default has changed (the world's ``earlier_defaults``: ``synthetic_lm``'s ``preset``) that the run left
     out set to the default it ran with — every config.json written since records that parameter
     (:class:`~offpolicylab.registry.Param` ``recorded``), so one without it was written before the change."""
-    from offpolicylab.worlds import world_earlier_defaults
+    from offpolicylab.worlds import world_earlier_defaults  # imported here: heavy, as in chosen_defaults
 
     data = upgrade_config(data)
     params = data.get("world_params")

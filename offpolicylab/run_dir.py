@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from offpolicylab.config import upgrade_stored_config
+
 if TYPE_CHECKING:
 
     from offpolicylab.tracking import Tracker
@@ -221,10 +223,6 @@ class RunDir:
         """The run's configuration as config.json holds it, without the environment record, in today's terms
         (:func:`~offpolicylab.config.upgrade_stored_config`: a run written before a world parameter's default
         changed gets the value it ran with)."""
-        from offpolicylab.config import (
-            upgrade_stored_config,  # the config layer (and its worlds) only when read
-        )
-
         config = self._read_config_file()
         config.pop(ENVIRONMENT_KEY, None)
         return upgrade_stored_config(config)
